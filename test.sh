@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Sets up the machine (tools/setup.sh) and runs every test with Bazel, offline.
+# Extra arguments go to `bazel test` (e.g. ./test.sh //tests:pipeline_test).
+# Ends with a summary line "N passed, N failed" counting Bazel test targets.
+set -uo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")"
+tools/setup.sh || exit 1
+targets=("$@")
+[[ ${#targets[@]} -eq 0 ]] && targets=(//...)
+log="$(mktemp)"
+bazel test --color=no --curses=no "${targets[@]}" 2>&1 | tee "$log"
+rc=${PIPESTATUS[0]}
+passed=$(grep -cE '^//[^ ]+ +(\(cached\) )?PASSED' "$log")
+failed=$(grep -cE '^//[^ ]+ +(\(cached\) )?(FAILED|TIMEOUT|NO STATUS|FLAKY|INCOMPLETE)' "$log")
+rm -f "$log"
+if [[ $rc -ne 0 && $failed -eq 0 ]]; then
+  failed=1  # the build itself failed before any test could report
+fi
+echo "${passed} passed, ${failed} failed"
+exit $rc

@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# One set-up path for every command of this project (train, test, CI).
+#
+# Creates .venv/ from the pinned lists in third_party/ and installs Debian's
+# bazel-bootstrap when `bazel` is missing. Idempotent: a stamp file records the
+# hash of the requirement lists, so a second run on a ready machine only checks
+# the stamp and one import, and changes nothing.
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+VENV="$ROOT/.venv"
+REQ="$ROOT/third_party/requirements.txt"
+REQ_NODEPS="$ROOT/third_party/requirements-nodeps.txt"
+STAMP="$VENV/.gpipe-setup-stamp"
+PYTHON="${GPIPE_PYTHON:-python3}"
+
+log() { echo "[setup] $*" >&2; }
+
+want_hash="$(cat "$REQ" "$REQ_NODEPS" | sha256sum | cut -d' ' -f1)"
+if [[ -f "$STAMP" && "$(cat "$STAMP")" == "$want_hash" ]] \
+   && "$VENV/bin/python" -c 'import gpipe.lingvo_import' >/dev/null 2>&1; then
+  log "python environment ready ($VENV)"
+else
+  "$PYTHON" - <<'PY' || { log "Python 3.11 is required (found $("$PYTHON" --version 2>&1)); set GPIPE_PYTHON to a python3.11 binary."; exit 1; }
+import sys
+sys.exit(0 if sys.version_info[:2] == (3, 11) else 1)
+PY
+  if [[ ! -x "$VENV/bin/python" ]]; then
+    log "creating $VENV"
+    "$PYTHON" -m venv "$VENV"
+  fi
+  log "installing pinned packages (a few minutes on a fresh machine)"
+  "$VENV/bin/pip" install --quiet --disable-pip-version-check -r "$REQ" 2>&1 \
+    | grep -v "is ignored: it is neither a file nor a directory" >&2 || true
+  # These packages declare requirements that pull the newest TensorFlow and many
+  # unneeded packages; their real needs are already pinned in requirements.txt.
+  "$VENV/bin/pip" install --quiet --disable-pip-version-check --no-deps -r "$REQ_NODEPS" 2>&1 \
+    | grep -v "is ignored: it is neither a file nor a directory" >&2 || true
+  (cd "$ROOT" && "$VENV/bin/python" -c 'import gpipe.lingvo_import; from lingvo.core import base_layer') \
+    || { log "the environment does not import lingvo; see the errors above"; exit 1; }
+  echo "$want_hash" > "$STAMP"
+  log "python environment ready ($VENV)"
+fi
+
+if ! command -v bazel >/dev/null 2>&1; then
+  log "installing Debian's bazel-bootstrap"
+  SUDO=""; [[ "$(id -u)" != 0 ]] && SUDO="sudo"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq bazel-bootstrap >/dev/null
+fi
