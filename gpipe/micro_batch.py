@@ -1,0 +1,95 @@
+"""Splitting a mini-batch into micro-batches and gathering it back.
+
+Inputs may be a tensor, a tuple/list of tensors or a (nested) NestedMap; every
+tensor is split along the same batch dimension, which must be static: the
+stage functions are traced once for a fixed micro-batch shape.
+"""
+
+from gpipe import lingvo_import  # pylint: disable=unused-import
+from lingvo import compat as tf
+
+
+def StaticBatchSize(inputs, batch_dim):
+  """The common static batch size of all tensors in `inputs`.
+
+  Args:
+    inputs: a nest of tensors.
+    batch_dim: the batch dimension of every tensor.
+
+  Returns:
+    The batch size, an int.
+
+  Raises:
+    ValueError: no tensors, a tensor of too low rank, an unknown static batch
+      size, or tensors that disagree on it.
+  """
+  flat = tf.nest.flatten(inputs)
+  if not flat:
+    raise ValueError('the pipeline got no input tensors')
+  sizes = {}
+  for t in flat:
+    if t.shape.rank is None or t.shape.rank <= batch_dim:
+      raise ValueError(
+          'input %s has shape %s: it has no batch dimension %d; every input '
+          'of a pipeline is split into micro-batches along batch_dim' %
+          (t.name, t.shape, batch_dim))
+    size = t.shape[batch_dim]
+    if size is None:
+      raise ValueError(
+          'input %s has an unknown static batch size (shape %s). The pipeline '
+          'traces each stage once for a fixed micro-batch shape: give the '
+          'input a static batch dimension (e.g. batch with drop_remainder=True'
+          ' or tf.ensure_shape).' % (t.name, t.shape))
+    sizes[t.name] = size
+  if len(set(sizes.values())) > 1:
+    raise ValueError('pipeline inputs disagree on the batch size along '
+                     'dimension %d: %s' % (batch_dim, sizes))
+  return next(iter(sizes.values()))
+
+
+def NumMicroBatches(batch_size, num_micro_batches=None,
+                    micro_batch_size=None):
+  """Resolves M from exactly one of `num_micro_batches`, `micro_batch_size`."""
+  given = [x for x in (num_micro_batches, micro_batch_size) if x]
+  if len(given) != 1:
+    raise ValueError(
+        'set exactly one of num_micro_batches and micro_batch_size (got '
+        'num_micro_batches=%s, micro_batch_size=%s)' %
+        (num_micro_batches, micro_batch_size))
+  if micro_batch_size:
+    if micro_batch_size < 1 or batch_size % micro_batch_size:
+      raise ValueError(
+          'batch %d is not divisible by micro_batch_size %d: choose a '
+          'micro-batch size that divides the batch' %
+          (batch_size, micro_batch_size))
+    return batch_size // micro_batch_size
+  if num_micro_batches < 1 or batch_size % num_micro_batches:
+    raise ValueError(
+        'batch %d is not divisible by %d micro-batches: choose a number of '
+        'micro-batches that divides the batch (or set micro_batch_size)' %
+        (batch_size, num_micro_batches))
+  return num_micro_batches
+
+
+def Split(inputs, num_micro_batches, batch_dim):
+  """Splits every tensor of `inputs`: a list of M nests like `inputs`."""
+  flat = tf.nest.flatten(inputs)
+  if num_micro_batches == 1:
+    return [inputs]
+  parts = [tf.split(t, num_micro_batches, axis=batch_dim) for t in flat]
+  return [
+      tf.nest.pack_sequence_as(inputs, [p[m] for p in parts])
+      for m in range(num_micro_batches)
+  ]
+
+
+def Merge(micro_batches, batch_dim):
+  """Concatenates a list of M nests of tensors back into one nest."""
+  if len(micro_batches) == 1:
+    return micro_batches[0]
+  flats = [tf.nest.flatten(mb) for mb in micro_batches]
+  merged = [
+      tf.concat([f[i] for f in flats], axis=batch_dim)
+      for i in range(len(flats[0]))
+  ]
+  return tf.nest.pack_sequence_as(micro_batches[0], merged)

@@ -1,0 +1,275 @@
+"""Cutting a sequence of layers into K stages of balanced cost.
+
+GPipe's partitioner balances the estimated cost of the K cells. Here the
+objective is the one that bounds pipeline throughput: minimize the cost of the
+most expensive stage (every stage waits for the slowest one each tick). The
+cut is exact, by dynamic programming over prefix sums; the inner search is a
+binary search because the cost of the first k stages only grows as more
+layers are given to them, so a 1663-layer, 128-stage cut takes seconds.
+
+Costs per layer come from one of:
+
+  * ``'flops'``: the layers' ``FPropMeta`` flops, with shapes propagated
+    from the pipeline's input shapes;
+  * ``'params'``: parameter bytes (stage memory balance), from the layers built
+    in a scratch graph without allocating weights;
+  * ``'time'``: measured forward+backward time of each layer on a sample
+    micro-batch;
+  * ``'uniform'``: one unit per layer.
+
+``Report`` prints a table of the stages: layer ranges, parameters, cost.
+"""
+
+import time
+
+from gpipe import lingvo_import  # pylint: disable=unused-import
+from gpipe import param_count
+import numpy as np
+from lingvo import compat as tf
+from lingvo.core import py_utils
+from lingvo.core import tshape
+
+COST_METHODS = ('uniform', 'flops', 'params', 'time')
+
+
+def CheckStageCount(num_layers, num_stages):
+  """Raises a clear error when `num_stages` cannot hold `num_layers`."""
+  if num_stages < 1:
+    raise ValueError('num_stages must be >= 1, got %d' % num_stages)
+  if num_layers < num_stages:
+    raise ValueError(
+        'cannot cut %d layers into %d stages: each stage needs at least one '
+        'layer; use at most %d stages or split the layers finer' %
+        (num_layers, num_stages, num_layers))
+
+
+def PartitionByCost(costs, num_stages):
+  """Stage sizes (layers per stage) minimizing the most expensive stage.
+
+  Args:
+    costs: a list of non-negative per-layer costs, in layer order.
+    num_stages: K, the number of consecutive stages.
+
+  Returns:
+    A list of K positive ints summing to len(costs).
+  """
+  n = len(costs)
+  CheckStageCount(n, num_stages)
+  costs = np.asarray(costs, dtype=np.float64)
+  if np.any(costs < 0) or not np.all(np.isfinite(costs)):
+    raise ValueError('layer costs must be finite and >= 0, got %s' % costs)
+  prefix = np.concatenate([[0.0], np.cumsum(costs)])
+  inf = float('inf')
+  # best[k][j]: the smallest bottleneck putting the first j layers in k+1
+  # stages; cut[k][j]: where the last of those stages starts.
+  best = [[inf] * (n + 1) for _ in range(num_stages)]
+  cut = [[0] * (n + 1) for _ in range(num_stages)]
+  for j in range(1, n + 1):
+    best[0][j] = prefix[j]
+  for k in range(1, num_stages):
+    prev = best[k - 1]
+    for j in range(k + 1, n + 1):
+      # The last stage holds layers [i, j) with k <= i <= j - 1. prev[i] grows
+      # with i and the last stage's cost shrinks: binary search the crossing.
+      lo, hi = k, j - 1
+      while lo < hi:
+        mid = (lo + hi) // 2
+        if prev[mid] < prefix[j] - prefix[mid]:
+          lo = mid + 1
+        else:
+          hi = mid
+      choice, value = lo, max(prev[lo], prefix[j] - prefix[lo])
+      if lo - 1 >= k:
+        other = max(prev[lo - 1], prefix[j] - prefix[lo - 1])
+        if other < value:
+          choice, value = lo - 1, other
+      best[k][j], cut[k][j] = value, choice
+  sizes = []
+  j = n
+  for k in reversed(range(num_stages)):
+    i = cut[k][j] if k > 0 else 0
+    sizes.append(j - i)
+    j = i
+  return list(reversed(sizes))
+
+
+def _ToTShape(shape):
+  if isinstance(shape, tshape.Shape):
+    return shape
+  if isinstance(shape, tf.TensorSpec):
+    return tshape.Shape(shape.shape.as_list())
+  return tshape.Shape(list(shape))
+
+
+def FlopsCosts(layer_params, input_shapes):
+  """Per-layer flops from FPropMeta, propagating shapes through the layers.
+
+  Args:
+    layer_params: the layers' params, in order.
+    input_shapes: the shapes of the first layer's inputs for ONE micro-batch
+      (lists of ints, TensorSpecs or tshape.Shapes; may be nested in a
+      NestedMap).
+
+  Returns:
+    A list of flops, one per layer.
+
+  Raises:
+    ValueError: a layer has no FPropMeta or its meta lacks flops.
+  """
+  if input_shapes is None:
+    raise ValueError("partition_cost='flops' needs input_shapes: the shapes "
+                     'of one micro-batch of the pipeline inputs')
+  args = tuple(tf.nest.map_structure(
+      _ToTShape, list(input_shapes),
+      check_types=False) if not isinstance(input_shapes, py_utils.NestedMap)
+               else [input_shapes.Transform(_ToTShape)])
+  costs = []
+  for i, p in enumerate(layer_params):
+    try:
+      meta = p.cls.FPropMeta(p, *args)
+    except NotImplementedError as e:
+      raise ValueError(
+          'layer %d (%s, %s) has no cost information: %s.FPropMeta is not '
+          'implemented. Implement FPropMeta, or partition by '
+          "partition_cost='params' or 'time', or give stage_sizes." %
+          (i, p.name, p.cls.__name__, p.cls.__name__)) from e
+    if meta is None or 'flops' not in meta or meta.flops is None:
+      raise ValueError(
+          'layer %d (%s, %s): FPropMeta returned no flops; it cannot be '
+          "partitioned by partition_cost='flops'" % (i, p.name, p.cls.__name__))
+    costs.append(float(meta.flops))
+    args = tuple(meta.out_shapes)
+  return costs
+
+
+def ParamBytes(p):
+  """Bytes of all variables (trainable or not) of the layer `p` builds."""
+  total = 0
+  itemsize = np.dtype(p.dtype.as_numpy_dtype).itemsize
+  for shape, _ in param_count.VariableShapes(p).values():
+    total += int(np.prod(shape)) * itemsize
+  return total
+
+
+def ParamsCosts(layer_params):
+  """Per-layer parameter bytes."""
+  return [float(ParamBytes(p)) for p in layer_params]
+
+
+def TimeCosts(layer_params, input_specs, repeats=3, config=None):
+  """Per-layer measured forward+backward seconds on one sample micro-batch.
+
+  Args:
+    layer_params: the layers' params, in order.
+    input_specs: tf.TensorSpecs (or a NestedMap of them) of one micro-batch of
+      the first layer's inputs; float inputs are filled with normal noise,
+      integer inputs with zeros.
+    repeats: timed runs per layer (the median is used), after one warm-up.
+    config: an optional session ConfigProto.
+
+  Returns:
+    A list of seconds, one per layer.
+  """
+  if input_specs is None:
+    raise ValueError("partition_cost='time' needs input_shapes given as "
+                     'tf.TensorSpec (shape and dtype of one micro-batch)')
+  return param_count.RunIsolated(
+      lambda: _MeasureTimes(layer_params, input_specs, repeats, config))
+
+
+def _MeasureTimes(layer_params, input_specs, repeats, config):
+  """TimeCosts' body, run in its own thread (see param_count.RunIsolated)."""
+
+  def _Sample(spec):
+    if not isinstance(spec, tf.TensorSpec):
+      spec = tf.TensorSpec(list(spec), tf.float32)
+    if spec.dtype.is_floating:
+      return tf.random.normal(spec.shape, dtype=spec.dtype)
+    return tf.zeros(spec.shape, spec.dtype)
+
+  costs = []
+  with tf.Graph().as_default():
+    rng_inputs = (input_specs.Transform(_Sample) if isinstance(
+        input_specs, py_utils.NestedMap) else tuple(
+            _Sample(s) for s in input_specs))
+    args = (rng_inputs,) if isinstance(rng_inputs,
+                                       py_utils.NestedMap) else rng_inputs
+    layers, layer_args = [], []
+    for p in layer_params:
+      layer = p.Copy().Instantiate()
+      layers.append(layer)
+      layer_args.append(args)
+      out = layer.FPropDefaultTheta(*args)
+      args = out if isinstance(out, tuple) else (out,)
+    with tf.compat.v1.Session(config=config) as sess:
+      sess.run(tf.compat.v1.global_variables_initializer())
+      for layer, largs in zip(layers, layer_args):
+        values = sess.run(list(tf.nest.flatten(largs)))
+        feeds = [tf.compat.v1.placeholder(v.dtype, v.shape) for v in values]
+        fed_args = tf.nest.pack_sequence_as(largs, feeds)
+        out = layer.FPropDefaultTheta(*fed_args)
+        floats = [o for o in tf.nest.flatten(out) if o.dtype.is_floating]
+        xs = [f for f in feeds if f.dtype.is_floating] + list(
+            layer.vars.Flatten())
+        target = tf.add_n([tf.reduce_sum(o) for o in floats]) if floats else (
+            tf.constant(0.))
+        grads = [g for g in tf.gradients(target, xs) if g is not None]
+        fetch = grads or floats
+        feed_dict = dict(zip(feeds, values))
+        sess.run(fetch, feed_dict)
+        runs = []
+        for _ in range(repeats):
+          start = time.perf_counter()
+          sess.run(fetch, feed_dict)
+          runs.append(time.perf_counter() - start)
+        costs.append(float(np.median(runs)))
+  return costs
+
+
+def LayerCosts(method, layer_params, input_shapes=None):
+  """Per-layer costs by `method` (one of COST_METHODS)."""
+  if method == 'uniform':
+    return [1.0] * len(layer_params)
+  if method == 'flops':
+    return FlopsCosts(layer_params, input_shapes)
+  if method == 'params':
+    return ParamsCosts(layer_params)
+  if method == 'time':
+    return TimeCosts(layer_params, input_shapes)
+  raise ValueError('unknown partition_cost %r; use one of %s' %
+                   (method, ', '.join(COST_METHODS)))
+
+
+def Report(layer_params, stage_sizes, costs=None, cost_name='cost'):
+  """A readable table: one row per stage with its layers, params and cost.
+
+  Args:
+    layer_params: the layers' params, in order.
+    stage_sizes: layers per stage.
+    costs: optional per-layer costs.
+    cost_name: what the costs are (for the header).
+
+  Returns:
+    A multi-line string.
+  """
+  counts = [param_count.CountParams(p) for p in layer_params]
+  total_cost = float(sum(costs)) if costs else 0.0
+  lines = ['stage | layers | first .. last | params | %s | share' % cost_name]
+  start = 0
+  for k, size in enumerate(stage_sizes):
+    names = [p.name for p in layer_params[start:start + size]]
+    params = sum(counts[start:start + size])
+    if costs:
+      cost = float(sum(costs[start:start + size]))
+      share = '%.1f%%' % (100.0 * cost / total_cost) if total_cost else '-'
+      cost = '%.4g' % cost
+    else:
+      cost, share = '-', '-'
+    lines.append('%5d | %6d | %s .. %s | %s | %s | %s' %
+                 (k, size, names[0], names[-1], '{:,}'.format(params), cost,
+                  share))
+    start += size
+  lines.append('total | %6d | | %s | %s |' %
+               (len(layer_params), '{:,}'.format(sum(counts)),
+                '%.4g' % total_cost if costs else '-'))
+  return '\n'.join(lines)

@@ -1,0 +1,360 @@
+"""PipeliningLayer: GPipe's micro-batch pipeline as a Lingvo layer."""
+
+from gpipe import lingvo_import  # pylint: disable=unused-import
+from gpipe import micro_batch
+from gpipe import partition
+from gpipe import randomness
+from gpipe import schedule
+from gpipe import stage as stage_lib
+from lingvo import compat as tf
+from lingvo.core import base_layer
+from lingvo.core import py_utils
+
+REMAT_MODES = ('always', 'except_last', 'never')
+
+
+class PipeliningLayer(base_layer.BaseLayer):
+  """Runs a sequence of layers as a K-stage, M-micro-batch GPipe pipeline.
+
+  The mini-batch is split into M micro-batches along ``batch_dim``. Stage k
+  (a run of consecutive layers on ``stage_devices[k]``) processes micro-batch
+  m as soon as stage k-1 has handed it over, so the stages work like an
+  assembly line. With the default ``schedule='gpipe'`` (fill-drain), for K=3
+  and M=4 (Fm / Bm: forward / backward of micro-batch m)::
+
+      time ->
+      stage 0 | F0 F1 F2 F3 .  .  .  .  B3 B2 B1 B0
+      stage 1 | .  F0 F1 F2 F3 .  .  B3 B2 B1 B0 .
+      stage 2 | .  .  F0 F1 F2 F3 B3 B2 B1 B0 .  .
+
+  The '.' cells are the bubble: a fraction (K-1)/(M+K-1) of each stage's
+  time, negligible once M >= 4K. Gradients of the M micro-batches add up
+  into one gradient per variable, so one optimizer step per mini-batch gives
+  exactly the update of unpipelined training.
+
+  What is stored and what is recomputed (``remat``):
+
+  * ``'always'`` (default): during the forward pass each stage keeps only its
+    boundary input per micro-batch (N/M examples x M = the stage's input for
+    the whole batch); Bm first recomputes the stage's forward pass for
+    micro-batch m, then back-propagates through it. Peak activation memory is
+    O(N + (L/K) x N/M) instead of O(N x L), for about one extra forward pass.
+  * ``'except_last'``: like 'always' but the last stage, whose backward
+    starts right after its forward, keeps its activations.
+  * ``'never'``: every stage keeps every activation (no recomputation).
+
+  Randomness (dropout, drop path through ``gpipe.randomness``) is seeded per
+  (global step, micro-batch), so micro-batches draw different masks and the
+  recomputed forward draws the same ones. Batch norm
+  (``gpipe.batch_norm.MicroBatchBatchNormLayer``) normalizes with
+  micro-batch statistics and updates its moving averages once per mini-batch.
+
+  Each stage is traced once into graph functions, and each micro-batch is one
+  call: the graph holds K x M calls, not L x M copies of the layers.
+  """
+
+  @classmethod
+  def Params(cls):
+    p = super().Params()
+    p.Define(
+        'cell_tpl', None,
+        'A list of K layer params, one per stage (each may be a sequential '
+        'layer of its own). Exactly one of cell_tpl and layers is set.')
+    p.Define(
+        'layers', None,
+        'A flat list of layer params, cut into num_stages consecutive stages '
+        'by partition_cost (or stage_sizes). Variable names do not depend on '
+        'the cut, so a checkpoint works for any num_stages.')
+    p.Define('num_stages', None,
+             'K, with `layers`: the number of stages to cut them into.')
+    p.Define(
+        'partition_cost', 'params',
+        "How `layers` are balanced: 'flops' (FPropMeta, needs input_shapes), "
+        "'params' (parameter bytes), 'time' (measured per layer, needs "
+        "input_shapes as TensorSpecs; costs a few session runs at build "
+        "time) or 'uniform' (equal layer counts).")
+    p.Define('stage_sizes', None,
+             'Explicit layers per stage (overrides partition_cost).')
+    p.Define(
+        'input_shapes', None,
+        'Shapes of ONE micro-batch of the pipeline inputs (lists of ints, '
+        "tshape.Shape or tf.TensorSpec), for partition_cost 'flops'/'time'.")
+    p.Define(
+        'num_micro_batches', None,
+        'M: micro-batches per mini-batch (must divide the batch). More '
+        'micro-batches shrink the bubble and the activation memory but add '
+        'a call per stage each. Set this or micro_batch_size, not both.')
+    p.Define('micro_batch_size', None,
+             'Examples per micro-batch (M = batch / micro_batch_size).')
+    p.Define('batch_dim', 0, 'The batch dimension of every input tensor.')
+    p.Define(
+        'stage_devices', None,
+        'K device strings, one per stage: local CPUs/GPUs/TPU cores or '
+        "'/job:worker/replica:0/task:i/device:CPU:0' of TensorFlow's "
+        'distributed runtime. Default: the devices of the current Lingvo '
+        "cluster's model split.")
+    p.Define('remat', 'always',
+             "Re-materialization: 'always', 'except_last' or 'never' (see the "
+             'class docstring).')
+    p.Define('schedule', 'gpipe',
+             'The pipeline schedule, a name in gpipe.schedule.SCHEDULES.')
+    p.Define('seed', 0, 'Mixed into every micro-batch seed.')
+    return p
+
+  def __init__(self, params):
+    super().__init__(params)
+    p = self.params
+    if (p.cell_tpl is None) == (p.layers is None):
+      raise ValueError('%s: set exactly one of cell_tpl (one layer per stage) '
+                       'and layers (cut into num_stages)' % p.name)
+    if p.remat not in REMAT_MODES:
+      raise ValueError('%s: unknown remat %r; use one of %s' %
+                       (p.name, p.remat, ', '.join(REMAT_MODES)))
+    if p.schedule not in schedule.SCHEDULES:
+      raise ValueError('%s: unknown schedule %r; known: %s' %
+                       (p.name, p.schedule, ', '.join(schedule.SCHEDULES)))
+    if p.num_micro_batches and p.micro_batch_size:
+      raise ValueError(
+          '%s: set either num_micro_batches (%d) or micro_batch_size (%d), '
+          'not both' % (p.name, p.num_micro_batches, p.micro_batch_size))
+    if p.cell_tpl is not None:
+      if p.num_stages not in (None, len(p.cell_tpl)):
+        raise ValueError('%s: num_stages=%d but cell_tpl has %d stages' %
+                         (p.name, p.num_stages, len(p.cell_tpl)))
+      self._layer_params = list(p.cell_tpl)
+      self._stage_sizes = [1] * len(p.cell_tpl)
+      self._costs = None
+    else:
+      self._layer_params = list(p.layers)
+      if p.num_stages is None:
+        raise ValueError('%s: `layers` needs num_stages' % p.name)
+      partition.CheckStageCount(len(self._layer_params), p.num_stages)
+      if p.stage_sizes is not None:
+        sizes = list(p.stage_sizes)
+        if (len(sizes) != p.num_stages or sum(sizes) != len(p.layers) or
+            min(sizes) < 1):
+          raise ValueError(
+              '%s: stage_sizes %s must be %d positive numbers summing to %d '
+              'layers' % (p.name, sizes, p.num_stages, len(p.layers)))
+        self._costs = None
+      else:
+        self._costs = partition.LayerCosts(p.partition_cost,
+                                           self._layer_params, p.input_shapes)
+        sizes = partition.PartitionByCost(self._costs, p.num_stages)
+      self._stage_sizes = sizes
+    num_stages = len(self._stage_sizes)
+    self._devices = self._ResolveDevices(num_stages)
+
+    self._keys = []
+    start = 0
+    for k, size in enumerate(self._stage_sizes):
+      with tf.device(self._devices[k]):
+        for i in range(start, start + size):
+          key = 'layer_%03d' % i if p.layers is not None else 'cell_%d' % k
+          lp = self._layer_params[i].Copy()
+          if not lp.name:
+            lp.name = key
+          self.CreateChild(key, lp)
+          self._keys.append(key)
+      start += size
+    self._stage_fns = None
+
+  def _ResolveDevices(self, num_stages):
+    p = self.params
+    if p.stage_devices:
+      if len(p.stage_devices) < num_stages:
+        raise ValueError(
+            '%s: %d stages but only %d stage_devices (%s): give one device '
+            'per stage or use fewer stages' %
+            (p.name, num_stages, len(p.stage_devices), p.stage_devices))
+      return list(p.stage_devices[:num_stages])
+    cluster = self.cluster
+    available = cluster.num_devices_per_split
+    if available < num_stages:
+      raise ValueError(
+          '%s: %d stages but the current Lingvo cluster has %d device(s) per '
+          'model split: set stage_devices, or run inside a cluster with '
+          'split_size >= %d (e.g. cluster_factory.ForTestingWorker(cpus=%d, '
+          'split_size=%d) with that many CPU devices)' %
+          (p.name, num_stages, available, num_stages, num_stages, num_stages))
+    return [cluster.WorkerDeviceInModelSplit(k) for k in range(num_stages)]
+
+  @property
+  def num_stages(self):
+    return len(self._stage_sizes)
+
+  @property
+  def stage_sizes(self):
+    """Layers per stage."""
+    return list(self._stage_sizes)
+
+  @property
+  def stage_devices(self):
+    return list(self._devices)
+
+  def PartitionReport(self):
+    """A table of the stages: layers, parameters and cost."""
+    cost_name = (self.params.partition_cost
+                 if self._costs is not None else 'cost')
+    return partition.Report(self._layer_params, self._stage_sizes, self._costs,
+                            cost_name)
+
+  def _StageLayers(self, k):
+    start = sum(self._stage_sizes[:k])
+    keys = self._keys[start:start + self._stage_sizes[k]]
+    return keys, [self.children[key] for key in keys]
+
+  def _StageFns(self):
+    if self._stage_fns is None:
+      p = self.params
+      fns = []
+      for k in range(self.num_stages):
+        keys, layers = self._StageLayers(k)
+        remat = p.remat == 'always' or (p.remat == 'except_last' and
+                                        k < self.num_stages - 1)
+        fns.append(
+            stage_lib.StageFunctions(k, layers, keys, self._devices[k], remat))
+      self._stage_fns = fns
+    return self._stage_fns
+
+  def _NumMicroBatches(self, inputs):
+    p = self.params
+    batch = micro_batch.StaticBatchSize(inputs, p.batch_dim)
+    return micro_batch.NumMicroBatches(batch, p.num_micro_batches,
+                                       p.micro_batch_size)
+
+  def _Seeds(self, num_micro_batches):
+    step = py_utils.GetGlobalStep()
+    step = tf.constant(0, tf.int64) if step is None else step
+    return [
+        randomness.MicroBatchSeed(step, m, self.params.seed)
+        for m in range(num_micro_batches)
+    ]
+
+  @staticmethod
+  def _Unwrap(outputs):
+    return outputs[0] if len(outputs) == 1 else outputs
+
+  def FProp(self, theta, *inputs):
+    """Runs the pipeline on a full mini-batch.
+
+    Args:
+      theta: this layer's theta.
+      *inputs: the first layer's inputs (tensors and/or NestedMaps) with a
+        static batch size along batch_dim.
+
+    Returns:
+      The last layer's full-batch output (a tuple if it returns several).
+    """
+    p = self.params
+    num_mb = self._NumMicroBatches(inputs)
+    stage_fns = self._StageFns()
+    orders = schedule.StageOrders(
+        schedule.ClockCycles(p.schedule, self.num_stages, num_mb),
+        self.num_stages)
+    registry = _TaskRegistry(orders)
+    seeds = self._Seeds(num_mb)
+    with tf.device(self._devices[0]):
+      current = micro_batch.Split(tuple(inputs), num_mb, p.batch_dim)
+    for fns in stage_fns:
+      theta_k = stage_lib.ReadTheta(stage_lib.NestedTheta(theta, fns.keys),
+                                    fns.device)
+      outs, stats = [], []
+      for m in range(num_mb):
+        out, st = fns.Call(theta_k, current[m], seeds[m], m,
+                           registry.Callback(fns.index))
+        outs.append(out)
+        stats.append(st)
+      self._ApplyBatchNormUpdates(fns.stats_layers, stats, fns.device)
+      current = outs
+    with tf.device(self._devices[-1]):
+      return self._Unwrap(micro_batch.Merge(current, p.batch_dim))
+
+  def FPropUnpipelined(self, theta, *inputs):
+    """The reference: the same layers, micro-batches and randomness, inline.
+
+    Runs every micro-batch through all layers in the current device scope,
+    without graph functions, re-materialization or stages. Gradients of this
+    output equal those of FProp.
+
+    Args:
+      theta: this layer's theta.
+      *inputs: as for FProp.
+
+    Returns:
+      As FProp.
+    """
+    from gpipe import batch_norm  # pylint: disable=g-import-not-at-top
+    p = self.params
+    num_mb = self._NumMicroBatches(inputs)
+    seeds = self._Seeds(num_mb)
+    layers = [self.children[key] for key in self._keys]
+    thetas = [theta[key] for key in self._keys]
+    outs, stats = [], []
+    layers_with_stats = []
+    for m, args in enumerate(micro_batch.Split(tuple(inputs), num_mb,
+                                               p.batch_dim)):
+      with randomness.MicroBatchSeedScope(seeds[m]):
+        with batch_norm.CollectStats() as collector:
+          outs.append(stage_lib.ChainFProp(layers, thetas, args))
+      layers_with_stats = [layer for layer, _ in collector.reports]
+      stats.append([s for _, group in collector.reports for s in group])
+    self._ApplyBatchNormUpdates(layers_with_stats, stats, None)
+    return self._Unwrap(micro_batch.Merge(outs, p.batch_dim))
+
+  @staticmethod
+  def _ApplyBatchNormUpdates(layers, stats_per_micro_batch, device):
+    """Sums each layer's statistics over micro-batches; one update each."""
+    if not layers:
+      return
+    with tf.device(device):
+      for i, layer in enumerate(layers):
+        summed = [
+            tf.add_n([stats[3 * i + j] for stats in stats_per_micro_batch])
+            for j in range(3)
+        ]
+        layer.AccumulatedUpdates(*summed)
+
+
+class _TaskRegistry:
+  """Orders the ops of each stage's tasks as the schedule says.
+
+  Each stage's tasks (forward or backward of one micro-batch) are chained by
+  control dependencies in the schedule's order, so a device never starts a
+  later task first. Forward ops exist before backward ones are created (by
+  tf.gradients, in an order of its choosing), so each new task's ops are
+  linked to whichever neighbours in its stage's order already exist.
+  """
+
+  def __init__(self, orders):
+    self._position = {}
+    self._orders = orders
+    for k, order in enumerate(orders):
+      for i, task in enumerate(order):
+        self._position[(k, task.phase, task.micro_batch)] = i
+    self._ops = {}
+
+  def Callback(self, stage):
+
+    def Register(phase, micro_batch_index, ops):
+      key = (stage, phase, micro_batch_index)
+      if key in self._ops:
+        # A second tf.gradients call over the same pipeline: leave its ops
+        # unordered rather than chain them to the first call's.
+        return
+      ops = [op for op in ops if op is not None]
+      self._ops[key] = ops
+      order = self._orders[stage]
+      i = self._position[key]
+      if i > 0:
+        prev = order[i - 1]
+        for prev_op in self._ops.get((stage, prev.phase, prev.micro_batch), []):
+          for op in ops:
+            op._add_control_input(prev_op)  # pylint: disable=protected-access
+      if i + 1 < len(order):
+        nxt = order[i + 1]
+        for next_op in self._ops.get((stage, nxt.phase, nxt.micro_batch), []):
+          for op in ops:
+            next_op._add_control_input(op)  # pylint: disable=protected-access
+
+    return Register

@@ -1,0 +1,141 @@
+"""Per-micro-batch randomness that the recomputed forward pass reproduces.
+
+GPipe recomputes each stage's forward pass during the backward pass. Dropout and
+drop path must then draw exactly the same masks as in the first forward pass,
+while different micro-batches must draw different masks. Stateful random ops
+cannot do that, so every random op in a pipelined layer is *stateless*, seeded
+from:
+
+  * the micro-batch seed, a ``[2]`` int64 tensor the pipeline passes into each
+    stage call (derived from the global step, so masks change every step, and
+    the micro-batch index);
+  * a stable per-call key: a CRC of the layer path plus a call counter, so two
+    dropout layers (or two calls of one layer) in a stage differ.
+
+Usage inside a layer's FProp::
+
+    y = randomness.Dropout(x, keep_prob=0.9, key=self.path)
+
+The pipeline opens ``MicroBatchSeedScope(seed)`` around each traced stage.
+Unpipelined reference code opens the same scope around each micro-batch to
+reproduce the pipelined masks exactly. Outside any scope, ``Dropout`` falls back
+to ordinary (stateful) dropout, which is what plain Lingvo training would do.
+
+The scope also resets Lingvo's step seed (``py_utils.ResetStepSeed``), so
+Lingvo's deterministic layers (e.g. ``layers.DeterministicDropoutLayer``) get
+the same per-micro-batch, recompute-stable behaviour.
+"""
+
+import contextlib
+import threading
+import zlib
+
+from gpipe import lingvo_import  # pylint: disable=unused-import
+from lingvo import compat as tf
+from lingvo.core import py_utils
+
+_STATE = threading.local()
+
+
+class _Scope:
+  """An open seed scope: the seed tensor and a counter of random calls."""
+
+  def __init__(self, seed):
+    self.seed = seed
+    self.calls = {}
+
+  def NextOffset(self, key):
+    count = self.calls.get(key, 0)
+    self.calls[key] = count + 1
+    # 31 bits keeps the sum inside int64 for any seed the pipeline makes.
+    return zlib.crc32(('%s#%d' % (key, count)).encode('utf-8')) & 0x7fffffff
+
+
+def _Stack():
+  if not hasattr(_STATE, 'stack'):
+    _STATE.stack = []
+  return _STATE.stack
+
+
+@contextlib.contextmanager
+def MicroBatchSeedScope(seed):
+  """Makes `seed` the micro-batch seed of the random ops created inside.
+
+  Args:
+    seed: an int64 tensor of shape [2], or a pair of Python ints.
+
+  Yields:
+    Nothing; random ops built in the block use the seed.
+  """
+  seed = tf.cast(tf.convert_to_tensor(seed), tf.int64)
+  seed.shape.assert_is_compatible_with([2])
+  _Stack().append(_Scope(seed))
+  try:
+    py_utils.ResetStepSeed(seed[1])
+    yield
+  finally:
+    _Stack().pop()
+
+
+def MicroBatchSeed(step, micro_batch, base_seed=0):
+  """The seed the pipeline gives micro-batch `micro_batch` at `step`.
+
+  Args:
+    step: a scalar integer tensor (usually the global step) or int.
+    micro_batch: the micro-batch index (int or scalar tensor).
+    base_seed: a Python int mixed in (e.g. a layer's random_seed param).
+
+  Returns:
+    An int64 tensor of shape [2].
+  """
+  step = tf.cast(step, tf.int64)
+  micro_batch = tf.cast(micro_batch, tf.int64)
+  return tf.stack([step * 1000003 + base_seed, micro_batch * 7919 + base_seed])
+
+
+def CurrentSeed():
+  """The innermost micro-batch seed, or None outside any scope."""
+  stack = _Stack()
+  return stack[-1].seed if stack else None
+
+
+def SeedPair(key):
+  """A fresh stateless seed pair for one random op keyed by `key`.
+
+  Args:
+    key: a string that identifies the calling layer (e.g. ``self.path``).
+
+  Returns:
+    An int64 [2] tensor, or None outside any MicroBatchSeedScope.
+  """
+  stack = _Stack()
+  if not stack:
+    return None
+  scope = stack[-1]
+  return scope.seed + tf.constant([0, scope.NextOffset(key)], tf.int64)
+
+
+def Dropout(x, keep_prob, key, noise_shape=None):
+  """Inverted dropout that is stable under recomputation.
+
+  Args:
+    x: a float tensor.
+    keep_prob: a Python float in (0, 1]; 1 returns `x` unchanged.
+    key: a string naming the caller, e.g. the layer's path.
+    noise_shape: optional shape of the keep/drop mask, broadcast against `x`
+      (e.g. ``[batch, 1, 1, 1]`` for drop path).
+
+  Returns:
+    A tensor like `x`.
+  """
+  if keep_prob >= 1.0:
+    return x
+  if noise_shape is None:
+    noise_shape = tf.shape(x)
+  seed = SeedPair(key)
+  if seed is None:
+    uniform = tf.random.uniform(noise_shape, dtype=x.dtype)
+  else:
+    uniform = tf.random.stateless_uniform(noise_shape, seed=seed, dtype=x.dtype)
+  keep = tf.cast(uniform < keep_prob, x.dtype)
+  return x * keep / tf.cast(keep_prob, x.dtype)

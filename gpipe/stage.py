@@ -1,0 +1,202 @@
+"""One pipeline stage: its layers, traced once into reusable graph functions.
+
+A stage is a run of consecutive layers on one device. ``StageFunctions``
+traces it into (at most) two ``tf.function`` concrete functions, once per
+stage whatever the number of micro-batches:
+
+  * ``forward(theta, inputs, seed) -> outputs + batch-norm statistics``;
+  * ``backward(theta, inputs, seed, d_outputs) -> d_theta, d_inputs``, which
+    recomputes the forward pass from the stage's boundary input and
+    differentiates it (re-materialization).
+
+Each micro-batch is then one call op of ``forward`` and, in the backward pass,
+one call op of ``backward``: the graph grows with K x M call ops, not with
+L x M copies of every layer. ``Call`` wires the two together with
+``tf.custom_gradient`` so that ordinary ``tf.gradients`` through the pipeline
+uses the recomputing backward function. Without re-materialization the
+backward op is TensorFlow's own gradient of the forward call (which makes the
+forward call keep every intermediate activation).
+"""
+
+from gpipe import lingvo_import  # pylint: disable=unused-import
+from gpipe import batch_norm
+from gpipe import randomness
+from lingvo import compat as tf
+from lingvo.core import py_utils
+
+
+def ChainFProp(layers, thetas, args):
+  """Runs `layers` in sequence; a tuple output is splatted into the next.
+
+  Args:
+    layers: a list of BaseLayers.
+    thetas: their thetas, in the same order.
+    args: the first layer's positional inputs (a tuple).
+
+  Returns:
+    The last layer's output, always as a tuple.
+  """
+  for layer, theta in zip(layers, thetas):
+    out = layer.FProp(theta, *args)
+    args = out if isinstance(out, tuple) else (out,)
+  return args
+
+
+def _Specs(tensors):
+  return [tf.TensorSpec(t.shape, t.dtype) for t in tensors]
+
+
+class StageFunctions:
+  """The traced forward/backward functions of one stage and their calls."""
+
+  def __init__(self, index, layers, keys, device, remat):
+    """Constructor.
+
+    Args:
+      index: the stage index k (used in op names).
+      layers: the stage's BaseLayers, in order.
+      keys: the theta keys of those layers in the pipeline's theta.
+      device: the device string of this stage.
+      remat: whether the backward pass recomputes the forward pass.
+    """
+    self.index = index
+    self.layers = layers
+    self.keys = keys
+    self.device = device
+    self.remat = remat
+    self._forward = None
+    self._backward = None
+    self._theta_struct = None
+    self._arg_struct = None
+    self._out_struct = None
+    self.stats_layers = []
+
+  def _Body(self, theta_flat, args_flat, seed, collect_stats):
+    """The stage's forward computation inside a function trace."""
+    theta = self._theta_struct.Pack(list(theta_flat))
+    args = tf.nest.pack_sequence_as(self._arg_struct, list(args_flat))
+    with tf.device(self.device), randomness.MicroBatchSeedScope(seed):
+      with batch_norm.CollectStats() as collector:
+        outs = ChainFProp(self.layers, [theta[k] for k in self.keys], args)
+    if collect_stats:
+      self._out_struct = outs
+      self.stats_layers = [layer for layer, _ in collector.reports]
+    stats = [s for _, group in collector.reports for s in group]
+    return list(tf.nest.flatten(outs)), stats
+
+  def _Build(self, theta_flat, args_flat):
+    """Traces the forward (and recomputing backward) function once."""
+    theta_specs = _Specs(theta_flat)
+    arg_specs = _Specs(args_flat)
+    seed_spec = tf.TensorSpec([2], tf.int64)
+
+    def Forward(theta_flat, args_flat, seed):
+      outs, stats = self._Body(theta_flat, args_flat, seed, True)
+      return outs + stats
+
+    self._forward = tf.function(Forward, autograph=False).get_concrete_function(
+        theta_specs, arg_specs, seed_spec)
+    out_flat = tf.nest.flatten(self._out_struct)
+    self._float_outs = [i for i, t in enumerate(out_flat) if t.dtype.is_floating]
+    self._float_args = [
+        i for i, t in enumerate(args_flat) if t.dtype.is_floating
+    ]
+    if not self.remat:
+      return
+
+    def Backward(theta_flat, args_flat, seed, d_outs):
+      outs, _ = self._Body(theta_flat, args_flat, seed, False)
+      ys = [outs[i] for i in self._float_outs]
+      xs = list(theta_flat) + [args_flat[i] for i in self._float_args]
+      return tf.gradients(
+          ys, xs, grad_ys=list(d_outs),
+          unconnected_gradients=tf.UnconnectedGradients.ZERO)
+
+    d_out_specs = [
+        tf.TensorSpec(out_flat[i].shape, out_flat[i].dtype)
+        for i in self._float_outs
+    ]
+    self._backward = tf.function(
+        Backward, autograph=False).get_concrete_function(
+            theta_specs, arg_specs, seed_spec, d_out_specs)
+
+  def Call(self, theta, args, seed, micro_batch, on_op_created):
+    """Runs the stage on one micro-batch.
+
+    Args:
+      theta: this stage's NestedMap {key: layer theta} of tensors on device.
+      args: the micro-batch inputs (a tuple nest of tensors).
+      seed: the micro-batch seed, an int64 [2] tensor.
+      micro_batch: the micro-batch index m (for op names and ordering).
+      on_op_created: callback(phase, micro_batch, ops) registering the ops of
+        the forward ('F') or backward ('B') task for scheduling.
+
+    Returns:
+      (outputs, stats): the stage outputs (a tuple nest) and the flat list of
+      batch-norm statistics (count, sum, sum_sq per reporting layer).
+    """
+    theta_flat = theta.Flatten()
+    args_flat = tf.nest.flatten(args)
+    if self._forward is None:
+      self._theta_struct = theta
+      self._arg_struct = args
+      self._Build(theta_flat, args_flat)
+    num_theta, num_args = len(theta_flat), len(args_flat)
+    num_outs = len(tf.nest.flatten(self._out_struct))
+    stage = self
+
+    @tf.custom_gradient
+    def _StageCall(*flat):
+      theta_in = list(flat[:num_theta])
+      args_in = list(flat[num_theta:num_theta + num_args])
+      seed_in = flat[-1]
+      results = stage._forward(theta_in, args_in, seed_in)  # pylint: disable=protected-access
+      results = results if isinstance(results, (list, tuple)) else [results]
+      on_op_created('F', micro_batch, [results[0].op])
+
+      def Grad(*d_results, variables=None):
+        d_outs = [d_results[i] for i in stage._float_outs]  # pylint: disable=protected-access
+        float_args = stage._float_args  # pylint: disable=protected-access
+        with tf.name_scope('stage%d_B%d' % (stage.index, micro_batch)):
+          with tf.device(stage.device):
+            if stage.remat:
+              grads = stage._backward(theta_in, args_in, seed_in, d_outs)  # pylint: disable=protected-access
+              grads = list(grads) if isinstance(grads, (list, tuple)) else [
+                  grads]
+              ops = [grads[0].op] if grads else []
+            else:
+              ys = [results[i] for i in stage._float_outs]  # pylint: disable=protected-access
+              xs = theta_in + [args_in[i] for i in float_args]
+              grads = tf.gradients(
+                  ys, xs, grad_ys=d_outs,
+                  unconnected_gradients=tf.UnconnectedGradients.ZERO)
+              ops = list({g.op for g in grads})
+        on_op_created('B', micro_batch, ops)
+        d_theta = grads[:num_theta]
+        d_args = [None] * num_args
+        for j, i in enumerate(float_args):
+          d_args[i] = grads[num_theta + j]
+        input_grads = list(d_theta) + d_args + [None]
+        if variables:
+          return input_grads, [None] * len(variables)
+        return input_grads
+
+      return list(results), Grad
+
+    with tf.name_scope('stage%d_F%d' % (self.index, micro_batch)):
+      with tf.device(self.device):
+        results = _StageCall(*(theta_flat + args_flat + [seed]))
+    outs = tf.nest.pack_sequence_as(self._out_struct, results[:num_outs])
+    return outs, list(results[num_outs:])
+
+
+def ReadTheta(theta, device):
+  """Reads a stage's theta (variables or tensors) once, on its device."""
+  with tf.device(device):
+    return theta.Transform(lambda v: tf.identity(v) if isinstance(
+        v, (tf.Variable, tf.Tensor)) or hasattr(v, 'handle') else v)
+
+
+def NestedTheta(theta, keys):
+  """The sub-NestedMap of `theta` holding `keys`."""
+  return py_utils.NestedMap({k: theta[k] for k in keys})

@@ -1,0 +1,58 @@
+"""A Lingvo input generator over a deterministic, resumable tf.data pipeline.
+
+Every input of this project (tfds data sets, the digits and number corpora) is
+a subclass that implements ``Examples()``: a tf.data.Dataset of single
+examples (dicts of tensors with static shapes). This base class shuffles them
+with a fixed seed, repeats, batches with a fixed batch size (remainder
+dropped, so the pipeline always sees static shapes) and skips
+``p.skip_batches`` batches first. The trainer sets ``skip_batches`` to the
+number of batches already consumed when it resumes from a checkpoint, so a
+resumed run sees exactly the batches an uninterrupted run would have seen.
+"""
+
+from gpipe import lingvo_import  # pylint: disable=unused-import
+from lingvo import compat as tf
+from lingvo.core import base_input_generator
+from lingvo.core import py_utils
+
+
+class DatasetInput(base_input_generator.BaseInputGenerator):
+  """Batches of `Examples()`, resumable by `skip_batches`."""
+
+  @classmethod
+  def Params(cls):
+    p = super().Params()
+    p.Define('shuffle_buffer', 10000,
+             'Examples in the shuffle buffer; 0 or 1 keeps the order.')
+    p.Define('seed', 1234, 'Shuffle seed: the same seed, the same batches.')
+    p.Define('repeat', True,
+             'Cycle through the data forever (training); False yields one '
+             'pass (evaluation), with the last partial batch dropped.')
+    p.Define('skip_batches', 0,
+             'Batches to skip first (set by the trainer when it resumes).')
+    return p
+
+  def Examples(self):
+    """The unbatched tf.data.Dataset of examples (a dict per example)."""
+    raise NotImplementedError('DatasetInput subclasses implement Examples()')
+
+  def Dataset(self):
+    """The batched dataset this generator reads from."""
+    p = self.params
+    if p.batch_size <= 0:
+      raise ValueError('%s: batch_size must be > 0, got %d' %
+                       (p.name, p.batch_size))
+    ds = self.Examples()
+    if p.shuffle_buffer > 1:
+      ds = ds.shuffle(p.shuffle_buffer, seed=p.seed,
+                      reshuffle_each_iteration=True)
+    if p.repeat:
+      ds = ds.repeat()
+    ds = ds.batch(p.batch_size, drop_remainder=True)
+    if p.skip_batches:
+      ds = ds.skip(p.skip_batches)
+    return ds.prefetch(2)
+
+  def _InputBatch(self):
+    iterator = tf.data.make_one_shot_iterator(self.Dataset())
+    return py_utils.NestedMap(iterator.get_next())
