@@ -98,7 +98,22 @@ def _ToTShape(shape):
     return shape
   if isinstance(shape, tf.TensorSpec):
     return tshape.Shape(shape.shape.as_list())
+  if isinstance(shape, tf.TensorShape):
+    return tshape.Shape(shape.as_list())
   return tshape.Shape(list(shape))
+
+
+def _ShapesOf(x):
+  """tshape.Shapes of one input: a shape, a spec or a dict of them."""
+  if isinstance(x, (tshape.Shape, tf.TensorSpec, tf.TensorShape)):
+    return _ToTShape(x)
+  if isinstance(x, (list, tuple)) and all(
+      isinstance(d, (int, str)) or d is None for d in x):
+    return _ToTShape(x)
+  if isinstance(x, dict):
+    return py_utils.NestedMap({k: _ShapesOf(v) for k, v in x.items()})
+  raise ValueError('input_shapes entries must be shapes (lists of ints, '
+                   'TensorSpec, tshape.Shape) or dicts of them, got %r' % (x,))
 
 
 def FlopsCosts(layer_params, input_shapes):
@@ -119,10 +134,7 @@ def FlopsCosts(layer_params, input_shapes):
   if input_shapes is None:
     raise ValueError("partition_cost='flops' needs input_shapes: the shapes "
                      'of one micro-batch of the pipeline inputs')
-  args = tuple(tf.nest.map_structure(
-      _ToTShape, list(input_shapes),
-      check_types=False) if not isinstance(input_shapes, py_utils.NestedMap)
-               else [input_shapes.Transform(_ToTShape)])
+  args = tuple(_ShapesOf(x) for x in input_shapes)
   costs = []
   for i, p in enumerate(layer_params):
     try:

@@ -157,7 +157,9 @@ class PipeliningLayer(base_layer.BaseLayer):
           self.CreateChild(key, lp)
           self._keys.append(key)
       start += size
-    self._stage_fns = None
+    # Traced stage functions per (eval mode, micro-batch input signature):
+    # training and eval graphs, or another batch size, need their own traces.
+    self._stage_fns = {}
 
   def _ResolveDevices(self, num_stages):
     p = self.params
@@ -204,8 +206,13 @@ class PipeliningLayer(base_layer.BaseLayer):
     keys = self._keys[start:start + self._stage_sizes[k]]
     return keys, [self.children[key] for key in keys]
 
-  def _StageFns(self):
-    if self._stage_fns is None:
+  def _StageFns(self, micro_batch_inputs):
+    """The StageFunctions for this mode and micro-batch input signature."""
+    key = (self.do_eval, tuple(
+        (tuple(t.shape.as_list()), t.dtype.name)
+        for t in tf.nest.flatten(micro_batch_inputs)),
+           str(tf.nest.map_structure(lambda _: 0, micro_batch_inputs)))
+    if key not in self._stage_fns:
       p = self.params
       fns = []
       for k in range(self.num_stages):
@@ -214,8 +221,8 @@ class PipeliningLayer(base_layer.BaseLayer):
                                         k < self.num_stages - 1)
         fns.append(
             stage_lib.StageFunctions(k, layers, keys, self._devices[k], remat))
-      self._stage_fns = fns
-    return self._stage_fns
+      self._stage_fns[key] = fns
+    return self._stage_fns[key]
 
   def _NumMicroBatches(self, inputs):
     p = self.params
@@ -248,7 +255,6 @@ class PipeliningLayer(base_layer.BaseLayer):
     """
     p = self.params
     num_mb = self._NumMicroBatches(inputs)
-    stage_fns = self._StageFns()
     orders = schedule.StageOrders(
         schedule.ClockCycles(p.schedule, self.num_stages, num_mb),
         self.num_stages)
@@ -256,7 +262,7 @@ class PipeliningLayer(base_layer.BaseLayer):
     seeds = self._Seeds(num_mb)
     with tf.device(self._devices[0]):
       current = micro_batch.Split(tuple(inputs), num_mb, p.batch_dim)
-    for fns in stage_fns:
+    for fns in self._StageFns(current[0]):
       theta_k = stage_lib.ReadTheta(stage_lib.NestedTheta(theta, fns.keys),
                                     fns.device)
       outs, stats = [], []

@@ -11,11 +11,11 @@ stage whatever the number of micro-batches:
 
 Each micro-batch is then one call op of ``forward`` and, in the backward pass,
 one call op of ``backward``: the graph grows with K x M call ops, not with
-L x M copies of every layer. ``Call`` wires the two together with
-``tf.custom_gradient`` so that ordinary ``tf.gradients`` through the pipeline
-uses the recomputing backward function. Without re-materialization the
-backward op is TensorFlow's own gradient of the forward call (which makes the
-forward call keep every intermediate activation).
+L x M copies of every layer. ``Call`` makes ``backward`` the gradient
+function of each forward call op, so ordinary ``tf.gradients`` through the
+pipeline uses the recomputing backward function. Without re-materialization
+the backward op is TensorFlow's own gradient of the forward call (which makes
+the forward call keep every intermediate activation).
 """
 
 from gpipe import lingvo_import  # pylint: disable=unused-import
@@ -23,6 +23,7 @@ from gpipe import batch_norm
 from gpipe import randomness
 from lingvo import compat as tf
 from lingvo.core import py_utils
+from tensorflow.python.framework import ops as tf_ops  # pylint: disable=g-direct-tensorflow-import
 
 
 def ChainFProp(layers, thetas, args):
@@ -143,49 +144,42 @@ class StageFunctions:
       self._Build(theta_flat, args_flat)
     num_theta, num_args = len(theta_flat), len(args_flat)
     num_outs = len(tf.nest.flatten(self._out_struct))
-    stage = self
-
-    @tf.custom_gradient
-    def _StageCall(*flat):
-      theta_in = list(flat[:num_theta])
-      args_in = list(flat[num_theta:num_theta + num_args])
-      seed_in = flat[-1]
-      results = stage._forward(theta_in, args_in, seed_in)  # pylint: disable=protected-access
-      results = results if isinstance(results, (list, tuple)) else [results]
-      on_op_created('F', micro_batch, [results[0].op])
-
-      def Grad(*d_results, variables=None):
-        d_outs = [d_results[i] for i in stage._float_outs]  # pylint: disable=protected-access
-        float_args = stage._float_args  # pylint: disable=protected-access
-        with tf.name_scope('stage%d_B%d' % (stage.index, micro_batch)):
-          with tf.device(stage.device):
-            if stage.remat:
-              grads = stage._backward(theta_in, args_in, seed_in, d_outs)  # pylint: disable=protected-access
-              grads = list(grads) if isinstance(grads, (list, tuple)) else [
-                  grads]
-              ops = [grads[0].op] if grads else []
-            else:
-              ys = [results[i] for i in stage._float_outs]  # pylint: disable=protected-access
-              xs = theta_in + [args_in[i] for i in float_args]
-              grads = tf.gradients(
-                  ys, xs, grad_ys=d_outs,
-                  unconnected_gradients=tf.UnconnectedGradients.ZERO)
-              ops = list({g.op for g in grads})
-        on_op_created('B', micro_batch, ops)
-        d_theta = grads[:num_theta]
-        d_args = [None] * num_args
-        for j, i in enumerate(float_args):
-          d_args[i] = grads[num_theta + j]
-        input_grads = list(d_theta) + d_args + [None]
-        if variables:
-          return input_grads, [None] * len(variables)
-        return input_grads
-
-      return list(results), Grad
-
     with tf.name_scope('stage%d_F%d' % (self.index, micro_batch)):
       with tf.device(self.device):
-        results = _StageCall(*(theta_flat + args_flat + [seed]))
+        results = self._forward(theta_flat, args_flat, seed)
+    results = list(results) if isinstance(results, (list, tuple)) else [
+        results
+    ]
+    call_op = results[0].op
+    on_op_created('F', micro_batch, [call_op])
+    # TensorFlow's own gradient of the call (used without remat): it rewrites
+    # the forward call to also output the intermediates the backward needs.
+    tf_gradient = tf_ops.get_gradient_function(call_op)
+
+    def Gradient(op, *d_results):
+      """The backward task of this stage and micro-batch."""
+      d_outs = [d_results[i] for i in self._float_outs]
+      with tf.name_scope('stage%d_B%d' % (self.index, micro_batch)):
+        with tf.device(self.device):
+          if self.remat:
+            grads = self._backward(theta_flat, args_flat, seed, d_outs)
+            grads = list(grads) if isinstance(grads, (list, tuple)) else [grads]
+            ops = [grads[0].op] if grads else []
+          else:
+            all_grads = tf_gradient(op, *d_results)
+            ops = list({g.op for g in all_grads if g is not None})
+            grads = list(all_grads[:num_theta]) + [
+                all_grads[num_theta + i] for i in self._float_args
+            ]
+      on_op_created('B', micro_batch, ops)
+      d_args = [None] * num_args
+      for j, i in enumerate(self._float_args):
+        d_args[i] = grads[num_theta + j]
+      # Inputs: theta, args, seed, then any tensors the function captured.
+      extra = len(op.inputs) - num_theta - num_args
+      return list(grads[:num_theta]) + d_args + [None] * extra
+
+    call_op._gradient_function = Gradient  # pylint: disable=protected-access
     outs = tf.nest.pack_sequence_as(self._out_struct, results[:num_outs])
     return outs, list(results[num_outs:])
 
