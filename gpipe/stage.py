@@ -26,6 +26,13 @@ from lingvo.core import py_utils
 from tensorflow.python.framework import ops as tf_ops  # pylint: disable=g-direct-tensorflow-import
 
 
+# Grappler would inline the stage functions into the session graph; the
+# inlined ops of micro-batch m+1 could then start before those of micro-batch m
+# finish (e.g. all recomputations first), breaking the schedule's order and
+# the memory bound of re-materialization. Each call stays one unit of work.
+_NO_INLINE = {'_noinline': True}
+
+
 def ChainFProp(layers, thetas, args):
   """Runs `layers` in sequence; a tuple output is splatted into the next.
 
@@ -95,7 +102,9 @@ class StageFunctions:
       outs, stats = self._Body(theta_flat, args_flat, seed, True)
       return outs + stats
 
-    self._forward = tf.function(Forward, autograph=False).get_concrete_function(
+    self._forward = tf.function(
+        Forward, autograph=False,
+        experimental_attributes=_NO_INLINE).get_concrete_function(
         theta_specs, arg_specs, seed_spec)
     out_flat = tf.nest.flatten(self._out_struct)
     self._float_outs = [i for i, t in enumerate(out_flat) if t.dtype.is_floating]
@@ -118,7 +127,8 @@ class StageFunctions:
         for i in self._float_outs
     ]
     self._backward = tf.function(
-        Backward, autograph=False).get_concrete_function(
+        Backward, autograph=False,
+        experimental_attributes=_NO_INLINE).get_concrete_function(
             theta_specs, arg_specs, seed_spec, d_out_specs)
 
   def Call(self, theta, args, seed, micro_batch, on_op_created):
