@@ -169,12 +169,12 @@ class TfdsImageInput(ImageInput):
     return self.PreprocessAll(ds)
 
 
-def DigitsSplit(split, test_fraction=0.2, split_seed=0):
+def DigitsSplit(split, num_test=360, split_seed=0):
   """scikit-learn's digits as numpy: a fixed train/test split.
 
   Args:
     split: 'train' or 'test'.
-    test_fraction: fraction of the 1,797 images held out for 'test'.
+    num_test: how many of the 1,797 images are held out for 'test'.
     split_seed: seed of the permutation that defines the split.
 
   Returns:
@@ -189,7 +189,6 @@ def DigitsSplit(split, test_fraction=0.2, split_seed=0):
     raise ValueError("digits split must be 'train' or 'test', got %r" % split)
   digits = datasets.load_digits()
   order = np.random.RandomState(split_seed).permutation(len(digits.target))
-  num_test = int(round(len(order) * test_fraction))
   chosen = order[:num_test] if split == 'test' else order[num_test:]
   images = (digits.images[chosen] / 16.0).astype(np.float32)
   return images, digits.target[chosen].astype(np.int32)
@@ -202,7 +201,7 @@ class DigitsInput(ImageInput):
   def Params(cls):
     p = super().Params()
     p.Define('split', 'train', "'train' or 'test'.")
-    p.Define('test_fraction', 0.2, 'Fraction of the data in the test split.')
+    p.Define('num_test', 360, 'Digits held out for the test split (of 1,797).')
     p.Define('split_seed', 0, 'Seed of the fixed train/test permutation.')
     p.image_size = 16
     p.num_channels = 1
@@ -215,6 +214,6 @@ class DigitsInput(ImageInput):
   def Examples(self):
     """Preprocessed digits of `p.split`."""
     p = self.params
-    images, labels = DigitsSplit(p.split, p.test_fraction, p.split_seed)
+    images, labels = DigitsSplit(p.split, p.num_test, p.split_seed)
     return self.PreprocessAll(
         tf.data.Dataset.from_tensor_slices((images, labels)))

@@ -254,6 +254,8 @@ def AmoebaNetParams():
            "'cifar': one stride-1 conv, for small images.")
   p.Define('stem_filters', 32, 'Filters of the stem convolution.')
   p.Define('aux_head', True, 'Add the auxiliary head after stack 2.')
+  p.Define('aux_hidden_dim', 128, 'Channels of the aux head 1x1 conv.')
+  p.Define('aux_features_dim', 768, 'Channels of the aux head full-map conv.')
   p.Define('drop_path_keep_prob', 0.7,
            'Drop path keep probability of the last cell (1: off).')
   p.Define('drop_path_decay_steps', 0,
@@ -329,7 +331,8 @@ def LayerParams(net):
     if stack == 1 and net.aux_head:
       layers.append(AuxHeadLayer.Params().Set(
           name='aux_head', in_dim=cur_dim, height=size, width=size,
-          num_classes=net.num_classes, bn_tpl=bn_tpl))
+          num_classes=net.num_classes, hidden_dim=net.aux_hidden_dim,
+          features_dim=net.aux_features_dim, bn_tpl=bn_tpl))
   layers.append(ClassifierLayer.Params().Set(
       name='classifier', in_dim=cur_dim, num_classes=net.num_classes,
       dropout_keep_prob=net.dropout_keep_prob))
