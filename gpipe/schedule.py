@@ -10,12 +10,12 @@ here, not a change to the layer.
 
 GPipe's fill-drain schedule for K=3 stages, M=4 micro-batches (``Render``)::
 
-  stage 0 | F0 F1 F2 F3 .  .  .  .  .  .  B3 B2 B1 B0
-  stage 1 | .  F0 F1 F2 F3 .  .  .  .  B3 B2 B1 B0 .
-  stage 2 | .  .  F0 F1 F2 F3 .  .  B3 B2 B1 B0 .  .
+  stage 0 | F0 F1 F2 F3 .  .  .  .  B3 B2 B1 B0
+  stage 1 | .  F0 F1 F2 F3 .  .  B3 B2 B1 B0 .
+  stage 2 | .  .  F0 F1 F2 F3 B3 B2 B1 B0 .  .
 
-(each backward task drawn one tick long; the idle '.' cells are the bubble,
-a fraction (K-1)/(M+K-1) of each stage's time when F and B costs are equal).
+(each task drawn one tick long; the idle '.' cells are the bubble, a fraction
+(K-1)/(M+K-1) of each stage's time when all tasks cost the same).
 """
 
 import collections

@@ -32,6 +32,10 @@ from tensorflow.python.framework import ops as tf_ops  # pylint: disable=g-direc
 # the memory bound of re-materialization. Each call stays one unit of work.
 _NO_INLINE = {'_noinline': True}
 
+# Ops of the recomputed forward pass inside a backward function.
+RECOMPUTE_SCOPE = 'recompute'
+
+
 
 def ChainFProp(layers, thetas, args):
   """Runs `layers` in sequence; a tuple output is splatted into the next.
@@ -115,7 +119,9 @@ class StageFunctions:
       return
 
     def Backward(theta_flat, args_flat, seed, d_outs):
-      outs, _ = self._Body(theta_flat, args_flat, seed, False)
+      # The name scope lets execution traces tell recomputation apart.
+      with tf.name_scope(RECOMPUTE_SCOPE):
+        outs, _ = self._Body(theta_flat, args_flat, seed, False)
       ys = [outs[i] for i in self._float_outs]
       xs = list(theta_flat) + [args_flat[i] for i in self._float_args]
       return tf.gradients(

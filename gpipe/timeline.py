@@ -4,7 +4,7 @@ Run a training step with ``RunOptions(trace_level=FULL_TRACE)`` and pass its
 ``RunMetadata.step_stats`` to ``ParseStepStats``: every stage task is one call
 op named ``stage<k>_F<m>`` (forward) or ``.../stage<k>_B<m>`` (backward), so
 its device, start and end are in the trace. The ops inside a re-materializing
-backward call are traced too: the part before its first ``gradients/`` op is
+backward call are traced too: those under the ``recompute/`` name scope are
 the recomputed forward pass.
 
 From the tasks: per-stage busy time, the measured bubble (idle) fraction of
@@ -16,6 +16,8 @@ import collections
 import io
 import re
 
+from gpipe import stage
+
 TaskTime = collections.namedtuple(
     'TaskTime',
     ['stage', 'micro_batch', 'phase', 'device', 'start', 'end',
@@ -24,13 +26,7 @@ TaskTime = collections.namedtuple(
 _CALL = re.compile(r'(?:^|/)stage(\d+)_([FB])(\d+)/(?:Stateful)?PartitionedCall$')
 
 
-_BOOKKEEPING = re.compile(
-    r'^(_SOURCE|_SINK|.*_RetVal|(theta_flat|args_flat|seed|d_outs)(_\d+)?)$')
-
-
-def _IsBookkeeping(name):
-  """Function argument/return nodes: no computation."""
-  return bool(_BOOKKEEPING.match(name))
+_RECOMPUTE_PREFIX = stage.RECOMPUTE_SCOPE + '/'
 
 
 def ParseStepStats(step_stats):
@@ -57,16 +53,14 @@ def ParseStepStats(step_stats):
       phase = match.group(2)
       recompute_end = start
       if phase == 'B':
-        # A re-materializing backward recomputes first (ops named like the
-        # forward's), then differentiates ("gradients/..." ops); without remat
-        # it has only gradient ops.
-        forward_ends = [
+        # A re-materializing backward first recomputes the forward pass,
+        # under the name scope "recompute/" (see gpipe.stage).
+        recomputed = [
             t_end for t, t_end, name in pending
-            if start <= t <= end and not _IsBookkeeping(name) and
-            not name.startswith('gradients/')
+            if start <= t <= end and name.startswith(_RECOMPUTE_PREFIX)
         ]
-        if forward_ends:
-          recompute_end = max(forward_ends)
+        if recomputed:
+          recompute_end = max(recomputed)
       pending = []
       raw.append((int(match.group(1)), int(match.group(3)), phase, dev.device,
                   start, end, recompute_end))

@@ -1,0 +1,107 @@
+"""Cost-balanced partitioning of a layer sequence into stages."""
+
+from gpipe import lingvo_import  # pylint: disable=unused-import
+
+import itertools
+
+from absl.testing import parameterized
+from gpipe import partition
+from gpipe import pipeline
+import numpy as np
+from lingvo import compat as tf
+from lingvo.core import test_utils
+from tests import toy_layers
+
+
+def _BruteForceBottleneck(costs, k):
+  best = float('inf')
+  n = len(costs)
+  for cuts in itertools.combinations(range(1, n), k - 1):
+    bounds = (0,) + cuts + (n,)
+    worst = max(sum(costs[a:b]) for a, b in zip(bounds, bounds[1:]))
+    best = min(best, worst)
+  return best
+
+
+class PartitionByCostTest(test_utils.TestCase, parameterized.TestCase):
+
+  @parameterized.parameters(range(20))
+  def testOptimalBottleneck(self, seed):
+    rng = np.random.RandomState(seed)
+    n = rng.randint(2, 11)
+    k = rng.randint(1, n + 1)
+    costs = list(rng.randint(0, 20, size=n).astype(float))
+    sizes = partition.PartitionByCost(costs, k)
+    self.assertLen(sizes, k)
+    self.assertEqual(sum(sizes), n)
+    self.assertGreaterEqual(min(sizes), 1)
+    bounds = np.cumsum([0] + sizes)
+    worst = max(sum(costs[a:b]) for a, b in zip(bounds, bounds[1:]))
+    self.assertEqual(worst, _BruteForceBottleneck(costs, k))
+
+  def testHeavyLayerGetsItsOwnStage(self):
+    self.assertEqual(partition.PartitionByCost([1, 1, 10, 1, 1], 3),
+                     [2, 1, 2])
+
+  def testLargeCutIsFast(self):
+    sizes = partition.PartitionByCost([1.0] * 1663, 128)
+    self.assertEqual(sum(sizes), 1663)
+    self.assertLessEqual(max(sizes), 13)
+
+  def testErrors(self):
+    with self.assertRaisesRegex(ValueError, 'cannot cut 2 layers into 3'):
+      partition.PartitionByCost([1, 1], 3)
+    with self.assertRaisesRegex(ValueError, 'finite and >= 0'):
+      partition.PartitionByCost([1, -1], 1)
+    with self.assertRaisesRegex(ValueError, "unknown partition_cost 'magic'"):
+      partition.LayerCosts('magic', [])
+
+
+def _Layers(dims):
+  return [
+      toy_layers.DenseDropout.Params().Set(
+          name='d%d' % i, input_dim=a, output_dim=b)
+      for i, (a, b) in enumerate(zip(dims, dims[1:]))
+  ]
+
+
+class LayerCostsTest(test_utils.TestCase):
+
+  def testFlopsPropagateShapes(self):
+    layers = _Layers([8, 32, 4])
+    costs = partition.FlopsCosts(layers, [[16, 8]])
+    self.assertEqual(costs, [2 * 16 * 8 * 32, 2 * 16 * 32 * 4])
+
+  def testParamBytes(self):
+    layers = _Layers([8, 32, 4])
+    self.assertEqual(partition.ParamsCosts(layers),
+                     [4.0 * (8 * 32 + 32), 4.0 * (32 * 4 + 4)])
+
+  def testMeasuredTimeFavorsTheBigLayer(self):
+    layers = _Layers([16, 512, 512, 16])
+    costs = partition.TimeCosts(layers, [tf.TensorSpec([64, 16], tf.float32)],
+                                repeats=3)
+    self.assertLen(costs, 3)
+    self.assertGreater(costs[1], costs[0])
+    self.assertGreater(costs[1], costs[2])
+
+  def testPipelineCutsByCostAndReports(self):
+    with tf.Graph().as_default():
+      layers = _Layers([8, 8, 256, 8, 8])
+      net = pipeline.PipeliningLayer.Params().Set(
+          name='pipe', layers=layers, num_stages=2, num_micro_batches=2,
+          partition_cost='params',
+          stage_devices=['/device:CPU:0'] * 2).Instantiate()
+      # The two big layers (8x256 and 256x8) go to different stages.
+      self.assertEqual(net.stage_sizes, [2, 2])
+      report = net.PartitionReport()
+      lines = report.splitlines()
+      self.assertLen(lines, 4)  # header, 2 stages, total
+      self.assertIn('d0 .. d1', lines[1])
+      self.assertIn('d2 .. d3', lines[2])
+      total = 8 * 8 + 8 + 8 * 256 + 256 + 256 * 8 + 8 + 8 * 8 + 8
+      self.assertIn('{:,}'.format(total), lines[3])
+
+
+if __name__ == '__main__':
+  tf.test.main()

@@ -1,0 +1,71 @@
+"""The schedule as a pure function: order, dependencies, bubble."""
+
+from gpipe import lingvo_import  # pylint: disable=unused-import
+
+import itertools
+
+from absl.testing import parameterized
+from gpipe import schedule
+from lingvo import compat as tf
+from lingvo.core import test_utils
+
+
+class GPipeScheduleTest(test_utils.TestCase, parameterized.TestCase):
+
+  @parameterized.parameters(itertools.product([1, 2, 3, 4], [1, 2, 4, 8]))
+  def testEveryTaskOnceAndDependenciesRespected(self, k, m):
+    ticks = schedule.GPipeClockCycles(k, m)
+    self.assertLen(ticks, 2 * (m + k - 1))
+    when = {}
+    for t, tick in enumerate(ticks):
+      self.assertLen({task.stage for task in tick}, len(tick))  # 1 per stage
+      for task in tick:
+        self.assertNotIn(task, when)
+        when[task] = t
+    self.assertLen(when, 2 * k * m)
+    for s, mb in itertools.product(range(k), range(m)):
+      forward = schedule.Task(s, mb, 'F')
+      backward = schedule.Task(s, mb, 'B')
+      if s > 0:  # needs the previous stage's output
+        self.assertLess(when[schedule.Task(s - 1, mb, 'F')], when[forward])
+      if s < k - 1:  # needs the next stage's input gradient
+        self.assertLess(when[schedule.Task(s + 1, mb, 'B')], when[backward])
+      self.assertLess(when[forward], when[backward])
+
+  def testStageOrdersAreFillThenDrainInReverse(self):
+    orders = schedule.StageOrders(schedule.GPipeClockCycles(3, 4), 3)
+    for order in orders:
+      self.assertEqual([(t.phase, t.micro_batch) for t in order],
+                       [('F', 0), ('F', 1), ('F', 2), ('F', 3), ('B', 3),
+                        ('B', 2), ('B', 1), ('B', 0)])
+
+  def testForwardOnly(self):
+    ticks = schedule.ClockCycles('gpipe', 2, 3, backward=False)
+    self.assertEqual([[(t.stage, t.micro_batch) for t in tick]
+                      for tick in ticks],
+                     [[(0, 0)], [(0, 1), (1, 0)], [(0, 2), (1, 1)], [(1, 2)]])
+
+  def testRender(self):
+    text = schedule.Render(schedule.GPipeClockCycles(2, 3), 2)
+    self.assertEqual(
+        text, 'stage 0 | F0 F1 F2 .  .  B2 B1 B0\n'
+        'stage 1 | .  F0 F1 F2 B2 B1 B0 .')
+
+  @parameterized.parameters((1, 1, 0.0), (2, 1, 0.5), (4, 4, 3 / 7),
+                            (4, 32, 3 / 35))
+  def testBubbleFraction(self, k, m, expected):
+    self.assertAlmostEqual(schedule.BubbleFraction(k, m), expected)
+    # The same fraction, counted in the idle cells of the rendered schedule.
+    ticks = schedule.GPipeClockCycles(k, m, backward=False)
+    idle = sum(k - len(tick) for tick in ticks)
+    self.assertAlmostEqual(idle / (k * len(ticks)), expected)
+
+  def testErrors(self):
+    with self.assertRaisesRegex(ValueError, "unknown schedule 'zigzag'"):
+      schedule.ClockCycles('zigzag', 2, 2)
+    with self.assertRaisesRegex(ValueError, '>= 1 micro-batch'):
+      schedule.GPipeClockCycles(2, 0)
+
+
+if __name__ == '__main__':
+  tf.test.main()
