@@ -9,6 +9,7 @@ from gpipe import pipeline
 from gpipe import randomness
 import numpy as np
 from lingvo import compat as tf
+from lingvo.core import builder_layers
 from lingvo.core import cluster_factory
 from lingvo.core import py_utils
 from lingvo.core import test_utils
@@ -104,6 +105,30 @@ class PipelineGradientTest(test_utils.TestCase, parameterized.TestCase):
       self.assertAllEqual(in_v.ids, out_v.ids)
       self.assertAllEqual(in_v.context, out_v.context)
       values, refs = sess.run([[loss] + grads, [ref_loss] + ref_grads])
+      for v, r in zip(values, refs):
+        self.assertAllClose(r, v, rtol=1e-10, atol=1e-12)
+
+  def testCellTemplatesOnePerStage(self):
+    with self.session(graph=tf.Graph(), config=CONFIG) as sess:
+      layers = _DenseLayers(5)
+      cells = [
+          builder_layers.SequentialLayer.Params().Set(
+              name='cell0', sub=layers[:2]),
+          builder_layers.SequentialLayer.Params().Set(
+              name='cell1', sub=layers[2:])
+      ]
+      p = pipeline.PipeliningLayer.Params().Set(
+          name='pipe', cell_tpl=cells, num_micro_batches=4,
+          stage_devices=_Devices(2), dtype=tf.float64)
+      net = p.Instantiate()
+      self.assertEqual(net.num_stages, 2)
+      self.assertEqual(net.stage_sizes, [1, 1])
+      x = tf.constant(np.random.RandomState(1).randn(8, 8))
+      loss, grads = _LossAndGrads(net, (x,), pipelined=True)
+      ref_loss, ref_grads = _LossAndGrads(net, (x,), pipelined=False)
+      sess.run(tf.global_variables_initializer())
+      values, refs = sess.run([[loss] + grads, [ref_loss] + ref_grads])
+      self.assertLen(values, 2 * 5 + 2)
       for v, r in zip(values, refs):
         self.assertAllClose(r, v, rtol=1e-10, atol=1e-12)
 
