@@ -78,9 +78,11 @@ class LayerCostsTest(test_utils.TestCase):
                      [4.0 * (8 * 32 + 32), 4.0 * (32 * 4 + 4)])
 
   def testMeasuredTimeFavorsTheBigLayer(self):
-    layers = _Layers([16, 512, 512, 16])
-    costs = partition.TimeCosts(layers, [tf.TensorSpec([64, 16], tf.float32)],
-                                repeats=3)
+    # The middle layer has 64x the flops of each other one: a margin no
+    # scheduling noise on a shared machine can close.
+    layers = _Layers([16, 1024, 1024, 16])
+    costs = partition.TimeCosts(
+        layers, [tf.TensorSpec([256, 16], tf.float32)], repeats=5)
     self.assertLen(costs, 3)
     self.assertGreater(costs[1], costs[0])
     self.assertGreater(costs[1], costs[2])
