@@ -1,0 +1,49 @@
+"""Building a registered model's graph for training, evaluation or decoding.
+
+Lingvo's way: instantiate the model params inside a Lingvo cluster context
+(which says whether this is an eval graph and how many devices a model split
+has), then construct the graph of the mode: ``ConstructFPropBPropGraph``
+(loss, gradients and the learners' update: ``task.train_op``),
+``ConstructFPropGraph`` (loss and metrics only) or ``ConstructDecodeGraph``.
+Graph-level randomness is seeded first, so variable initialization and
+dropout are the same in every run with the same seed.
+"""
+
+from gpipe import lingvo_import  # pylint: disable=unused-import
+from lingvo import compat as tf
+from lingvo.core import py_utils
+
+MODES = ('train', 'eval', 'decode')
+
+
+def Build(cfg, placement, mode, seed):
+  """Builds the model of `cfg` in a new graph.
+
+  Args:
+    cfg: SingleTaskModel params (input, devices already set).
+    placement: a tools.placement.Placement.
+    mode: 'train', 'eval' or 'decode'.
+    seed: the graph-level random seed.
+
+  Returns:
+    NestedMap(graph, model, task, global_step, decode_out): decode_out is
+    the task's Decode() output in 'decode' mode, else None.
+  """
+  if mode not in MODES:
+    raise ValueError('unknown graph mode %r; use one of %s' % (mode, MODES))
+  graph = tf.Graph()
+  decode_out = None
+  with graph.as_default():
+    tf.compat.v1.set_random_seed(seed)
+    with placement.LingvoCluster(do_eval=mode != 'train'):
+      model = cfg.Instantiate()
+      if mode == 'train':
+        model.ConstructFPropBPropGraph()
+      elif mode == 'eval':
+        model.ConstructFPropGraph()
+      else:
+        _, decode_out = model.ConstructDecodeGraph()
+  task = model.GetTask()
+  return py_utils.NestedMap(graph=graph, model=model, task=task,
+                            global_step=task.global_step,
+                            decode_out=decode_out)

@@ -1,0 +1,230 @@
+"""Selecting a registered model and adjusting its params for this run.
+
+``--model=family.ClassName`` names a class registered with Lingvo's
+``model_registry`` in ``params/family.py``. This module imports the params
+modules, builds the model params for a dataset ('Train', 'Test'), applies
+``--model_params_override`` (Lingvo's text format, ``a.b=1; c=2``) and finds
+the ``gpipe.pipeline.PipeliningLayer`` params inside the model's params tree,
+so the trainer can set the number of stages, micro-batches and devices.
+"""
+
+import difflib
+import importlib
+import pkgutil
+
+from gpipe import lingvo_import  # pylint: disable=unused-import
+from gpipe import pipeline
+from lingvo import model_registry
+from lingvo.core import hyperparams
+
+
+class UnknownModelError(ValueError):
+  """--model names no registered model."""
+
+
+_IMPORT_ERRORS = {}
+
+
+def ImportParamsModules():
+  """Imports every module of the `params` package (registering its models).
+
+  A module that fails to import is remembered (ImportErrors()) instead of
+  hiding every other model.
+  """
+  import params  # pylint: disable=g-import-not-at-top
+  for info in pkgutil.iter_modules(params.__path__):
+    name = 'params.' + info.name
+    if name in _IMPORT_ERRORS:
+      continue
+    try:
+      importlib.import_module(name)
+    except Exception as e:  # pylint: disable=broad-except
+      _IMPORT_ERRORS[name] = '%s: %s' % (type(e).__name__, e)
+
+
+def ImportErrors():
+  """{params module: error} of the modules that failed to import."""
+  return dict(_IMPORT_ERRORS)
+
+
+def RegisteredNames():
+  """Sorted registry keys ('family.ClassName') of all registered models."""
+  ImportParamsModules()
+  return sorted(model_registry._ModelRegistryHelper.GetAllRegisteredClasses())  # pylint: disable=protected-access
+
+
+def ModelParamsObject(name):
+  """The registered model-params object called `name`.
+
+  Args:
+    name: 'family.ClassName'.
+
+  Returns:
+    An instance of the registered `SingleTaskModelParams` subclass.
+
+  Raises:
+    UnknownModelError: no such model; the message lists the closest names.
+  """
+  names = RegisteredNames()
+  classes = model_registry._ModelRegistryHelper.GetAllRegisteredClasses()  # pylint: disable=protected-access
+  if name not in classes:
+    close = difflib.get_close_matches(name, names, n=5, cutoff=0.4)
+    if not close:
+      # Match on the class name alone (the family may be the typo).
+      short = {n.split('.')[-1]: n for n in names}
+      close = [
+          short[s] for s in difflib.get_close_matches(
+              name.split('.')[-1], list(short), n=5, cutoff=0.4)
+      ]
+    msg = 'unknown model %r.' % name
+    if close:
+      msg += ' Did you mean: %s?' % ', '.join(close)
+    msg += (' Models are registered as family.ClassName from params/'
+            'family.py; registered: %s.' % ', '.join(names))
+    errors = ImportErrors()
+    family = 'params.' + name.split('.')[0]
+    if family in errors:
+      msg += ' Note: %s failed to import: %s' % (family, errors[family])
+    raise UnknownModelError(msg)
+  return classes[name]()
+
+
+def ModelParams(name, dataset='Train', override=''):
+  """The full model params of `name` with the input of `dataset`.
+
+  Args:
+    name: 'family.ClassName'.
+    dataset: the model-params method giving the input ('Train', 'Test').
+    override: Lingvo params text, lines or ';'-separated 'a.b=value'.
+
+  Returns:
+    A SingleTaskModel `hyperparams.Params`.
+  """
+  obj = ModelParamsObject(name)
+  cfg = obj.Model()
+  cfg.input = obj.GetDatasetParams(dataset)
+  if override:
+    ApplyOverride(cfg, override)
+  return cfg
+
+
+def ApplyOverride(cfg, text):
+  """Applies Lingvo text overrides ('task.train.learning_rate=0.1; ...').
+
+  Args:
+    cfg: params to change in place.
+    text: ';' or newline separated 'dotted.name = value' lines.
+
+  Raises:
+    ValueError: an unknown param name or a malformed value, named.
+  """
+  lines = [line.strip() for line in text.replace(';', '\n').split('\n')]
+  for line in lines:
+    if not line:
+      continue
+    if '=' not in line and ':' not in line:
+      raise ValueError('--model_params_override: %r is not "name=value"' %
+                       line)
+    try:
+      cfg.FromText(line)
+    except (AttributeError, ValueError, TypeError) as e:
+      raise ValueError(
+          '--model_params_override: cannot apply %r: %s (param names are '
+          'dotted paths from the model params root, e.g. '
+          'task.train.learning_rate)' % (line, e)) from e
+
+
+def FindPipelines(params, path=''):
+  """Every PipeliningLayer params inside `params`, depth first.
+
+  Args:
+    params: a hyperparams.Params tree.
+    path: the dotted path of `params` (for messages).
+
+  Returns:
+    A list of (dotted path, PipeliningLayer params). Params are returned by
+    reference: changing them changes the tree.
+  """
+  found = []
+  if isinstance(params, hyperparams.Params):
+    cls = getattr(params, 'cls', None) if 'cls' in params else None
+    if isinstance(cls, type) and issubclass(cls, pipeline.PipeliningLayer):
+      return [(path, params)]
+    for key, value in params.IterParams():
+      found.extend(FindPipelines(value, path + '.' + key if path else key))
+  elif isinstance(params, (list, tuple)):
+    for i, value in enumerate(params):
+      found.extend(FindPipelines(value, '%s[%d]' % (path, i)))
+  return found
+
+
+def NumStages(pipeline_params):
+  """K of a PipeliningLayer params (cell_tpl length or num_stages)."""
+  if pipeline_params.cell_tpl is not None:
+    return len(pipeline_params.cell_tpl)
+  return pipeline_params.num_stages
+
+
+def SetPipelineShape(cfg, num_stages=None, num_micro_batches=None):
+  """Overrides K and M of every pipeline in `cfg`.
+
+  Args:
+    cfg: model params (changed in place).
+    num_stages: new K, or None to keep.
+    num_micro_batches: new M, or None to keep (clears micro_batch_size).
+
+  Returns:
+    The list of (path, pipeline params) found.
+
+  Raises:
+    ValueError: an override was asked for but the model has no pipeline, or
+      a cell_tpl pipeline's stage count cannot change.
+  """
+  found = FindPipelines(cfg)
+  if (num_stages or num_micro_batches) and not found:
+    raise ValueError(
+        '--num_stages/--num_micro_batches: this model has no gpipe '
+        'PipeliningLayer in its params, so there is nothing to pipeline')
+  for path, pp in found:
+    if num_stages:
+      if pp.cell_tpl is not None and len(pp.cell_tpl) != num_stages:
+        raise ValueError(
+            '--num_stages=%d: the pipeline at %s is given as %d explicit '
+            'stages (cell_tpl), which cannot be re-cut; build it from a flat '
+            '`layers` list instead' % (num_stages, path, len(pp.cell_tpl)))
+      if pp.layers is not None:
+        pp.num_stages = num_stages
+        pp.stage_sizes = None
+    if num_micro_batches:
+      pp.num_micro_batches = num_micro_batches
+      pp.micro_batch_size = None
+  return found
+
+
+def SetStageDevices(cfg, devices, keep_explicit=False):
+  """Places stage k of every pipeline in `cfg` on devices[k].
+
+  Args:
+    cfg: model params (changed in place).
+    devices: device strings, at least K of them.
+    keep_explicit: leave pipelines whose params already name devices alone.
+
+  Raises:
+    ValueError: fewer devices than stages.
+  """
+  for path, pp in FindPipelines(cfg):
+    if keep_explicit and pp.stage_devices:
+      continue
+    k = NumStages(pp)
+    if len(devices) < k:
+      raise ValueError(
+          'the pipeline at %s has %d stages but only %d devices/workers were '
+          'given (%s): start as many workers as stages, or pass '
+          '--num_stages=%d' % (path, k, len(devices), devices, len(devices)))
+    pp.stage_devices = list(devices[:k])
+
+
+def MaxStages(cfg):
+  """The largest K of the pipelines in `cfg` (1 without any)."""
+  return max([NumStages(pp) for _, pp in FindPipelines(cfg)] or [1])
+

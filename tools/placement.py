@@ -1,0 +1,128 @@
+"""Where the pipeline's stages run, and the session that drives them.
+
+Three ways, by flags:
+
+* default: one process with K virtual CPU devices (``/device:CPU:k``). They
+  share one thread pool, so stages do not overlap: right for tests and small
+  models, not for speed.
+* ``--worker_processes=K``: K local TensorFlow worker processes
+  (``gpipe.local_cluster.LocalCluster``), stage k on worker k; the session
+  talks to worker 0. Workers are checked between steps.
+* ``--cluster_spec='worker=host:port,host:port'``: existing TensorFlow
+  servers (``python -m gpipe.worker``), e.g. on other hosts.
+
+Each step runs with a timeout, so a lost worker fails the step with an error
+instead of blocking forever.
+"""
+
+from gpipe import lingvo_import  # pylint: disable=unused-import
+from gpipe import local_cluster
+from lingvo import compat as tf
+from lingvo.core import cluster_factory
+
+
+def ParseClusterSpec(text):
+  """{'worker': [host:port, ...]} from 'worker=host:port,host:port'.
+
+  Args:
+    text: the --cluster_spec flag ('job=addr,addr' jobs separated by '@').
+
+  Returns:
+    A dict for tf.train.ClusterSpec.
+
+  Raises:
+    ValueError: a malformed spec, with an example of a good one.
+  """
+  example = "e.g. --cluster_spec='worker=10.0.0.1:2222,10.0.0.2:2222'"
+  jobs = {}
+  for part in text.split('@'):
+    if '=' not in part:
+      raise ValueError('--cluster_spec=%r: expected job=host:port,...; %s' %
+                       (text, example))
+    job, addrs = part.split('=', 1)
+    addrs = [a.strip() for a in addrs.split(',') if a.strip()]
+    if not addrs or any(':' not in a for a in addrs):
+      raise ValueError('--cluster_spec=%r: each address needs host:port; %s' %
+                       (text, example))
+    jobs[job.strip()] = addrs
+  if 'worker' not in jobs:
+    raise ValueError("--cluster_spec=%r: needs a 'worker' job; %s" %
+                     (text, example))
+  return jobs
+
+
+class Placement:
+  """Stage devices, the session target/config, and worker liveness."""
+
+  def __init__(self, num_stages, worker_processes=0, cluster_spec='',
+               step_timeout_secs=300, log_dir=None, pin_cores=False):
+    """Sets up (and for worker_processes, starts) the devices.
+
+    Args:
+      num_stages: K, the stages of the model's pipeline(s).
+      worker_processes: start this many local worker processes (0: none).
+      cluster_spec: existing servers, see ParseClusterSpec ('' for none).
+      step_timeout_secs: the longest a session run may take.
+      log_dir: where local workers write their logs.
+      pin_cores: pin local worker i to core i (taskset).
+    """
+    if worker_processes and cluster_spec:
+      raise ValueError('give either --worker_processes or --cluster_spec, '
+                       'not both')
+    self.num_stages = num_stages
+    self.step_timeout_ms = int(step_timeout_secs * 1000)
+    self.cluster = None
+    if worker_processes:
+      self.cluster = local_cluster.LocalCluster(
+          worker_processes, pin_cores=pin_cores, log_dir=log_dir)
+      self.devices = self.cluster.devices
+      self.target = self.cluster.target
+      self.num_cpus = 1
+    elif cluster_spec:
+      jobs = ParseClusterSpec(cluster_spec)
+      workers = jobs['worker']
+      self.devices = [
+          local_cluster.StageDevice(i) for i in range(len(workers))
+      ]
+      self.target = 'grpc://' + workers[0]
+      self.num_cpus = 1
+    else:
+      self.devices = ['/device:CPU:%d' % k for k in range(num_stages)]
+      self.target = ''
+      self.num_cpus = num_stages
+    self.distributed = bool(self.target)
+
+  def SessionConfig(self):
+    """The ConfigProto: virtual CPUs, soft placement and an op timeout."""
+    config = tf.compat.v1.ConfigProto(
+        allow_soft_placement=True,
+        operation_timeout_in_ms=self.step_timeout_ms)
+    if not self.distributed:
+      config.device_count['CPU'] = self.num_cpus
+    return config
+
+  def RunOptions(self, trace=False):
+    """RunOptions with the step timeout (and a full trace if asked)."""
+    options = tf.compat.v1.RunOptions(timeout_in_ms=self.step_timeout_ms)
+    if trace:
+      options.trace_level = tf.compat.v1.RunOptions.FULL_TRACE
+    return options
+
+  def NewSession(self, graph):
+    return tf.compat.v1.Session(
+        self.target, graph=graph, config=self.SessionConfig())
+
+  def LingvoCluster(self, do_eval=False):
+    """The Lingvo cluster context to build a model in."""
+    return cluster_factory.ForTestingWorker(
+        mode='sync', job='trainer_client', cpus=self.num_cpus,
+        split_size=self.num_cpus, do_eval=do_eval)
+
+  def CheckAlive(self):
+    """Raises local_cluster.WorkerDiedError if a local worker has exited."""
+    if self.cluster is not None:
+      self.cluster.CheckAlive()
+
+  def Stop(self):
+    if self.cluster is not None:
+      self.cluster.Stop()

@@ -1,0 +1,51 @@
+"""What one traced training step measured: stage times, bubbles, memory.
+
+Every N steps the trainer runs a step with a full trace. From its
+``RunMetadata.step_stats``: the pipeline's stage tasks (``gpipe.timeline``),
+each stage's busy seconds and measured bubble fraction, the timeline image,
+and the peak memory of each device (``tools.peak_memory``).
+"""
+
+from gpipe import lingvo_import  # pylint: disable=unused-import
+from gpipe import timeline
+from tools import peak_memory
+
+
+def _ShortDevice(name):
+  """'/job:worker/replica:0/task:1/device:CPU:0' -> 'worker_1_CPU_0'."""
+  parts = dict(
+      p.split(':', 1) for p in name.strip('/').split('/') if ':' in p)
+  device = parts.get('device', name).replace(':', '_')
+  return '%s_%s_%s' % (parts.get('job', 'local'), parts.get('task', '0'),
+                       device)
+
+
+def Measure(run_metadata, title=''):
+  """Scalars and the timeline image of one traced step.
+
+  Args:
+    run_metadata: the RunMetadata of a FULL_TRACE session run.
+    title: the timeline image's title.
+
+  Returns:
+    (scalars, png): scalars is {summary tag: value}; png is the timeline
+    image bytes, or None when the step ran no pipeline stage.
+  """
+  scalars = {}
+  for device, peak in sorted(
+      peak_memory.PeakBytesPerDevice(run_metadata.step_stats).items()):
+    if peak:
+      scalars['memory/peak_bytes/' + _ShortDevice(device)] = peak
+  tasks = timeline.ParseStepStats(run_metadata.step_stats)
+  if not tasks:
+    return scalars, None
+  busy = timeline.StageBusySeconds(tasks)
+  bubbles = timeline.BubbleFractions(tasks)
+  recompute = timeline.StageRecomputeSeconds(tasks)
+  for k, (b, f, r) in enumerate(zip(busy, bubbles, recompute)):
+    scalars['pipeline/stage_%d/compute_sec' % k] = b
+    scalars['pipeline/stage_%d/bubble_fraction' % k] = f
+    scalars['pipeline/stage_%d/recompute_sec' % k] = r
+  scalars['pipeline/bubble_fraction'] = sum(bubbles) / len(bubbles)
+  scalars['pipeline/span_sec'] = timeline.Span(tasks)
+  return scalars, timeline.RenderPNG(tasks, title=title)

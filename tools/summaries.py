@@ -1,0 +1,90 @@
+"""TensorBoard event files: scalars and images, written with a FileWriter.
+
+Tags used by the trainer (all at the global step):
+
+* every metric the task returns (``loss``, ``accuracy``, ``top5_accuracy``,
+  ``learning_rate/...``, BLEU in decode), and ``learning_rate``;
+* ``examples_per_sec``;
+* ``pipeline/stage_<k>/compute_sec``, ``pipeline/stage_<k>/bubble_fraction``,
+  ``pipeline/bubble_fraction`` (mean over stages), from a traced step;
+* ``memory/peak_bytes/<device>``, from the same traced step;
+* the image ``pipeline/timeline`` (stages x time; forward, recompute and
+  backward coloured).
+"""
+
+import glob
+import os
+import struct
+
+from gpipe import lingvo_import  # pylint: disable=unused-import
+from lingvo import compat as tf
+
+
+class Writer:
+  """Writes scalar and image summaries into one event-file directory."""
+
+  def __init__(self, logdir):
+    # The v1 FileWriter refuses eager mode; in a graph context it is a plain
+    # event-file writer.
+    with tf.Graph().as_default():
+      self._writer = tf.compat.v1.summary.FileWriter(logdir)
+
+  def Scalars(self, step, values):
+    """Writes {tag: number} at `step`."""
+    summary = tf.compat.v1.Summary(value=[
+        tf.compat.v1.Summary.Value(tag=tag, simple_value=float(value))
+        for tag, value in sorted(values.items())
+    ])
+    self._writer.add_summary(summary, step)
+
+  def Image(self, step, tag, png):
+    """Writes one PNG (bytes) as image `tag` at `step`."""
+    # A PNG's IHDR chunk holds the width and height as big-endian uint32s.
+    width, height = struct.unpack('>II', png[16:24])
+    image = tf.compat.v1.Summary.Image(
+        encoded_image_string=png, width=width, height=height, colorspace=4)
+    self._writer.add_summary(
+        tf.compat.v1.Summary(
+            value=[tf.compat.v1.Summary.Value(tag=tag, image=image)]), step)
+
+  def Text(self, step, tag, text):
+    """Writes a text summary (shown in TensorBoard's Text tab)."""
+    tensor = tf.compat.v1.make_tensor_proto(text)
+    metadata = tf.compat.v1.SummaryMetadata(
+        plugin_data=tf.compat.v1.SummaryMetadata.PluginData(
+            plugin_name='text'))
+    self._writer.add_summary(
+        tf.compat.v1.Summary(value=[
+            tf.compat.v1.Summary.Value(tag=tag, tensor=tensor,
+                                       metadata=metadata)
+        ]), step)
+
+  def Flush(self):
+    self._writer.flush()
+
+  def Close(self):
+    self._writer.close()
+
+
+def Read(logdir):
+  """{tag: [(step, value or image bytes)]} of every event file in `logdir`.
+
+  Args:
+    logdir: a directory of event files.
+
+  Returns:
+    A dict of lists; scalar summaries give floats, images their PNG bytes.
+  """
+  out = {}
+  for path in sorted(glob.glob(os.path.join(logdir, 'events.out.tfevents.*'))):
+    for event in tf.compat.v1.train.summary_iterator(path):
+      for value in event.summary.value:
+        kind = value.WhichOneof('value')
+        if kind == 'simple_value':
+          item = value.simple_value
+        elif kind == 'image':
+          item = value.image.encoded_image_string
+        else:
+          item = value
+        out.setdefault(value.tag, []).append((event.step, item))
+  return out

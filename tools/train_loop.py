@@ -1,0 +1,303 @@
+"""The training loop: one synchronous update per mini-batch, resumable.
+
+Each step runs the task's ``train_op`` (Lingvo learners: the optimizer and
+learning-rate schedule of ``p.train``) once on one mini-batch; the pipeline
+adds up the gradients of its micro-batches, so it is one update per
+mini-batch. The loop:
+
+* resumes from the newest checkpoint in logdir (weights, optimizer slots,
+  global step), and skips the batches already consumed;
+* saves a checkpoint every N steps and when it stops (end, Ctrl-C, SIGTERM);
+* logs every step's metrics to logdir/train_steps.jsonl, prints a progress
+  line and writes TensorBoard summaries every N steps, and traces a step
+  every M steps for the pipeline timeline, bubbles and peak memory;
+* stops with a clear error, without saving, on a NaN/Inf loss, and on a dead
+  worker process or a step that exceeds its timeout.
+"""
+
+import math
+import os
+import signal
+
+from gpipe import lingvo_import  # pylint: disable=unused-import
+from gpipe import local_cluster
+from lingvo import compat as tf
+from tools import checkpoints
+from tools import model_graph
+from tools import progress
+from tools import step_trace
+from tools import summaries
+
+
+class NonFiniteLossError(FloatingPointError):
+  """The loss became NaN or Inf."""
+
+
+class WorkerLostError(RuntimeError):
+  """A pipeline worker died or stopped answering during training."""
+
+
+class _Interrupted(Exception):
+  """SIGTERM: stop after saving, like Ctrl-C."""
+
+
+def ConsoleMetrics(metrics):
+  """The metrics worth a console column: the task's own and the lr."""
+  shown = {
+      k: v for k, v in metrics.items()
+      if '/' not in k and k != 'num_samples_in_batch'
+  }
+  lr = LearningRate(metrics)
+  if lr is not None:
+    shown['lr'] = lr
+  return shown
+
+
+def LearningRate(metrics):
+  """The learning rate among Lingvo's learner metrics ('learning_rate/..')."""
+  for key in sorted(metrics):
+    if key == 'learning_rate' or key.startswith('learning_rate/'):
+      return metrics[key]
+  return None
+
+
+class TrainLoop:
+  """Trains the model of `cfg_for_start_step` in `logdir`."""
+
+  def __init__(self, make_cfg, placement, logdir, max_steps=None, seed=1234,
+               checkpoint_every_n_steps=100, log_every_n_steps=10,
+               trace_every_n_steps=100, after_checkpoint=None, echo=print):
+    """Configures the loop (nothing runs yet).
+
+    Args:
+      make_cfg: a function (dataset name) -> model params, with overrides
+        and stage devices applied.
+      placement: a tools.placement.Placement.
+      logdir: the run's directory (checkpoints, event files, step log).
+      max_steps: train until this global step (None: p.train.max_steps).
+      seed: graph-level random seed.
+      checkpoint_every_n_steps: save period.
+      log_every_n_steps: console line and summary period.
+      trace_every_n_steps: traced-step period (0: never).
+      after_checkpoint: optional function(checkpoint path) called after
+        each periodic checkpoint and the final one (e.g. an evaluation).
+      echo: prints a console line.
+    """
+    self._make_cfg = make_cfg
+    self._placement = placement
+    self._logdir = logdir
+    self._max_steps = max_steps
+    self._seed = seed
+    self._ckpt_every = max(1, checkpoint_every_n_steps)
+    self._log_every = max(1, log_every_n_steps)
+    self._trace_every = trace_every_n_steps
+    self._after_checkpoint = after_checkpoint
+    self._done_after = None
+    self._echo = echo
+
+  def _TrainParams(self):
+    """The Train() params, positioned after the batches already consumed."""
+    resume = checkpoints.Newest(self._logdir)
+    start_step = 0
+    if resume:
+      try:
+        start_step = checkpoints.GlobalStepOf(resume)
+      except (tf.errors.NotFoundError, ValueError):
+        start_step = 0  # Not our model's: CheckCompatible will say so.
+    cfg = self._make_cfg('Train')
+    if start_step and 'skip_batches' in cfg.input:
+      # One batch per step: resume exactly where the data left off.
+      cfg.input.skip_batches = start_step
+    return cfg, resume
+
+  def Run(self):
+    """Trains to max_steps; returns (global step, path of last checkpoint)."""
+    cfg, resume = self._TrainParams()
+    max_steps = self._max_steps or cfg.task.train.max_steps
+    built = model_graph.Build(cfg, self._placement, 'train', self._seed)
+    task = built.task
+    with built.graph.as_default():
+      saver = checkpoints.Checkpointer(self._logdir)
+      if resume:
+        # Before anything is written to logdir: a checkpoint of another model
+        # stops the run here and stays as it is.
+        checkpoints.CheckCompatible(resume, saver.variables)
+      init = tf.group(tf.compat.v1.global_variables_initializer(),
+                      tf.compat.v1.local_variables_initializer(),
+                      tf.compat.v1.tables_initializer())
+      fetches = {
+          'train': task.train_op,
+          'metrics': {k: v[0] for k, v in task.eval_metrics.items()},
+      }
+      built.graph.finalize()
+    with open(os.path.join(self._logdir, 'train_params.txt'), 'w') as f:
+      f.write(cfg.ToText())
+    sess = self._placement.NewSession(built.graph)
+    # Savers refuse to work in eager mode: run inside the model's graph.
+    with built.graph.as_default():
+      return self._RunSession(sess, init, saver, fetches, built, max_steps,
+                              cfg.input.batch_size, resume)
+
+  def _RunSession(self, sess, init, saver, fetches, built, max_steps,
+                  batch_size, resume):
+    """Initializes or restores, trains, then runs after_checkpoint."""
+    try:
+      sess.run(init, options=self._placement.RunOptions())
+      if resume:
+        saver.RestoreFrom(sess, resume)
+      step = int(sess.run(built.global_step))
+      if resume:
+        self._echo('resumed from %s at step %d' % (resume, step))
+      step, path = self._Loop(sess, saver, fetches, built.global_step, step, max_steps,
+                              batch_size, resume)
+    finally:
+      sess.close()
+    if path and self._done_after != path:
+      self._AfterCheckpoint(path)
+    return step, path
+
+  def _AfterCheckpoint(self, path):
+    if self._after_checkpoint is not None:
+      self._after_checkpoint(path)
+      self._done_after = path
+
+  def _Loop(self, sess, saver, fetches, global_step, step, max_steps,
+            batch_size, last_ckpt):
+    """Runs steps until max_steps; see the module docstring."""
+    writer = summaries.Writer(self._logdir)
+    step_log = progress.StepLog(self._logdir, resume_step=step)
+    meter = progress.Progress(step, max_steps)
+    start_step = step
+    saved_step = step if last_ckpt else None
+    state_ok = True
+    previous = _InstallSigterm()
+    try:
+      while step < max_steps:
+        self._CheckWorkers(step, last_ckpt)
+        trace = self._trace_every and (step + 1 == start_step + 2 or
+                                       (step + 1) % self._trace_every == 0)
+        metadata = tf.compat.v1.RunMetadata() if trace else None
+        out = self._RunStep(sess, fetches, trace, metadata, step, last_ckpt)
+        # One update per run. (A global step fetched in the same run as the
+        # update may be read before or after its increment.)
+        step += 1
+        metrics = {k: float(v) for k, v in out['metrics'].items()}
+        loss = metrics['loss']
+        if not math.isfinite(loss):
+          state_ok = False
+          raise NonFiniteLossError(
+              'the loss is %s at step %d: training stopped. The weights after '
+              'this step were not saved; the last good checkpoint is %s. Try '
+              'a smaller learning rate (--model_params_override='
+              '"task.train.learning_rate=...") or gradient clipping, and '
+              'resume or start a new --logdir.' % (loss, step, last_ckpt or
+                                                   '(none yet)'))
+        step_log.Append(step, metrics)
+        meter.Count(metrics.get('num_samples_in_batch', batch_size))
+        if trace:
+          self._WriteTrace(writer, step, metadata)
+        if step % self._log_every == 0 or step >= max_steps:
+          line, rate = meter.Line(step, ConsoleMetrics(metrics))
+          self._echo(line)
+          scalars = dict(metrics)
+          scalars['examples_per_sec'] = rate
+          lr = LearningRate(metrics)
+          if lr is not None:
+            scalars['learning_rate'] = lr
+          writer.Scalars(step, scalars)
+          writer.Flush()
+        if step % self._ckpt_every == 0:
+          last_ckpt = self._Save(sess, saver, step)
+          saved_step = step
+          self._AfterCheckpoint(last_ckpt)
+    except (KeyboardInterrupt, _Interrupted):
+      self._echo('interrupted at step %d: saving a checkpoint' % step)
+    except (NonFiniteLossError, WorkerLostError):
+      state_ok = False
+      raise
+    finally:
+      _RestoreSigterm(previous)
+      writer.Close()
+      step_log.Close()
+      if state_ok:
+        last_ckpt = self._SaveAtExit(sess, saver, global_step, saved_step,
+                                     last_ckpt)
+    return step, last_ckpt
+
+  def _Save(self, sess, saver, step):
+    path = saver.Save(sess, step, options=self._placement.RunOptions())
+    self._echo('saved %s' % path)
+    return path
+
+  def _SaveAtExit(self, sess, saver, global_step, saved_step, last_ckpt):
+    """Saves the state at exit unless it is already saved."""
+    try:
+      # An interrupt can land after a step's run returned but before its
+      # outputs were read: the variable holds the true step.
+      step = int(sess.run(global_step, options=self._placement.RunOptions()))
+      if saved_step != step:
+        return self._Save(sess, saver, step)
+    except (tf.errors.OpError, FloatingPointError) as e:
+      self._echo('could not save a checkpoint at exit (%s); the last one is '
+                 '%s' % (str(e).splitlines()[0], last_ckpt))
+    return last_ckpt
+
+  def _CheckWorkers(self, step, last_ckpt):
+    try:
+      self._placement.CheckAlive()
+    except local_cluster.WorkerDiedError as e:
+      raise WorkerLostError(
+          '%s before step %d: training stopped. The last checkpoint (%s) is '
+          'intact: run the same command again to resume from it.' %
+          (e, step + 1, last_ckpt or 'none yet')) from e
+
+  def _RunStep(self, sess, fetches, trace, metadata, step, last_ckpt):
+    """One session run; turns a lost worker or a timeout into a clear error."""
+    try:
+      return sess.run(fetches, options=self._placement.RunOptions(trace),
+                      run_metadata=metadata)
+    except tf.errors.DeadlineExceededError as e:
+      self._CheckWorkers(step, last_ckpt)
+      raise WorkerLostError(
+          'step %d did not finish within the step timeout (%d s): a worker is '
+          'stuck or unreachable (%s). The last checkpoint (%s) is intact.' %
+          (step + 1, self._placement.step_timeout_ms // 1000,
+           e.message.splitlines()[0], last_ckpt or 'none yet')) from e
+    except (tf.errors.UnavailableError, tf.errors.AbortedError,
+            tf.errors.CancelledError, tf.errors.InternalError) as e:
+      self._CheckWorkers(step, last_ckpt)
+      if self._placement.distributed:
+        raise WorkerLostError(
+            'step %d failed: a pipeline worker is unreachable (%s). The last '
+            'checkpoint (%s) is intact: restart the workers and run the same '
+            'command to resume.' % (step + 1, e.message.splitlines()[0],
+                                    last_ckpt or 'none yet')) from e
+      raise
+
+  def _WriteTrace(self, writer, step, metadata):
+    scalars, png = step_trace.Measure(
+        metadata, title='step %d' % step)
+    writer.Scalars(step, scalars)
+    if png:
+      writer.Image(step, 'pipeline/timeline', png)
+    writer.Flush()
+
+
+def _InstallSigterm():
+  """Makes SIGTERM stop the loop like Ctrl-C; returns the old handler."""
+
+  def Handler(signum, frame):
+    del signum, frame
+    raise _Interrupted()
+
+  try:
+    return signal.signal(signal.SIGTERM, Handler)
+  except ValueError:  # Not the main thread: leave signals alone.
+    return signal.getsignal(signal.SIGTERM)
+
+
+def _RestoreSigterm(previous):
+  try:
+    signal.signal(signal.SIGTERM, previous)
+  except ValueError:
+    pass
