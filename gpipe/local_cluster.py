@@ -46,7 +46,8 @@ class LocalCluster:
   """K local TensorFlow worker processes."""
 
   def __init__(self, num_workers, pin_cores=False, intra_op_threads=1,
-               inter_op_threads=2, log_dir=None, start_timeout=60.0):
+               inter_op_threads=2, log_dir=None, start_timeout=60.0,
+               cpu_devices=1):
     """Starts the workers and waits until each one serves.
 
     Args:
@@ -57,6 +58,8 @@ class LocalCluster:
       inter_op_threads: ops run concurrently in each worker.
       log_dir: where worker i writes worker_i.log (default: discarded).
       start_timeout: seconds to wait for the workers to serve.
+      cpu_devices: virtual CPU devices per worker (device:CPU:0..n-1), which
+        share the worker's threads.
     """
     if num_workers < 1:
       raise ValueError('a local cluster needs >= 1 worker, got %d' %
@@ -80,7 +83,8 @@ class LocalCluster:
           sys.executable, '-m', 'gpipe.worker', '--cluster',
           json.dumps(self.cluster_def), '--task', str(i),
           '--intra_op_threads', str(intra_op_threads),
-          '--inter_op_threads', str(inter_op_threads)
+          '--inter_op_threads', str(inter_op_threads),
+          '--cpu_devices', str(cpu_devices)
       ]
       if taskset:
         cmd = [taskset, '-c', str(i % ncores)] + cmd
@@ -90,9 +94,12 @@ class LocalCluster:
       else:
         log = subprocess.DEVNULL
       self._logs.append(log)
+      # Each worker in its own session: with Linux's autogroup scheduling a
+      # session shares one CPU share, so K workers in the launcher's session
+      # got no more CPU than one on a busy machine.
       self._procs.append(
           subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
-                           stdin=subprocess.DEVNULL))
+                           stdin=subprocess.DEVNULL, start_new_session=True))
     atexit.register(self.Stop)
     deadline = time.time() + start_timeout
     for i, port in enumerate(self.ports):

@@ -35,12 +35,15 @@ def main(argv=None):
   parser.add_argument('--task', type=int, required=True)
   parser.add_argument('--intra_op_threads', type=int, default=1)
   parser.add_argument('--inter_op_threads', type=int, default=2)
+  parser.add_argument('--cpu_devices', type=int, default=1,
+                      help='virtual CPU devices in this worker')
   args = parser.parse_args(argv)
   threading.Thread(
       target=_ExitWhenOrphaned, args=(os.getppid(),), daemon=True).start()
   config = tf.compat.v1.ConfigProto(
       intra_op_parallelism_threads=args.intra_op_threads,
-      inter_op_parallelism_threads=args.inter_op_threads)
+      inter_op_parallelism_threads=args.inter_op_threads,
+      device_count={'CPU': args.cpu_devices})
   server = tf.distribute.Server(
       tf.train.ClusterSpec(json.loads(args.cluster)),
       job_name=args.job,
