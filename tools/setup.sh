@@ -17,7 +17,7 @@ log() { echo "[setup] $*" >&2; }
 
 want_hash="$(cat "$REQ" "$REQ_NODEPS" | sha256sum | cut -d' ' -f1)"
 if [[ -f "$STAMP" && "$(cat "$STAMP")" == "$want_hash" ]] \
-   && "$VENV/bin/python" -c 'import gpipe.lingvo_import' >/dev/null 2>&1; then
+   && (cd "$ROOT" && "$VENV/bin/python" -c "import gpipe.lingvo_import") >/dev/null 2>&1; then
   log "python environment ready ($VENV)"
 else
   "$PYTHON" - <<'PY' || { log "Python 3.11 is required (found $("$PYTHON" --version 2>&1)); set GPIPE_PYTHON to a python3.11 binary."; exit 1; }
@@ -35,7 +35,7 @@ PY
   # unneeded packages; their real needs are already pinned in requirements.txt.
   "$VENV/bin/pip" install --quiet --disable-pip-version-check --no-deps -r "$REQ_NODEPS" 2>&1 \
     | grep -v "is ignored: it is neither a file nor a directory" >&2 || true
-  (cd "$ROOT" && "$VENV/bin/python" -c 'import gpipe.lingvo_import; from lingvo.core import base_layer') \
+  (cd "$ROOT" && TF_CPP_MIN_LOG_LEVEL=3 "$VENV/bin/python" -c 'import gpipe.lingvo_import; from lingvo.core import base_layer') \
     || { log "the environment does not import lingvo; see the errors above"; exit 1; }
   echo "$want_hash" > "$STAMP"
   log "python environment ready ($VENV)"
