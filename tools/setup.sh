@@ -3,8 +3,9 @@
 #
 # Creates .venv/ from the pinned lists in third_party/ and installs Debian's
 # bazel-bootstrap when `bazel` is missing. Idempotent: a stamp file records the
-# hash of the requirement lists, so a second run on a ready machine only checks
-# the stamp and one import, and changes nothing.
+# hash of the requirement lists (written only after a successful install and
+# import check), so a second run on a ready machine only compares it and
+# changes nothing.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 VENV="$ROOT/.venv"
@@ -17,7 +18,8 @@ log() { echo "[setup] $*" >&2; }
 
 want_hash="$(cat "$REQ" "$REQ_NODEPS" | sha256sum | cut -d' ' -f1)"
 if [[ -f "$STAMP" && "$(cat "$STAMP")" == "$want_hash" ]] \
-   && (cd "$ROOT" && "$VENV/bin/python" -c "import gpipe.lingvo_import") >/dev/null 2>&1; then
+   && [[ -x "$VENV/bin/python" ]] \
+   && compgen -G "$VENV/lib/python3*/site-packages/lingvo/core/ops/x_ops.so" >/dev/null; then
   log "python environment ready ($VENV)"
 else
   "$PYTHON" - <<'PY' || { log "Python 3.11 is required (found $("$PYTHON" --version 2>&1)); set GPIPE_PYTHON to a python3.11 binary."; exit 1; }
