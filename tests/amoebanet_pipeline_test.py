@@ -1,0 +1,85 @@
+"""A pipelined tiny AmoebaNet equals the same layers run unpipelined."""
+
+from gpipe import lingvo_import  # pylint: disable=unused-import
+
+from gpipe import pipeline
+import numpy as np
+from lingvo import compat as tf
+from lingvo.core import py_utils
+from lingvo.core import test_utils
+from tasks.image import network
+from tasks.image import task
+
+BATCH = 8
+NUM_CLASSES = 5
+
+
+def _TinyNet():
+  return network.AmoebaNetParams().Set(
+      genotype='D', num_cells=3, filters=4, num_classes=NUM_CLASSES,
+      image_size=8, in_channels=1, stem='cifar', stem_filters=8,
+      aux_hidden_dim=8, aux_features_dim=16, drop_path_keep_prob=0.6,
+      dropout_keep_prob=0.7)
+
+
+class AmoebaNetPipelineTest(test_utils.TestCase):
+  """2 stages on 2 virtual CPUs, 2 micro-batches, drop path and dropout on.
+
+  In float64, so the comparison is exact up to summation order.
+  """
+
+  def testSameLossAndGradientsAsUnpipelined(self):
+    layers = network.LayerParams(_TinyNet())
+    names = [l.name for l in layers]
+    # Cut so that the aux head is in stage 0: its logits must travel through
+    # stage 1 to the output.
+    sizes = [names.index('aux_head') + 1, len(names) - names.index('aux_head')
+             - 1]
+    with self.session(
+        graph=tf.Graph(),
+        config=tf.compat.v1.ConfigProto(device_count={'CPU': 2})) as sess:
+      py_utils.GetOrCreateGlobalStepVar()
+      net = pipeline.PipeliningLayer.Params().Set(
+          name='pipe', layers=layers, num_stages=2, stage_sizes=sizes,
+          num_micro_batches=2, dtype=tf.float64,
+          stage_devices=['/device:CPU:0', '/device:CPU:1']).Instantiate()
+      rng = np.random.RandomState(0)
+      images = tf.constant(rng.randn(BATCH, 8, 8, 1))
+      labels = tf.constant(rng.randint(0, NUM_CLASSES, [BATCH]), tf.int32)
+      variables = [v for v in net.vars.Flatten() if v.trainable]
+
+      def LossAndGrads(fprop):
+        logits, aux_logits = fprop(net.theta, images)
+        loss = tf.reduce_mean(
+            task.SmoothedCrossEntropy(logits, labels, NUM_CLASSES, 0.1)
+        ) + 0.4 * tf.reduce_mean(
+            task.SmoothedCrossEntropy(aux_logits, labels, NUM_CLASSES, 0.1))
+        return loss, tf.gradients(loss, variables)
+
+      loss_p, grads_p = LossAndGrads(net.FProp)
+      loss_u, grads_u = LossAndGrads(net.FPropUnpipelined)
+      sess.run(tf.global_variables_initializer())
+      values = sess.run([loss_p, loss_u, grads_p, grads_u])
+    self.assertEqual(net.stage_sizes, sizes)
+    self.assertAllClose(values[0], values[1], rtol=1e-10)
+    self.assertLen(values[2], len(variables))
+    for v, gp, gu in zip(variables, values[2], values[3]):
+      self.assertAllClose(gp, gu, rtol=1e-9, atol=1e-10, msg=v.name)
+    # Every weight gets a gradient (nothing disconnected by the cut).
+    self.assertTrue(all(np.any(g != 0) for g in values[2]))
+
+  def testFlopsPartitionUsesFPropMeta(self):
+    net = _TinyNet()
+    p = pipeline.PipeliningLayer.Params().Set(
+        name='pipe', layers=network.LayerParams(net), num_stages=2,
+        num_micro_batches=2, partition_cost='flops',
+        input_shapes=network.InputShapes(net, BATCH // 2),
+        stage_devices=['/device:CPU:0', '/device:CPU:1'])
+    with tf.Graph().as_default():
+      layer = p.Instantiate()
+      self.assertLen(layer.stage_sizes, 2)
+      self.assertIn('flops', layer.PartitionReport())
+
+
+if __name__ == '__main__':
+  tf.test.main()
