@@ -1,0 +1,99 @@
+"""gpipe.memory: peak memory per device from a traced step."""
+
+from gpipe import lingvo_import  # pylint: disable=unused-import
+
+from gpipe import memory
+from gpipe import pipeline
+from lingvo import compat as tf
+from lingvo.core import py_utils
+from lingvo.core import test_utils
+from tests import toy_layers
+
+CONFIG = tf.compat.v1.ConfigProto(device_count={'CPU': 2})
+DEVICES = ['/device:CPU:0', '/device:CPU:1']
+MIB = 1 << 20
+
+
+def _TracedStep(sess, fetches):
+  metadata = tf.compat.v1.RunMetadata()
+  sess.run(
+      fetches,
+      options=tf.compat.v1.RunOptions(
+          trace_level=tf.compat.v1.RunOptions.FULL_TRACE),
+      run_metadata=metadata)
+  return metadata
+
+
+def _Device(name, index):
+  return name.endswith('device:CPU:%d' % index)
+
+
+class MemoryTest(test_utils.TestCase):
+
+  def testKeptActivationsAreCountedOnTheirDevice(self):
+    # Forward: 4 layers of relu(x w) on CPU:1, each [rows, 256] float32
+    # output kept for the backward pass: >= 4 * rows KiB at once.
+    peaks = {}
+    for rows in (256, 2048):
+      with self.session(graph=tf.Graph(), config=CONFIG) as sess:
+        x = tf.random.stateless_normal([rows, 256], seed=[1, 2])
+        with tf.device(DEVICES[1]):
+          w = tf.Variable(tf.random.stateless_normal([256, 256], seed=[3, 4]))
+          y = x
+          for _ in range(4):
+            y = tf.nn.relu(tf.matmul(y, w))
+          loss = tf.reduce_sum(y)
+        grad = tf.gradients(loss, [w], colocate_gradients_with_ops=True)[0]
+        sess.run(tf.compat.v1.global_variables_initializer())
+        metadata = _TracedStep(sess, grad)
+      step = memory.PeakBytesPerDevice(metadata)
+      total = memory.PeakAllocatorBytesPerDevice(metadata)
+      cpu1 = [d for d in step if _Device(d, 1)]
+      self.assertLen(cpu1, 1)
+      peaks[rows] = step[cpu1[0]]
+      self.assertGreaterEqual(peaks[rows], 4 * rows * 256 * 4)
+      # The allocator total also holds the variable (256 KiB).
+      self.assertGreaterEqual(total[cpu1[0]], peaks[rows])
+    # 8x the rows: several times the memory (weight gradients are fixed).
+    self.assertGreater(peaks[2048], 4 * peaks[256])
+    self.assertEqual(memory.MaxOverDevices({'a': 3, 'b': 5}), 5)
+    self.assertEqual(memory.MaxOverDevices({}), 0)
+
+  def testRematPipelineNeedsLessActivationMemory(self):
+    # 8 layers on one stage: without remat every layer's output of the
+    # whole batch is kept; with remat and 8 micro-batches, only the input
+    # plus one micro-batch's activations while recomputing.
+    peaks = {}
+    for remat, num_mb in (('never', 1), ('always', 8)):
+      with self.session(graph=tf.Graph(), config=CONFIG) as sess:
+        net = pipeline.PipeliningLayer.Params().Set(
+            name='pipe_%s' % remat, num_stages=1, num_micro_batches=num_mb,
+            remat=remat, stage_devices=DEVICES[:1],
+            layers=[
+                toy_layers.DenseDropout.Params().Set(
+                    name='d%d' % i, input_dim=256, output_dim=256,
+                    keep_prob=1.0,
+                    params_init=py_utils.WeightInit.Gaussian(0.05, seed=i))
+                for i in range(8)
+            ]).Instantiate()
+        x = tf.random.stateless_normal([1024, 256], seed=[1, 2])
+        loss = tf.reduce_sum(tf.square(net.FProp(net.theta, x)))
+        grads = tf.gradients(loss, net.vars.Flatten(),
+                             colocate_gradients_with_ops=True)
+        sess.run(tf.compat.v1.global_variables_initializer())
+        peaks[remat] = memory.MaxOverDevices(
+            memory.PeakBytesPerDevice(_TracedStep(sess, grads)))
+    # 8 kept [1024, 256] outputs are 8 MiB.
+    self.assertGreater(peaks['never'], 8 * MIB)
+    self.assertLess(peaks['always'], 0.6 * peaks['never'])
+
+  def testUntracedStepIsAnError(self):
+    with self.session(graph=tf.Graph()) as sess:
+      metadata = tf.compat.v1.RunMetadata()
+      sess.run(tf.constant(1.0) + 1.0, run_metadata=metadata)
+    with self.assertRaisesRegex(ValueError, 'FULL_TRACE'):
+      memory.PeakBytesPerDevice(metadata)
+
+
+if __name__ == '__main__':
+  tf.test.main()

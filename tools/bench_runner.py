@@ -1,0 +1,317 @@
+"""Builds and times training steps of the benchmark configurations.
+
+A configuration (``Config``) is one way to train the same layer stack:
+
+  * ``'gpipe'``: our ``gpipe.pipeline.PipeliningLayer`` with K stages on K
+    local worker processes (``gpipe.local_cluster``), each pinned to its own
+    core with one intra-op thread: one core per "device".
+  * ``'lingvo'``: Lingvo's ``lingvo.core.gpipe.PipeliningLayer`` in its best
+    working placement here: one worker process with K virtual CPU devices
+    sharing all cores' threads (it cannot span worker processes: its
+    Send/Recv pass device incarnation 0).
+  * ``'plain'``: the layers in one unpipelined graph in one worker process
+    using all cores (context: what intra-op threads alone give).
+
+Every configuration runs in worker processes started the same way (each in
+its own session; this process only drives them), so they are treated alike
+by the OS scheduler. With ``priority`` > 0 the workers' scheduling groups get
+that much less niceness (Linux autogroups; needs root), so other processes
+on a shared machine disturb the measurement less.
+
+A training step is loss = mean(out^2), gradients colocated with their ops,
+and an SGD update of every variable; the input is a variable on the first
+stage's device, so no feeding from this process. ``Runner`` builds each
+configuration in its own graph and session and times steps of several
+configurations interleaved (a step of each in turn, repeated), so the load of
+other processes on this shared machine hits them alike.
+"""
+
+import collections
+import os
+import platform
+import statistics
+import time
+
+from gpipe import lingvo_import  # pylint: disable=unused-import
+from gpipe import local_cluster
+from gpipe import pipeline
+from lingvo import compat as tf
+from lingvo.core import cluster_factory
+from lingvo.core import gpipe as lingvo_gpipe
+from lingvo.core import py_utils
+import numpy as np
+from tools import bench_models
+
+IMPLS = ('gpipe', 'lingvo', 'plain')
+
+# Threads of the unpinned workers (Lingvo's GPipe and plain TF): all cores.
+ALL_CORES = os.cpu_count() or 1
+
+
+class Config(
+    collections.namedtuple('Config', [
+        'impl', 'model', 'num_layers', 'batch', 'num_stages',
+        'num_micro_batches', 'remat', 'width'
+    ])):
+  """One benchmark configuration (see the module docstring)."""
+
+  @property
+  def label(self):
+    return '%s K=%d M=%d %s' % (self.impl, self.num_stages,
+                                self.num_micro_batches, self.remat)
+
+  @property
+  def scope(self):
+    """A unique variable scope: configurations share worker processes."""
+    return '%s_%s_L%d_B%d_K%d_M%d_%s' % (
+        self.impl, self.model, self.num_layers, self.batch, self.num_stages,
+        self.num_micro_batches, self.remat)
+
+
+def MachineInfo():
+  """A dict describing this machine and the TensorFlow build."""
+  info = {
+      'cpus': os.cpu_count(),
+      'platform': platform.platform(),
+      'python': platform.python_version(),
+      'tensorflow': tf.version.VERSION,
+      'onednn': os.environ.get('TF_ENABLE_ONEDNN_OPTS', 'default (on)'),
+  }
+  try:
+    with open('/proc/cpuinfo') as f:
+      for line in f:
+        if line.startswith('model name'):
+          info['cpu_model'] = line.split(':', 1)[1].strip()
+          break
+  except OSError:
+    pass
+  try:
+    info['load_average'] = os.getloadavg()
+  except OSError:
+    pass
+  return info
+
+
+def _EvenStageSizes(num_layers, num_stages):
+  base, extra = divmod(num_layers, num_stages)
+  return [base + (1 if k < extra else 0) for k in range(num_stages)]
+
+
+def _TrainOp(loss, variables, lr=1e-4):
+  grads = tf.gradients(loss, variables, colocate_gradients_with_ops=True)
+  updates = []
+  for v, g in zip(variables, grads):
+    with tf.compat.v1.colocate_with(v):
+      updates.append(tf.compat.v1.assign_sub(v, lr * g).op)
+  return tf.group(*updates)
+
+
+class Step:
+  """One configuration's graph, session and training step."""
+
+  def __init__(self, config, target, devices):
+    """Builds the graph and initializes the variables.
+
+    Args:
+      config: a Config.
+      target: the session target of the worker processes.
+      devices: K device strings (one per stage; 'plain' uses the first).
+    """
+    self.config = config
+    c = config
+    self.graph = tf.Graph()
+    start = time.time()
+    with self.graph.as_default():
+      layers = bench_models.ModelLayers(c.model, c.num_layers, c.width)
+      shape = bench_models.InputShape(c.model, c.batch, c.width)
+      first = devices[0]
+      with tf.compat.v1.variable_scope(c.scope):
+        with tf.device(first):
+          x = tf.compat.v1.get_variable(
+              'input', shape,
+              initializer=tf.compat.v1.random_normal_initializer(seed=1),
+              trainable=False)
+        if c.impl == 'gpipe':
+          net = pipeline.PipeliningLayer.Params().Set(
+              name='pipe', layers=layers, num_stages=c.num_stages,
+              stage_sizes=_EvenStageSizes(c.num_layers, c.num_stages),
+              num_micro_batches=c.num_micro_batches, remat=c.remat,
+              stage_devices=list(devices)).Instantiate()
+          out = net.FProp(net.theta, x)
+          loss_device = devices[c.num_stages - 1]
+        elif c.impl == 'lingvo':
+          with _LingvoCluster(devices):
+            py_utils.GetOrCreateGlobalStepVar()
+            net = lingvo_gpipe.PipeliningLayer.Params().Set(
+                name='pipe',
+                cell_tpl=bench_models.LingvoCells(
+                    layers, _EvenStageSizes(c.num_layers, c.num_stages)),
+                num_micro_batches=c.num_micro_batches).Instantiate()
+            out = net.FProp(net.theta, x)
+            out = out[0] if isinstance(out, (tuple, list)) else out
+          loss_device = devices[c.num_stages - 1]
+        elif c.impl == 'plain':
+          with tf.device(first):
+            net = _Chain(layers)
+            out = bench_models.ChainFProp(net.layers, net.thetas, x)
+          loss_device = first
+        else:
+          raise ValueError('unknown impl %r; use one of %s' % (c.impl, IMPLS))
+        with tf.device(loss_device):
+          self.loss = tf.reduce_mean(tf.square(out))
+        self.variables = net.vars.Flatten()
+        self.train_op = _TrainOp(self.loss, self.variables)
+      self.build_seconds = time.time() - start
+      self.num_ops = len(self.graph.get_operations())
+      self.session = tf.compat.v1.Session(target, graph=self.graph)
+      self.session.run(tf.compat.v1.global_variables_initializer())
+    self.times = []
+
+  def Run(self, trace=False):
+    """Runs one training step; returns seconds (and RunMetadata if traced)."""
+    if trace:
+      metadata = tf.compat.v1.RunMetadata()
+      options = tf.compat.v1.RunOptions(
+          trace_level=tf.compat.v1.RunOptions.FULL_TRACE)
+      start = time.time()
+      self.session.run(self.train_op, options=options, run_metadata=metadata)
+      return time.time() - start, metadata
+    start = time.time()
+    self.session.run(self.train_op)
+    return time.time() - start
+
+  def Close(self):
+    self.session.close()
+
+
+class _Chain:
+  """The layers built as plain children of nothing: vars and thetas."""
+
+  def __init__(self, layer_params):
+    self.layers = [lp.Instantiate() for lp in layer_params]
+    self.thetas = [layer.theta for layer in self.layers]
+    self.vars = py_utils.NestedMap(
+        {'layer%d' % i: layer.vars for i, layer in enumerate(self.layers)})
+
+
+def _LingvoCluster(devices):
+  """A Lingvo cluster whose model split is `devices` of worker task 0."""
+  p = cluster_factory.Current().params.Copy()
+  job = devices[0].split('/')[1]  # 'job:worker'
+  p.worker.name = '/' + job
+  p.worker.cpus_per_replica = len(devices)
+  p.worker.devices_per_split = len(devices)
+  return cluster_factory.Cluster(p)
+
+
+def RaisePriority(pids, niceness):
+  """Gives the autogroups of `pids` niceness -`niceness` (Linux, root).
+
+  Returns:
+    True if it worked for every pid.
+  """
+  ok = True
+  for pid in pids:
+    try:
+      with open('/proc/%d/autogroup' % pid, 'w') as f:
+        f.write(str(-niceness))
+    except OSError:
+      ok = False
+  return ok
+
+
+class Runner:
+  """Worker clusters per K and the steps of many configurations."""
+
+  def __init__(self, inter_op_threads=2, priority=0, log=print):
+    """Constructor.
+
+    Args:
+      inter_op_threads: inter-op threads of the pinned one-core workers.
+      priority: if > 0, raise the workers' scheduling priority by this much
+        (see RaisePriority).
+      log: a print-like function for progress lines.
+    """
+    self._clusters = {}
+    self._inter_op = inter_op_threads
+    self._priority = priority
+    self._log = log
+    self.priority_ok = None
+    self.steps = []
+
+  def Cluster(self, impl, num_stages):
+    """The worker processes of an implementation and K (shared by its M).
+
+    Args:
+      impl: 'gpipe' (K pinned one-core workers), 'lingvo' (one unpinned
+        worker with K virtual CPUs) or 'plain' (one unpinned worker).
+      num_stages: K.
+
+    Returns:
+      A LocalCluster.
+    """
+    key = (impl, num_stages if impl != 'plain' else 1)
+    if key not in self._clusters:
+      if impl == 'gpipe':
+        cluster = local_cluster.LocalCluster(
+            num_stages, pin_cores=True, intra_op_threads=1,
+            inter_op_threads=self._inter_op)
+      else:
+        cluster = local_cluster.LocalCluster(
+            1, pin_cores=False, intra_op_threads=ALL_CORES,
+            inter_op_threads=ALL_CORES,
+            cpu_devices=num_stages if impl == 'lingvo' else 1)
+      if self._priority > 0:
+        ok = RaisePriority(cluster.pids, self._priority)
+        self.priority_ok = ok if self.priority_ok is None else (
+            self.priority_ok and ok)
+      self._clusters[key] = cluster
+    return self._clusters[key]
+
+  def Devices(self, config):
+    cluster = self.Cluster(config.impl, config.num_stages)
+    if config.impl == 'gpipe':
+      return cluster.devices
+    device = cluster.devices[0]
+    return [device[:-1] + str(k) for k in range(config.num_stages)]
+
+  def Add(self, config):
+    """Builds a configuration's step; returns the Step."""
+    cluster = self.Cluster(config.impl, config.num_stages)
+    step = Step(config, cluster.target, self.Devices(config))
+    self._log('built %-28s in %5.1f s, %6d ops' %
+              (config.label, step.build_seconds, step.num_ops))
+    self.steps.append(step)
+    return step
+
+  def TimeInterleaved(self, steps, num_steps, warmup=2):
+    """Times `num_steps` rounds of one step of each configuration in turn.
+
+    Args:
+      steps: Steps to compare.
+      num_steps: timed rounds.
+      warmup: untimed rounds first.
+
+    Returns:
+      {label: median seconds per step}.
+    """
+    for _ in range(warmup):
+      for step in steps:
+        step.Run()
+    for r in range(num_steps):
+      # Alternate the order so neither end of a round is favoured.
+      for step in (steps if r % 2 == 0 else list(reversed(steps))):
+        step.times.append(step.Run())
+    return {s.config.label: statistics.median(s.times) for s in steps}
+
+  def Close(self):
+    for step in self.steps:
+      step.Close()
+    self.steps = []
+    for cluster in self._clusters.values():
+      cluster.Stop()
+    self._clusters = {}
+
+
+def Median(values):
+  return float(np.median(values))

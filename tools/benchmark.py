@@ -1,0 +1,645 @@
+r"""GPipe's Tables 1-3 at this machine's scale, beside Lingvo's GPipe.
+
+Usage (from the repository root; or ``bazel run //tools:benchmark -- ...``)::
+
+  .venv/bin/python -m tools.benchmark throughput --json t.json --plot t.png
+  .venv/bin/python -m tools.benchmark memory --json m.json --plot m.png
+  .venv/bin/python -m tools.benchmark bubble --json b.json --plot b.png
+  .venv/bin/python -m tools.benchmark graph --json g.json --plot g.png
+
+Subcommands:
+
+  throughput  Training steps/s of a Transformer stack and an AmoebaNet-D-like
+              stack for K in {1, 2} stages (one pinned one-core worker
+              process each) and M micro-batches, normalized to K=1, M=1 with
+              the same remat mode (like the paper's Table 2); beside it, on
+              the same layers, K, M and cores, Lingvo's GPipe (one process
+              with K virtual CPUs, all cores' threads) and plain TensorFlow
+              (no pipeline, all cores). All configurations are timed
+              interleaved in one run.
+  memory      Table 1: under one per-device memory cap, the most layers of
+              each model that take a training step as naive-1 (no pipeline,
+              no remat), pipeline-1 (remat, M micro-batches) and pipeline-2,
+              from the measured peak memory of traced steps.
+  bubble      Measured idle fraction of each stage (execution traces) vs the
+              fill-drain model (K-1)/(M+K-1), and a timeline picture.
+  graph       Graph build time and op count as M and L grow (no session).
+
+Every subcommand prints a markdown table, the machine and the settings, and
+writes ``--json`` and ``--plot`` if given. ``--quick`` runs a tiny version
+(for tests). ``--priority N`` raises the worker processes' scheduling
+priority (Linux autogroup niceness -N; root): on a machine shared with other
+work, pipelined stages otherwise get only part of their cores.
+"""
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+from gpipe import lingvo_import  # pylint: disable=unused-import
+from gpipe import memory
+from gpipe import param_count
+from gpipe import pipeline
+from gpipe import schedule
+from gpipe import timeline
+from lingvo import compat as tf
+from tools import bench_models
+from tools import bench_runner
+
+MIB = float(1 << 20)
+
+# Model shapes at this machine's scale (per subcommand; --quick shrinks).
+THROUGHPUT_MODELS = {
+    'transformer': dict(num_layers=8, batch=32, width=256),
+    'amoeba': dict(num_layers=8, batch=64, width=64),
+}
+QUICK_THROUGHPUT_MODELS = {
+    'transformer': dict(num_layers=2, batch=4, width=64),
+    'amoeba': dict(num_layers=2, batch=4, width=8),
+}
+
+
+def _Log(*args):
+  print(*args, file=sys.stderr, flush=True)
+
+
+def _Table(header, rows):
+  """A markdown table from a header and rows of strings/numbers."""
+  def Cell(v):
+    if isinstance(v, float):
+      return '%.3g' % v if abs(v) < 100 else '%.0f' % v
+    return str(v)
+  lines = ['| ' + ' | '.join(header) + ' |',
+           '|' + '|'.join('---' for _ in header) + '|']
+  for row in rows:
+    lines.append('| ' + ' | '.join(Cell(v) for v in row) + ' |')
+  return '\n'.join(lines)
+
+
+def _Header(args, title, settings):
+  info = bench_runner.MachineInfo()
+  lines = ['## %s' % title, '',
+           'Machine: %s, %s cores, %s; TensorFlow %s, oneDNN %s; load average '
+           'at start %s.' % (info.get('cpu_model', '?'), info['cpus'],
+                             info['platform'], info['tensorflow'],
+                             info['onednn'], ', '.join(
+                                 '%.1f' % v for v in info.get(
+                                     'load_average', []))),
+           'Settings: %s.' % ', '.join('%s=%s' % kv for kv in settings.items()),
+           'Command: `%s`' % ' '.join(['python -m tools.benchmark'] +
+                                      sys.argv[1:]), '']
+  return '\n'.join(lines), info
+
+
+def _Write(args, result, plot_fn):
+  if args.json:
+    with open(args.json, 'w') as f:
+      json.dump(result, f, indent=1, sort_keys=True)
+  if args.plot:
+    import matplotlib  # pylint: disable=g-import-not-at-top
+    matplotlib.use('Agg')
+    from matplotlib import pyplot as plt  # pylint: disable=g-import-not-at-top
+    fig = plot_fn(plt)
+    fig.tight_layout()
+    fig.savefig(args.plot, dpi=90)
+    plt.close(fig)
+
+
+def _Runner(args):
+  runner = bench_runner.Runner(priority=args.priority, log=_Log)
+  return runner
+
+
+# ---------------------------------------------------------------- throughput
+
+
+def Throughput(args):
+  """Steps/s vs K and M, ours beside Lingvo's GPipe and plain TF."""
+  models = QUICK_THROUGHPUT_MODELS if args.quick else THROUGHPUT_MODELS
+  names = args.models.split(',') if args.models else list(models)
+  mbs = [int(m) for m in args.micro_batches.split(',')]
+  lingvo_mbs = [int(m) for m in (args.lingvo_micro_batches or
+                                 args.micro_batches).split(',')]
+  settings = dict(remat=args.remat, micro_batches=mbs, steps=args.steps,
+                  warmup=args.warmup, priority=args.priority,
+                  gpipe_workers='K processes, one pinned core each, '
+                  '1 intra-op + 2 inter-op threads',
+                  lingvo='1 process, K virtual CPUs, %d+%d threads' %
+                  (bench_runner.ALL_CORES, bench_runner.ALL_CORES),
+                  plain='1 process, %d+%d threads' %
+                  (bench_runner.ALL_CORES, bench_runner.ALL_CORES))
+  header, info = _Header(args, 'Throughput', settings)
+  result = dict(machine=info, settings=settings, models={})
+  tables = []
+  for name in names:
+    shape = models[name]
+    configs = [('gpipe', 1, 1), ('gpipe', 1, max(mbs))]
+    configs += [('gpipe', 2, m) for m in mbs]
+    configs += [('lingvo', 1, 1)] + [('lingvo', 2, m) for m in lingvo_mbs]
+    configs += [('plain', 1, 1)]
+    runner = _Runner(args)
+    try:
+      steps = []
+      for impl, k, m in configs:
+        if shape['batch'] % m:
+          continue
+        remat = 'never' if impl == 'plain' else args.remat
+        steps.append(runner.Add(bench_runner.Config(
+            impl, name, shape['num_layers'], shape['batch'], k, m, remat,
+            shape['width'])))
+      medians = runner.TimeInterleaved(steps, args.steps, args.warmup)
+    finally:
+      runner.Close()
+    base = {impl: medians.get(bench_runner.Config(
+        impl, name, shape['num_layers'], shape['batch'], 1, 1, args.remat,
+        shape['width']).label) for impl in ('gpipe', 'lingvo')}
+    rows, records = [], []
+    for step in steps:
+      c = step.config
+      t = medians[c.label]
+      ref = base['gpipe']
+      rows.append([c.impl, c.num_stages, c.num_micro_batches, c.remat,
+                   1e3 * t, c.batch / t, ref / t,
+                   '%.2f' % (2.0 * c.num_micro_batches /
+                             (c.num_micro_batches + 1))
+                   if c.num_stages == 2 and c.impl != 'plain' else ''])
+      records.append(dict(impl=c.impl, K=c.num_stages, M=c.num_micro_batches,
+                          remat=c.remat, step_seconds=t,
+                          all_step_seconds=step.times,
+                          examples_per_second=c.batch / t,
+                          speedup_vs_gpipe_K1M1=ref / t))
+    ours = {(r['K'], r['M']): r['step_seconds'] for r in records
+            if r['impl'] == 'gpipe'}
+    lingvo = {(r['K'], r['M']): r['step_seconds'] for r in records
+              if r['impl'] == 'lingvo'}
+    k2 = {m: ours[(1, 1)] / ours[(2, m)] for m in mbs if (2, m) in ours}
+    best_m = max(k2, key=k2.get) if k2 else None
+    headline = dict(
+        speedup_K2_M8=k2.get(8),
+        best_M=best_m,
+        speedup_best_M=k2.get(best_m),
+        ours_over_lingvo_K2_M8=(lingvo[(2, 8)] / ours[(2, 8)]
+                                if (2, 8) in lingvo and (2, 8) in ours
+                                else None),
+        micro_batch_overhead_M=max(mbs),
+        micro_batch_overhead_fraction=(
+            1.0 - ours[(1, 1)] / ours[(1, max(mbs))]
+            if (1, max(mbs)) in ours else None))
+    result['models'][name] = dict(shape=shape, configs=records,
+                                  headline=headline)
+    tables.append('### %s (L=%d, batch=%d, width=%d)\n\n' % (
+        name, shape['num_layers'], shape['batch'], shape['width']) + _Table(
+            ['impl', 'K', 'M', 'remat', 'step ms', 'examples/s',
+             'speed-up vs ours K=1 M=1', 'fill-drain ceiling'], rows) +
+                  '\n\n' + _HeadlineText(headline))
+  text = header + '\n' + '\n\n'.join(tables)
+  print(text)
+  result['markdown'] = text
+
+  def Plot(plt):
+    fig, axes = plt.subplots(1, len(names), figsize=(5 * len(names), 3.6),
+                             squeeze=False)
+    for ax, name in zip(axes[0], names):
+      recs = result['models'][name]['configs']
+      base_t = [r for r in recs if r['impl'] == 'gpipe' and r['K'] == 1 and
+                r['M'] == 1][0]['step_seconds']
+      for impl, style in (('gpipe', 'o-'), ('lingvo', 's--')):
+        pts = sorted((r['M'], base_t / r['step_seconds']) for r in recs
+                     if r['impl'] == impl and r['K'] == 2)
+        if pts:
+          ax.plot([p[0] for p in pts], [p[1] for p in pts], style,
+                  label='%s K=2' % ('ours' if impl == 'gpipe' else 'Lingvo'))
+      ms = sorted({r['M'] for r in recs if r['K'] == 2})
+      ax.plot(ms, [2.0 * m / (m + 1) for m in ms], ':', color='gray',
+              label='fill-drain ceiling 2M/(M+1)')
+      plain = [r for r in recs if r['impl'] == 'plain']
+      if plain:
+        ax.axhline(base_t / plain[0]['step_seconds'], color='green',
+                   linestyle='-.', label='plain TF, 2 cores')
+      ax.axhline(1.0, color='black', linewidth=0.5)
+      ax.set_xscale('log', base=2)
+      ax.set_xlabel('micro-batches M')
+      ax.set_ylabel('speed-up over ours K=1 M=1')
+      ax.set_title(name)
+      ax.legend(fontsize=7)
+    return fig
+
+  _Write(args, result, Plot)
+  return result
+
+
+def _HeadlineText(h):
+  def F(v, fmt='%.2fx'):
+    return fmt % v if v is not None else 'n/a'
+  return ('Headline: K=2 M=8 speed-up %s; best M=%s %s; ours / Lingvo at K=2 '
+          'M=8 %s; micro-batching overhead at K=1 M=%d: %s of the step.' %
+          (F(h['speedup_K2_M8']), h['best_M'], F(h['speedup_best_M']),
+           F(h['ours_over_lingvo_K2_M8']), h['micro_batch_overhead_M'],
+           F(None if h['micro_batch_overhead_fraction'] is None else
+             100 * h['micro_batch_overhead_fraction'], '%.0f%%')))
+
+
+# -------------------------------------------------------------------- memory
+
+MEMORY_MODELS = {
+    'transformer': dict(batch=64, width=128),
+    'amoeba': dict(batch=32, width=64),
+}
+QUICK_MEMORY_MODELS = {
+    'transformer': dict(batch=4, width=32),
+    'amoeba': dict(batch=4, width=8),
+}
+MEMORY_MODES = (
+    # name, impl, K, M, remat
+    ('naive-1', 'plain', 1, 1, 'never'),
+    ('pipeline-1', 'gpipe', 1, 8, 'always'),
+    ('pipeline-2', 'gpipe', 2, 8, 'always'),
+)
+
+
+def _MeasurePeak(runner, config, cache):
+  """Peak bytes (max over devices) of one traced training step."""
+  if config in cache:
+    return cache[config]
+  step = runner.Add(config)
+  try:
+    step.Run()
+    _, metadata = step.Run(trace=True)
+    step_peak = memory.MaxOverDevices(memory.PeakBytesPerDevice(metadata))
+    total_peak = memory.MaxOverDevices(
+        memory.PeakAllocatorBytesPerDevice(metadata))
+  finally:
+    step.Close()
+    runner.steps.remove(step)
+  params = sum(
+      param_count.CountParams(lp) for lp in bench_models.ModelLayers(
+          config.model, config.num_layers, config.width))
+  # Per device: parameters + their gradients (SGD keeps no slots); the
+  # pipeline's stages hold about 1/K of them each.
+  param_bytes = 4 * params / config.num_stages
+  cache[config] = dict(
+      num_layers=config.num_layers, params=params,
+      param_bytes_per_device=param_bytes, step_peak_bytes=step_peak,
+      allocator_peak_bytes=total_peak,
+      fits_bytes=param_bytes + step_peak)
+  _Log('  %s L=%d: params %.1f MiB/device, step peak %.1f MiB' %
+       (config.label, config.num_layers, param_bytes / MIB, step_peak / MIB))
+  return cache[config]
+
+
+def _LargestFitting(runner, make_config, cap_bytes, max_layers, step_size):
+  """The most layers whose step fits `cap_bytes`, by measured peaks.
+
+  Measures two sizes, extrapolates linearly, then walks by `step_size` until
+  the boundary is found (every candidate is a real traced step).
+
+  Returns:
+    (largest fitting measurement or None, smallest non-fitting measurement)
+  """
+  cache = {}
+  def Fits(layers):
+    return _MeasurePeak(runner, make_config(layers), cache)['fits_bytes'] <= (
+        cap_bytes)
+  lo, hi = step_size, 2 * step_size
+  a = _MeasurePeak(runner, make_config(lo), cache)['fits_bytes']
+  b = _MeasurePeak(runner, make_config(hi), cache)['fits_bytes']
+  per_layer = max((b - a) / (hi - lo), 1.0)
+  guess = int(lo + (cap_bytes - a) / per_layer)
+  guess = max(step_size, min(max_layers, guess - guess % step_size))
+  if Fits(guess):
+    while guess + step_size <= max_layers and Fits(guess + step_size):
+      guess += step_size
+    best, over = guess, guess + step_size
+  else:
+    while guess > step_size and not Fits(guess - step_size):
+      guess -= step_size
+    best, over = guess - step_size, guess
+    if best < step_size or not Fits(best):
+      best = None
+  fit = cache[make_config(best)] if best else None
+  above = cache.get(make_config(over)) if over <= max_layers else None
+  return fit, above
+
+
+def Memory(args):
+  """Table 1: the largest model per mode under one per-device cap."""
+  models = QUICK_MEMORY_MODELS if args.quick else MEMORY_MODELS
+  names = args.models.split(',') if args.models else list(models)
+  cap = args.cap_mib * MIB
+  settings = dict(cap_mib=args.cap_mib, modes=[m[0] for m in MEMORY_MODES],
+                  micro_batches=8, priority=args.priority,
+                  fits='parameters + measured peak step memory <= cap')
+  header, info = _Header(args, 'Memory', settings)
+  result = dict(machine=info, settings=settings, models={})
+  rows = []
+  runner = _Runner(args)
+  try:
+    for name in names:
+      shape = models[name]
+      result['models'][name] = {}
+      for mode, impl, k, m, remat in MEMORY_MODES:
+        def Make(layers, impl=impl, k=k, m=m, remat=remat, shape=shape):
+          return bench_runner.Config(impl, name, layers, shape['batch'], k,
+                                     m, remat, shape['width'])
+        _Log('%s %s:' % (name, mode))
+        fit, above = _LargestFitting(runner, Make, cap, args.max_layers, k)
+        result['models'][name][mode] = dict(fit=fit, first_not_fitting=above)
+        if fit:
+          rows.append([name, mode, fit['num_layers'], fit['params'] / 1e6,
+                       fit['param_bytes_per_device'] / MIB,
+                       fit['step_peak_bytes'] / MIB,
+                       fit['fits_bytes'] / MIB,
+                       above['num_layers'] if above else '> %d' %
+                       args.max_layers])
+        else:
+          rows.append([name, mode, 0, '', '', '', '', ''])
+  finally:
+    runner.Close()
+  ratios = {}
+  for name in names:
+    r = result['models'][name]
+    if r['naive-1']['fit'] and r['pipeline-1']['fit']:
+      ratios[name] = (r['pipeline-1']['fit']['num_layers'] /
+                      r['naive-1']['fit']['num_layers'])
+  result['pipeline1_over_naive1_layers'] = ratios
+  text = header + '\n' + _Table(
+      ['model', 'mode', 'max layers', 'params (M)', 'param MiB/device',
+       'peak step MiB/device', 'total MiB/device', 'first L over cap'],
+      rows) + '\n\nHeadline: pipeline-1 fits %s the layers of naive-1.' % (
+          ', '.join('%s %.1fx' % kv for kv in ratios.items()) or 'n/a')
+  print(text)
+  result['markdown'] = text
+
+  def Plot(plt):
+    fig, ax = plt.subplots(figsize=(6, 3.4))
+    modes = [m[0] for m in MEMORY_MODES]
+    width = 0.8 / len(names)
+    for i, name in enumerate(names):
+      vals = [(result['models'][name][m]['fit'] or {}).get('num_layers', 0)
+              for m in modes]
+      xs = [j + i * width for j in range(len(modes))]
+      ax.bar(xs, vals, width, label=name)
+      for x, v in zip(xs, vals):
+        ax.text(x, v, str(v), ha='center', va='bottom', fontsize=8)
+    ax.set_xticks([j + width * (len(names) - 1) / 2 for j in range(len(modes))])
+    ax.set_xticklabels(modes)
+    ax.set_ylabel('largest L under %d MiB/device' % args.cap_mib)
+    ax.legend(fontsize=8)
+    return fig
+
+  _Write(args, result, Plot)
+  return result
+
+
+# -------------------------------------------------------------------- bubble
+
+
+def Bubble(args):
+  """Measured per-stage idle fraction vs (K-1)/(M+K-1)."""
+  shape = (QUICK_THROUGHPUT_MODELS if args.quick else
+           THROUGHPUT_MODELS)[args.model]
+  mbs = [int(m) for m in args.micro_batches.split(',')]
+  k = 2
+  settings = dict(model=args.model, K=k, micro_batches=mbs, remat=args.remat,
+                  priority=args.priority, traced_steps=args.steps, **shape)
+  header, info = _Header(args, 'Bubble', settings)
+  result = dict(machine=info, settings=settings, configs=[])
+  rows = []
+  runner = _Runner(args)
+  try:
+    steps = [runner.Add(bench_runner.Config(
+        'gpipe', args.model, shape['num_layers'], shape['batch'], k, m,
+        args.remat, shape['width'])) for m in mbs if shape['batch'] % m == 0]
+    for step in steps:
+      for _ in range(args.warmup):
+        step.Run()
+    for step in steps:
+      runs = []
+      for _ in range(args.steps):
+        seconds, metadata = step.Run(trace=True)
+        tasks = timeline.ParseStepStats(metadata.step_stats)
+        runs.append((timeline.BubbleFractions(tasks), tasks, seconds))
+      # The median step by mean bubble.
+      runs.sort(key=lambda r: statistics.mean(r[0]))
+      bubbles, tasks, seconds = runs[len(runs) // 2]
+      c = step.config
+      model = schedule.BubbleFraction(k, c.num_micro_batches)
+      busy = timeline.StageBusySeconds(tasks)
+      rows.append([c.num_micro_batches, '%.1f%%' % (100 * model)] +
+                  ['%.1f%%' % (100 * b) for b in bubbles] +
+                  [1e3 * timeline.Span(tasks)] + [1e3 * b for b in busy])
+      result['configs'].append(dict(
+          M=c.num_micro_batches, model_bubble=model, measured_bubbles=bubbles,
+          span_seconds=timeline.Span(tasks), busy_seconds=busy,
+          tasks=[t._asdict() for t in tasks]))
+      if args.timeline and c.num_micro_batches == args.timeline_m:
+        timeline.RenderPNG(
+            tasks, '%s K=%d M=%d remat=%s' % (args.model, k,
+                                              c.num_micro_batches,
+                                              args.remat), args.timeline)
+  finally:
+    runner.Close()
+  text = header + '\n' + _Table(
+      ['M', 'model (K-1)/(M+K-1)'] + ['measured stage %d' % i
+                                       for i in range(k)] +
+      ['span ms'] + ['busy ms stage %d' % i for i in range(k)], rows)
+  print(text)
+  result['markdown'] = text
+
+  def Plot(plt):
+    fig, ax = plt.subplots(figsize=(6, 3.4))
+    ms = [c['M'] for c in result['configs']]
+    ax.plot(ms, [c['model_bubble'] for c in result['configs']], 'k:',
+            label='model (K-1)/(M+K-1)')
+    for i in range(k):
+      ax.plot(ms, [c['measured_bubbles'][i] for c in result['configs']],
+              'o-', label='measured stage %d' % i)
+    ax.set_xscale('log', base=2)
+    ax.set_xlabel('micro-batches M')
+    ax.set_ylabel('idle fraction of the pipeline span')
+    ax.set_title('bubble, %s, K=%d' % (args.model, k))
+    ax.legend(fontsize=8)
+    return fig
+
+  _Write(args, result, Plot)
+  return result
+
+
+# --------------------------------------------------------------------- graph
+
+
+def _BuildSeconds(num_layers, num_stages, num_micro_batches, width=64,
+                  batch=None):
+  """Builds FProp + gradients of a pipeline graph; (seconds, ops)."""
+  batch = batch or 2 * num_micro_batches
+  graph = tf.Graph()
+  start = time.time()
+  with graph.as_default():
+    net = pipeline.PipeliningLayer.Params().Set(
+        name='pipe', num_stages=num_stages, partition_cost='uniform',
+        num_micro_batches=num_micro_batches,
+        layers=bench_models.ModelLayers('dense', num_layers, width),
+        stage_devices=['/job:worker/replica:0/task:%d/device:CPU:0' % k
+                       for k in range(num_stages)]).Instantiate()
+    x = tf.zeros([batch, width])
+    loss = tf.reduce_sum(net.FProp(net.theta, x))
+    tf.gradients(loss, net.vars.Flatten(), colocate_gradients_with_ops=True)
+  return time.time() - start, len(graph.get_operations())
+
+
+def Graph(args):
+  """Build time and op count vs M and L."""
+  if args.quick:
+    m_sweep, l_sweep, big = [1, 2, 4], [4, 8], (8, 4, 4)
+  else:
+    m_sweep = [1, 2, 4, 8, 16, 32, 64]
+    l_sweep = [8, 16, 32, 64, 128]
+    big = (128, 16, 32)
+  k, base_l, base_m = 4, 16 if not args.quick else 4, 8 if not args.quick else 2
+  settings = dict(K=k, layers_for_M_sweep=base_l, M_for_L_sweep=base_m,
+                  layer='dense 64 wide', big=dict(L=big[0], K=big[1],
+                                                  M=big[2]))
+  header, info = _Header(args, 'Graph size', settings)
+  result = dict(machine=info, settings=settings, M_sweep=[], L_sweep=[])
+  rows = []
+  _BuildSeconds(4, 2, 2)  # warm up imports and tracing machinery
+  for m in m_sweep:
+    seconds, ops = _BuildSeconds(base_l, k, m)
+    result['M_sweep'].append(dict(L=base_l, K=k, M=m, seconds=seconds,
+                                  ops=ops))
+    rows.append(['M sweep', base_l, k, m, seconds, ops])
+  for layers in l_sweep:
+    seconds, ops = _BuildSeconds(layers, k, base_m)
+    result['L_sweep'].append(dict(L=layers, K=k, M=base_m, seconds=seconds,
+                                  ops=ops))
+    rows.append(['L sweep', layers, k, base_m, seconds, ops])
+  seconds, ops = _BuildSeconds(*big)
+  result['big'] = dict(L=big[0], K=big[1], M=big[2], seconds=seconds, ops=ops)
+  rows.append(['large', big[0], big[1], big[2], seconds, ops])
+
+  def Slope(points, key):
+    """Least-squares ops per unit of `key`, and the worst ops per unit."""
+    xs = [p[key] for p in points]
+    ys = [p['ops'] for p in points]
+    mean_x, mean_y = statistics.mean(xs), statistics.mean(ys)
+    slope = sum((x - mean_x) * (y - mean_y) for x, y in zip(xs, ys)) / sum(
+        (x - mean_x)**2 for x in xs)
+    return slope
+
+  result['ops_per_micro_batch'] = Slope(result['M_sweep'], 'M')
+  result['ops_per_layer'] = Slope(result['L_sweep'], 'L')
+  # Linearity: time per op should not grow with the graph.
+  per_op = [p['seconds'] / p['ops'] for p in result['M_sweep'] +
+            result['L_sweep']]
+  result['max_over_min_seconds_per_op'] = max(per_op) / min(per_op)
+  text = header + '\n' + _Table(
+      ['sweep', 'L', 'K', 'M', 'build s', 'ops'], rows) + (
+          '\n\nOps grow by %.0f per micro-batch and %.0f per layer (least '
+          'squares); seconds per op vary %.2fx across the sweeps (1.0 = '
+          'exactly linear). L=%d, K=%d, M=%d builds in %.1f s.' %
+          (result['ops_per_micro_batch'], result['ops_per_layer'],
+           result['max_over_min_seconds_per_op'], big[0], big[1], big[2],
+           seconds))
+  print(text)
+  result['markdown'] = text
+
+  def Plot(plt):
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.4))
+    for ax, key, sweep, fixed in (
+        (axes[0], 'M', result['M_sweep'], 'L=%d' % base_l),
+        (axes[1], 'L', result['L_sweep'], 'M=%d' % base_m)):
+      xs = [p[key] for p in sweep]
+      ax.plot(xs, [p['seconds'] for p in sweep], 'o-', label='build seconds')
+      ax.set_xlabel(key)
+      ax.set_ylabel('build seconds')
+      ax2 = ax.twinx()
+      ax2.plot(xs, [p['ops'] for p in sweep], 's--', color='C1', label='ops')
+      ax2.set_ylabel('ops')
+      ax.set_title('K=%d, %s' % (k, fixed))
+      ax.legend(loc='upper left', fontsize=8)
+      ax2.legend(loc='lower right', fontsize=8)
+    return fig
+
+  _Write(args, result, Plot)
+  return result
+
+
+# ---------------------------------------------------------------------- main
+
+
+def _Parser():
+  parser = argparse.ArgumentParser(
+      prog='python -m tools.benchmark', description=__doc__.split('\n')[0],
+      formatter_class=argparse.RawDescriptionHelpFormatter)
+  sub = parser.add_subparsers(dest='command', required=True)
+
+  def Common(p):
+    p.add_argument('--json', help='write the results to this JSON file')
+    p.add_argument('--plot', help='write a PNG plot to this file')
+    p.add_argument('--quick', action='store_true',
+                   help='tiny sizes and few steps (for tests)')
+    p.add_argument('--priority', type=int, default=0,
+                   help='raise worker priority by N (Linux autogroup '
+                   'niceness -N, needs root); 0 leaves it alone')
+
+  p = sub.add_parser('throughput', help=Throughput.__doc__)
+  Common(p)
+  p.add_argument('--models', default='',
+                 help='comma-separated subset of transformer,amoeba')
+  p.add_argument('--micro_batches', default='1,4,8,32')
+  p.add_argument('--lingvo_micro_batches', default='',
+                 help="M values for Lingvo's GPipe (default: --micro_batches)")
+  p.add_argument('--remat', default='always', choices=pipeline.REMAT_MODES)
+  p.add_argument('--steps', type=int, default=5, help='timed rounds')
+  p.add_argument('--warmup', type=int, default=2)
+
+  p = sub.add_parser('memory', help=Memory.__doc__)
+  Common(p)
+  p.add_argument('--models', default='')
+  p.add_argument('--cap_mib', type=float, default=256.0,
+                 help='per-device memory cap (MiB)')
+  p.add_argument('--max_layers', type=int, default=96)
+
+  p = sub.add_parser('bubble', help=Bubble.__doc__)
+  Common(p)
+  p.add_argument('--model', default='transformer',
+                 choices=sorted(THROUGHPUT_MODELS))
+  p.add_argument('--micro_batches', default='1,2,4,8,16,32')
+  p.add_argument('--remat', default='always', choices=pipeline.REMAT_MODES)
+  p.add_argument('--steps', type=int, default=3,
+                 help='traced steps per M (the median is reported)')
+  p.add_argument('--warmup', type=int, default=2)
+  p.add_argument('--timeline', help='write the timeline PNG of one M here')
+  p.add_argument('--timeline_m', type=int, default=8)
+
+  p = sub.add_parser('graph', help=Graph.__doc__)
+  Common(p)
+  return parser
+
+
+def main(argv=None):
+  args = _Parser().parse_args(argv)
+  if args.quick:
+    for name, value in (('steps', 1), ('warmup', 1)):
+      if hasattr(args, name):
+        setattr(args, name, value)
+    if args.command == 'throughput' and args.micro_batches == '1,4,8,32':
+      args.micro_batches = '1,2'
+    if args.command == 'bubble' and args.micro_batches == '1,2,4,8,16,32':
+      args.micro_batches = '1,2'
+      args.timeline_m = 2
+    if args.command == 'memory':
+      args.cap_mib = min(args.cap_mib, 4.0)
+      args.max_layers = min(args.max_layers, 12)
+  commands = dict(throughput=Throughput, memory=Memory, bubble=Bubble,
+                  graph=Graph)
+  commands[args.command](args)
+  return 0
+
+
+if __name__ == '__main__':
+  os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
+  sys.exit(main())
