@@ -11,7 +11,9 @@ statistics of *all* its micro-batches:
     size) and calls ``AccumulatedUpdates`` once, which assigns the moving mean
     and variance of the whole mini-batch through Lingvo's batch-norm update
     mechanism (``py_utils.UpdateBatchNormVars``: the ops land in the
-    ``BATCH_NORM_UPDATES`` collection that Lingvo trainers run).
+    ``BATCH_NORM_UPDATES`` collection). Lingvo's train op runs the updates
+    whose statistics the loss depends on; the pipeline's outputs depend on
+    the summed statistics (a control dependency), so they qualify.
 
 Outside a pipeline (no ``CollectStats`` scope) the layer updates its moving
 averages directly from the batch it sees, like an ordinary batch norm.
@@ -127,7 +129,8 @@ class MicroBatchBatchNormLayer(base_layer.BaseLayer):
       if collector is not None:
         collector.Report(self, stats)
       else:
-        self.AccumulatedUpdates(*stats)
+        # Alone, the statistics that normalize are the ones to average.
+        self._UpdateMovingAverages(mean, variance)
     return tf.nn.batch_normalization(inputs, mean, variance, theta.beta,
                                      theta.gamma, p.epsilon)
 
@@ -140,13 +143,15 @@ class MicroBatchBatchNormLayer(base_layer.BaseLayer):
       total_sq: per-channel sum of squares, summed over micro-batches.
 
     Returns:
-      The list of the two assign ops (also added to BATCH_NORM_UPDATES).
+      [mean, variance] of the mini-batch: the statistics the two updates
+      (added to the BATCH_NORM_UPDATES collection) assign from.
     """
-    p = self.params
     mean = total / count
     variance = tf.nn.relu(total_sq / count - tf.square(mean))
-    return [
-        py_utils.UpdateBatchNormVars(self.vars.moving_mean, mean, p.decay),
-        py_utils.UpdateBatchNormVars(self.vars.moving_variance, variance,
-                                     p.decay),
-    ]
+    self._UpdateMovingAverages(mean, variance)
+    return [mean, variance]
+
+  def _UpdateMovingAverages(self, mean, variance):
+    p = self.params
+    py_utils.UpdateBatchNormVars(self.vars.moving_mean, mean, p.decay)
+    py_utils.UpdateBatchNormVars(self.vars.moving_variance, variance, p.decay)

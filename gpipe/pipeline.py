@@ -262,6 +262,7 @@ class PipeliningLayer(base_layer.BaseLayer):
     seeds = self._Seeds(num_mb)
     with tf.device(self._devices[0]):
       current = micro_batch.Split(tuple(inputs), num_mb, p.batch_dim)
+    bn_stats = []
     for fns in self._StageFns(current[0]):
       theta_k = stage_lib.ReadTheta(stage_lib.NestedTheta(theta, fns.keys),
                                     fns.device)
@@ -271,10 +272,12 @@ class PipeliningLayer(base_layer.BaseLayer):
                            registry.Callback(fns.index))
         outs.append(out)
         stats.append(st)
-      self._ApplyBatchNormUpdates(fns.stats_layers, stats, fns.device)
+      bn_stats += self._ApplyBatchNormUpdates(fns.stats_layers, stats,
+                                              fns.device)
       current = outs
     with tf.device(self._devices[-1]):
-      return self._Unwrap(micro_batch.Merge(current, p.batch_dim))
+      return self._Unwrap(
+          self._DependOn(micro_batch.Merge(current, p.batch_dim), bn_stats))
 
   def FPropUnpipelined(self, theta, *inputs):
     """The reference: the same layers, micro-batches and randomness, inline.
@@ -305,21 +308,54 @@ class PipeliningLayer(base_layer.BaseLayer):
           outs.append(stage_lib.ChainFProp(layers, thetas, args))
       layers_with_stats = [layer for layer, _ in collector.reports]
       stats.append([s for _, group in collector.reports for s in group])
-    self._ApplyBatchNormUpdates(layers_with_stats, stats, None)
-    return self._Unwrap(micro_batch.Merge(outs, p.batch_dim))
+    bn_stats = self._ApplyBatchNormUpdates(layers_with_stats, stats, None)
+    return self._Unwrap(
+        self._DependOn(micro_batch.Merge(outs, p.batch_dim), bn_stats))
 
   @staticmethod
   def _ApplyBatchNormUpdates(layers, stats_per_micro_batch, device):
-    """Sums each layer's statistics over micro-batches; one update each."""
-    if not layers:
-      return
+    """Sums each layer's statistics over micro-batches; one update each.
+
+    Args:
+      layers: the batch-norm layers that reported statistics, in order.
+      stats_per_micro_batch: per micro-batch, the flat list of their
+        (count, sum, sum_sq).
+      device: where to add them up (the stage's device).
+
+    Returns:
+      The mini-batch statistics the updates assign from.
+    """
+    summaries = []
     with tf.device(device):
       for i, layer in enumerate(layers):
         summed = [
             tf.add_n([stats[3 * i + j] for stats in stats_per_micro_batch])
             for j in range(3)
         ]
-        layer.AccumulatedUpdates(*summed)
+        summaries += layer.AccumulatedUpdates(*summed)
+    return summaries
+
+  @staticmethod
+  def _DependOn(outputs, stats):
+    """`outputs`, computed only once the batch-norm statistics exist.
+
+    Lingvo's train op runs the batch-norm updates whose statistics the loss
+    depends on (py_utils.FindRelevantBatchNormUpdates). The statistics are
+    summed outside the stage calls, so a control dependency of the outputs on
+    them makes the updates count as part of the loss's computation. It costs
+    nothing: the last stage's outputs are ready after every stage's forward.
+
+    Args:
+      outputs: the merged outputs (a tuple nest of tensors).
+      stats: the statistic tensors.
+
+    Returns:
+      `outputs` through identities that depend on `stats`.
+    """
+    if not stats:
+      return outputs
+    with tf.control_dependencies(stats):
+      return tf.nest.map_structure(tf.identity, outputs)
 
 
 class _TaskRegistry:

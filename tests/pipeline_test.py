@@ -249,6 +249,26 @@ class BatchNormTest(test_utils.TestCase):
       self.assertAllClose(np.tanh(normalized @ w0 + b0), first)
       self.assertEqual(h.shape, (4, 8))
 
+  def testLingvoTrainOpFindsTheUpdatesRelevant(self):
+    # Lingvo's BaseTask runs only the batch-norm updates whose statistics the
+    # loss depends on: all of them must qualify, pipelined or not, and for a
+    # batch norm used alone too.
+    for fprop in ('FProp', 'FPropUnpipelined', 'alone'):
+      with tf.Graph().as_default():
+        net = self._Net()
+        x = tf.constant(np.random.RandomState(6).randn(16, 8))
+        if fprop == 'alone':
+          out = net.layer_000.bn.FProp(net.theta.layer_000.bn, x)
+        else:
+          out = getattr(net, fprop)(net.theta, x)
+        loss = tf.reduce_sum(out)
+        updates = tf.get_collection(py_utils.BATCH_NORM_UPDATES)
+        self.assertLen(updates, 2 if fprop == 'alone' else 4)
+        relevant, irrelevant = py_utils.FindRelevantBatchNormUpdates(
+            loss, updates)
+        self.assertLen(relevant, len(updates), fprop)
+        self.assertEmpty(irrelevant, fprop)
+
   def testPipelinedUpdateEqualsUnpipelinedAndEvalUsesMovingAverages(self):
     x_np = np.random.RandomState(5).randn(16, 8) * 2.0
     with self.session(graph=tf.Graph(), config=CONFIG) as sess:

@@ -107,33 +107,12 @@ class ImageClassificationTask(base_model.BaseTask):
         tf.nn.in_top_k(
             targets=labels, predictions=predictions.logits,
             k=min(5, p.num_classes)), tf.float32)
-    self._loss = loss
     metrics.update({
         'loss': (loss, batch),
         'accuracy': (tf.reduce_mean(correct), batch),
         'top5_accuracy': (tf.reduce_mean(top5), batch),
     })
     return metrics, {'correct': correct}
-
-  def PostTrainingStepUpdate(self):
-    """Also runs the micro-batch batch norm moving-average updates.
-
-    Lingvo's train op runs only the batch-norm updates whose statistic the
-    loss depends on. gpipe's micro-batch batch norm computes the mini-batch
-    statistic from per-micro-batch sums, outside the loss's graph, so Lingvo
-    would skip every update (the eval-mode moving averages would stay at
-    their initial values). Run the skipped ones here, once per step.
-
-    Returns:
-      An op.
-    """
-    updates = [super().PostTrainingStepUpdate()]
-    loss = getattr(self, '_loss', None)
-    if loss is not None:
-      _, skipped = py_utils.FindRelevantBatchNormUpdates(
-          loss, tf.get_collection(py_utils.BATCH_NORM_UPDATES))
-      updates.extend(skipped)
-    return tf.group(*updates)
 
   def Decode(self, input_batch):
     """Predicted classes for decode/eval mode.
