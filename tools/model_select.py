@@ -109,29 +109,40 @@ def ModelParams(name, dataset='Train', override=''):
 
 
 def ApplyOverride(cfg, text):
-  """Applies Lingvo text overrides ('task.train.learning_rate=0.1; ...').
+  """Applies overrides like 'task.train.learning_rate=0.1; task.x=2'.
+
+  Each ';' or newline separated item is 'dotted.name=value' or Lingvo's own
+  'dotted.name : value'; values are parsed as Lingvo's Params.FromText does
+  (by the type of the current value).
 
   Args:
     cfg: params to change in place.
-    text: ';' or newline separated 'dotted.name = value' lines.
+    text: the overrides.
 
   Raises:
     ValueError: an unknown param name or a malformed value, named.
   """
-  lines = [line.strip() for line in text.replace(';', '\n').split('\n')]
-  for line in lines:
-    if not line:
+  for item in text.replace(';', '\n').split('\n'):
+    item = item.strip()
+    if not item:
       continue
-    if '=' not in line and ':' not in line:
+    cut = min([i for i in (item.find('='), item.find(':')) if i > 0] or [-1])
+    if cut < 0:
       raise ValueError('--model_params_override: %r is not "name=value"' %
-                       line)
+                       item)
+    name, value = item[:cut].strip(), item[cut + 1:].strip()
     try:
-      cfg.FromText(line)
-    except (AttributeError, ValueError, TypeError) as e:
+      cfg.Get(name)
+    except AttributeError as e:
       raise ValueError(
-          '--model_params_override: cannot apply %r: %s (param names are '
-          'dotted paths from the model params root, e.g. '
-          'task.train.learning_rate)' % (line, e)) from e
+          '--model_params_override: the model params have no %r (%s); names '
+          'are dotted paths from the model params root, e.g. '
+          'task.train.learning_rate' % (name, e)) from e
+    try:
+      cfg.FromText('%s : %s' % (name, value))
+    except (AttributeError, ValueError, TypeError) as e:
+      raise ValueError('--model_params_override: cannot set %s to %r: %s' %
+                       (name, value, e)) from e
 
 
 def FindPipelines(params, path=''):

@@ -113,10 +113,21 @@ class Placement:
         self.target, graph=graph, config=self.SessionConfig())
 
   def LingvoCluster(self, do_eval=False):
-    """The Lingvo cluster context to build a model in."""
-    return cluster_factory.ForTestingWorker(
-        mode='sync', job='trainer_client', cpus=self.num_cpus,
-        split_size=self.num_cpus, do_eval=do_eval)
+    """The Lingvo cluster context to build a model in.
+
+    Lingvo places the task's own ops (input, loss, optimizer) on its worker
+    job's devices: '/job:localhost' in one process, '/job:worker' task 0
+    with worker processes.
+    """
+    p = cluster_factory.Current().params.Copy()
+    p.mode = 'sync'
+    p.job = 'trainer_client'
+    p.do_eval = do_eval
+    p.worker.name = '/job:worker' if self.distributed else '/job:localhost'
+    p.worker.replicas = 1
+    p.worker.cpus_per_replica = self.num_cpus
+    p.worker.devices_per_split = self.num_cpus
+    return cluster_factory.Cluster(p)
 
   def CheckAlive(self):
     """Raises local_cluster.WorkerDiedError if a local worker has exited."""

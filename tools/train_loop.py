@@ -17,7 +17,11 @@ mini-batch. The loop:
 
 import math
 import os
+import re
 import signal
+import sys
+import threading
+import time
 
 from gpipe import lingvo_import  # pylint: disable=unused-import
 from gpipe import local_cluster
@@ -27,6 +31,10 @@ from tools import model_graph
 from tools import progress
 from tools import step_trace
 from tools import summaries
+
+
+# Sessions whose workers died: closing them would block (see _RunSession).
+_ABANDONED_SESSIONS = []
 
 
 class NonFiniteLossError(FloatingPointError):
@@ -148,10 +156,17 @@ class TrainLoop:
       step = int(sess.run(built.global_step))
       if resume:
         self._echo('resumed from %s at step %d' % (resume, step))
-      step, path = self._Loop(sess, saver, fetches, built.global_step, step, max_steps,
-                              batch_size, resume)
-    finally:
+      step, path = self._Loop(sess, saver, fetches, built.global_step, step,
+                              max_steps, batch_size, resume)
+    except WorkerLostError:
+      # Closing a distributed session waits for the dead worker, forever:
+      # leave it open (the caller exits the process).
+      _ABANDONED_SESSIONS.append(sess)
+      raise
+    except BaseException:
       sess.close()
+      raise
+    sess.close()
     if path and self._done_after != path:
       self._AfterCheckpoint(path)
     return step, path
@@ -212,7 +227,9 @@ class TrainLoop:
           self._AfterCheckpoint(last_ckpt)
     except (KeyboardInterrupt, _Interrupted):
       self._echo('interrupted at step %d: saving a checkpoint' % step)
-    except (NonFiniteLossError, WorkerLostError):
+    except BaseException:
+      # A failed run may have applied part of an update: never save it over
+      # the last good checkpoint.
       state_ok = False
       raise
     finally:
@@ -242,36 +259,58 @@ class TrainLoop:
                  '%s' % (str(e).splitlines()[0], last_ckpt))
     return last_ckpt
 
-  def _CheckWorkers(self, step, last_ckpt):
-    try:
-      self._placement.CheckAlive()
-    except local_cluster.WorkerDiedError as e:
-      raise WorkerLostError(
-          '%s before step %d: training stopped. The last checkpoint (%s) is '
-          'intact: run the same command again to resume from it.' %
-          (e, step + 1, last_ckpt or 'none yet')) from e
+  def _CheckWorkers(self, step, last_ckpt, wait_secs=0.0):
+    """Raises WorkerLostError if a local worker died (waits up to wait_secs)."""
+    deadline = time.time() + wait_secs
+    while True:
+      try:
+        self._placement.CheckAlive()
+      except local_cluster.WorkerDiedError as e:
+        raise WorkerLostError(
+            '%s during step %d: training stopped. The last checkpoint (%s) is '
+            'intact: run the same command again to resume from it.' %
+            (e, step + 1, last_ckpt or 'none yet')) from e
+      if time.time() >= deadline:
+        return
+      time.sleep(0.1)
 
   def _RunStep(self, sess, fetches, trace, metadata, step, last_ckpt):
     """One session run; turns a lost worker or a timeout into a clear error."""
     try:
-      return sess.run(fetches, options=self._placement.RunOptions(trace),
-                      run_metadata=metadata)
+      with _DeathWatch(self._placement, step, last_ckpt):
+        return sess.run(fetches, options=self._placement.RunOptions(trace),
+                        run_metadata=metadata)
     except tf.errors.DeadlineExceededError as e:
-      self._CheckWorkers(step, last_ckpt)
+      self._CheckWorkers(step, last_ckpt, wait_secs=3)
       raise WorkerLostError(
           'step %d did not finish within the step timeout (%d s): a worker is '
           'stuck or unreachable (%s). The last checkpoint (%s) is intact.' %
-          (step + 1, self._placement.step_timeout_ms // 1000,
-           e.message.splitlines()[0], last_ckpt or 'none yet')) from e
-    except (tf.errors.UnavailableError, tf.errors.AbortedError,
-            tf.errors.CancelledError, tf.errors.InternalError) as e:
-      self._CheckWorkers(step, last_ckpt)
-      if self._placement.distributed:
+          (step + 1, self._placement.step_timeout_ms // 1000, _Reason(e),
+           last_ckpt or 'none yet')) from e
+    except tf.errors.InvalidArgumentError as e:
+      if 'CheckNumerics' in e.message or 'not finite' in e.message:
+        # Lingvo checks gradients for NaN/Inf (py_utils.CheckNumerics).
+        raise NonFiniteLossError(
+            'a NaN or Inf appeared at step %d (%s): training stopped. This '
+            'step was not saved; the last good checkpoint is %s. Try a '
+            'smaller learning rate (--model_params_override='
+            '"task.train.learning_rate=...") or gradient clipping.' %
+            (step + 1, _Reason(e), last_ckpt or '(none yet)')) from e
+      raise
+    except tf.errors.OpError as e:
+      if not self._placement.distributed:
+        raise
+      # A dead local worker: say which one (its exit may take a moment to
+      # be seen after the RPC failed).
+      self._CheckWorkers(step, last_ckpt, wait_secs=3)
+      if isinstance(e, (tf.errors.UnavailableError, tf.errors.AbortedError,
+                        tf.errors.CancelledError, tf.errors.InternalError)):
         raise WorkerLostError(
-            'step %d failed: a pipeline worker is unreachable (%s). The last '
-            'checkpoint (%s) is intact: restart the workers and run the same '
-            'command to resume.' % (step + 1, e.message.splitlines()[0],
-                                    last_ckpt or 'none yet')) from e
+            'step %d failed: a pipeline worker is unreachable (%s: %s). The '
+            'last checkpoint (%s) is intact: restart the workers and run the '
+            'same command to resume.' % (step + 1, type(e).__name__,
+                                         _Reason(e), last_ckpt or
+                                         'none yet')) from e
       raise
 
   def _WriteTrace(self, writer, step, metadata):
@@ -281,6 +320,53 @@ class TrainLoop:
     if png:
       writer.Image(step, 'pipeline/timeline', png)
     writer.Flush()
+
+
+class _DeathWatch:
+  """Ends the process if a local worker dies while a step stays blocked.
+
+  A step whose worker died usually fails at once with an RPC error, handled
+  by the loop. When it does not (it can wait on the lost worker until the
+  step timeout), this thread notices the dead process, waits `grace_secs`
+  for the step to fail by itself, then prints the error and exits: every
+  checkpoint, summary and step-log line is already on disk.
+  """
+
+  def __init__(self, placement, step, last_ckpt, poll_secs=0.5,
+               grace_secs=5.0):
+    self._placement = placement
+    self._step = step
+    self._last_ckpt = last_ckpt
+    self._poll_secs = poll_secs
+    self._grace_secs = grace_secs
+    self._done = threading.Event()
+    self._thread = None
+
+  def __enter__(self):
+    if self._placement.cluster is not None:
+      self._thread = threading.Thread(target=self._Watch, daemon=True)
+      self._thread.start()
+    return self
+
+  def __exit__(self, *unused):
+    self._done.set()
+
+  def _Watch(self):
+    while not self._done.wait(self._poll_secs):
+      try:
+        self._placement.CheckAlive()
+      except local_cluster.WorkerDiedError as e:
+        if self._done.wait(self._grace_secs):
+          return  # The step returned; the loop reports the dead worker.
+        sys.stderr.write(
+            'trainer: error: %s during step %d, and the step did not return: '
+            'training stopped. The last checkpoint (%s) is intact: run the '
+            'same command again to resume from it.\n' %
+            (e, self._step + 1, self._last_ckpt or 'none yet'))
+        sys.stderr.flush()
+        sys.stdout.flush()
+        self._placement.Stop()
+        os._exit(1)  # pylint: disable=protected-access
 
 
 def _InstallSigterm():
@@ -301,3 +387,17 @@ def _RestoreSigterm(previous):
     signal.signal(signal.SIGTERM, previous)
   except ValueError:
     pass
+
+
+_NOISE = ('Graph execution error', 'Detected at node', 'Node:', '[[', 'File ',
+          'Additional GRPC error')
+
+
+def _Reason(error):
+  """The line of a TensorFlow error message that says what went wrong."""
+  for line in error.message.splitlines():
+    text = re.sub(r'^\(\d+\) ', '', line.strip())
+    if (text and not text.startswith(_NOISE) and
+        not re.match(r'\d+ (root|successful|derived) ', text)):
+      return text[:300]
+  return type(error).__name__

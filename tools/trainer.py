@@ -23,7 +23,9 @@ stage each; ``--cluster_spec=worker=host:port,...`` uses running servers
 (``python -m gpipe.worker``).
 """
 
+import faulthandler
 import os
+import signal
 import sys
 
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
@@ -195,6 +197,8 @@ class Run:
 
 
 def main(argv):
+  # `kill -USR1 <pid>` prints every thread's Python stack (a stuck run).
+  faulthandler.register(signal.SIGUSR1, file=sys.__stderr__)
   if len(argv) > 1:
     raise app.UsageError('unexpected arguments: %s' % ' '.join(argv[1:]))
   if not FLAGS['verbosity'].present:
@@ -202,6 +206,13 @@ def main(argv):
     tf.get_logger().setLevel('WARNING')
   try:
     return Run().Main()
+  except train_loop.WorkerLostError as e:
+    print('trainer: error: %s' % e, file=sys.stderr, flush=True)
+    sys.stdout.flush()
+    # The session to the lost worker cannot be closed (it would wait for the
+    # worker forever), so skip the interpreter's cleanup. The workers are
+    # already stopped and every file is closed.
+    os._exit(1)  # pylint: disable=protected-access
   except USER_ERRORS as e:
     print('trainer: error: %s' % e, file=sys.stderr, flush=True)
     return 1

@@ -1,0 +1,173 @@
+"""Trainer pieces that need no training: model selection, overrides, inspect."""
+
+from gpipe import lingvo_import  # pylint: disable=unused-import
+
+import os
+import re
+
+from lingvo import compat as tf
+from lingvo.core import test_utils
+from tensorflow.core.framework import step_stats_pb2
+from tests import trainer_testlib
+from tools import inspect_model
+from tools import model_select
+from tools import peak_memory
+from tools import placement
+from tools import progress
+
+TOY = trainer_testlib.TOY
+# 64x64+64 (three hidden layers) + 64x10+10 (logits).
+TOY_PARAMS = 3 * (64 * 64 + 64) + 64 * 10 + 10
+
+
+class ModelSelectTest(test_utils.TestCase):
+
+  def testUnknownModelSuggestsClosestNames(self):
+    with self.assertRaises(model_select.UnknownModelError) as ctx:
+      model_select.ModelParamsObject('toy.PipelinedDigitMlp')
+    self.assertIn("unknown model 'toy.PipelinedDigitMlp'", str(ctx.exception))
+    self.assertIn('Did you mean: toy.PipelinedDigitsMlp', str(ctx.exception))
+
+  def testUnknownFamilyStillSuggestsByClassName(self):
+    with self.assertRaises(model_select.UnknownModelError) as ctx:
+      model_select.ModelParamsObject('tiny.PipelinedDigitsMlp')
+    self.assertIn(TOY, str(ctx.exception))
+
+  def testOverrideAcceptsEqualsAndColonForms(self):
+    cfg = model_select.ModelParams(
+        TOY, 'Train',
+        'task.train.learning_rate=0.5; task.train.max_steps : 7\n'
+        'input.batch_size=16')
+    self.assertEqual(0.5, cfg.task.train.learning_rate)
+    self.assertEqual(7, cfg.task.train.max_steps)
+    self.assertEqual(16, cfg.input.batch_size)
+
+  def testOverrideOfUnknownParamNamesIt(self):
+    with self.assertRaisesRegex(ValueError, "no 'task.train.learning_rat'"):
+      model_select.ModelParams(TOY, 'Train', 'task.train.learning_rat=0.5')
+    with self.assertRaisesRegex(ValueError, 'is not "name=value"'):
+      model_select.ModelParams(TOY, 'Train', 'task.train.learning_rate')
+
+  def testPipelineShapeAndDevicesOverrides(self):
+    cfg = model_select.ModelParams(TOY, 'Train')
+    found = model_select.SetPipelineShape(cfg, num_stages=4,
+                                          num_micro_batches=8)
+    self.assertEqual(['task.network'], [path for path, _ in found])
+    pp = cfg.task.network
+    self.assertEqual((4, 8), (pp.num_stages, pp.num_micro_batches))
+    self.assertEqual(4, model_select.MaxStages(cfg))
+    with self.assertRaisesRegex(ValueError, '4 stages but only 2 devices'):
+      model_select.SetStageDevices(cfg, ['/device:CPU:0', '/device:CPU:1'])
+    model_select.SetStageDevices(cfg, ['/device:CPU:%d' % i for i in range(5)])
+    self.assertEqual(['/device:CPU:%d' % i for i in range(4)],
+                     pp.stage_devices)
+
+  def testTestInputIsAFinitePass(self):
+    cfg = model_select.ModelParams(TOY, 'Test')
+    self.assertFalse(cfg.input.repeat)
+    self.assertEqual('test', cfg.input.split)
+
+
+class InspectModelTest(test_utils.TestCase):
+
+  def testPrintsLayersStagesAndTotalLast(self):
+    lines = []
+    cfg = model_select.ModelParams(TOY, 'Train')
+    total = inspect_model.Inspect(cfg, echo=lines.append)
+    self.assertEqual(TOY_PARAMS, total)
+    self.assertEqual('total params: %d' % TOY_PARAMS, lines[-1])
+    text = '\n'.join(lines)
+    for i in range(4):
+      self.assertRegex(text, r'layer_%03d dense%d ' % (i, i))
+    self.assertIn('stage 0 (default device): 2 layers, 8,320 params', text)
+    self.assertIn('stage 1 (default device): 2 layers, 4,810 params', text)
+
+  def testCountsParamsOutsideThePipeline(self):
+    # The same count as the trainable variables of the built model.
+    cfg = model_select.ModelParams(TOY, 'Train')
+    model_select.SetStageDevices(cfg, ['/device:CPU:0', '/device:CPU:0'])
+    with tf.Graph().as_default():
+      cfg.Copy().Instantiate()
+      built = sum(
+          v.shape.num_elements() for v in tf.compat.v1.trainable_variables())
+    self.assertEqual(built, TOY_PARAMS)
+
+
+class PlacementTest(test_utils.TestCase):
+
+  def testParseClusterSpec(self):
+    self.assertEqual({'worker': ['h1:2222', 'h2:2222']},
+                     placement.ParseClusterSpec('worker=h1:2222,h2:2222'))
+    with self.assertRaisesRegex(ValueError, 'host:port'):
+      placement.ParseClusterSpec('worker=h1')
+    with self.assertRaisesRegex(ValueError, "needs a 'worker' job"):
+      placement.ParseClusterSpec('ps=h1:1')
+
+  def testClusterSpecDevicesAndTarget(self):
+    p = placement.Placement(2, cluster_spec='worker=h1:1,h2:2')
+    self.assertEqual('grpc://h1:1', p.target)
+    self.assertEqual('/job:worker/replica:0/task:1/device:CPU:0', p.devices[1])
+    self.assertTrue(p.distributed)
+
+  def testLocalVirtualDevices(self):
+    p = placement.Placement(3, step_timeout_secs=7)
+    self.assertEqual(['/device:CPU:0', '/device:CPU:1', '/device:CPU:2'],
+                     p.devices)
+    config = p.SessionConfig()
+    self.assertEqual(3, config.device_count['CPU'])
+    self.assertEqual(7000, config.operation_timeout_in_ms)
+    self.assertEqual(7000, p.RunOptions().timeout_in_ms)
+
+
+class ProgressTest(test_utils.TestCase):
+
+  def testLineHasStepLossRateAndEta(self):
+    now = [100.0]
+    meter = progress.Progress(10, 110, clock=lambda: now[0])
+    for _ in range(10):
+      meter.Count(32)
+    now[0] = 105.0
+    line, rate = meter.Line(20, {'loss': 1.5, 'accuracy': 0.25})
+    self.assertAlmostEqual(64.0, rate)
+    # 90 steps left at 2 steps/s.
+    self.assertEqual(
+        'step 20/110  loss 1.5000  accuracy 0.25  64.0 examples/s  ETA 45s',
+        line)
+    self.assertEqual('1h02m03s', progress.FormatSeconds(3723))
+
+  def testStepLogKeepsOnlyTheResumedHistory(self):
+    logdir = self.create_tempdir().full_path
+    log = progress.StepLog(logdir)
+    for step in range(1, 6):
+      log.Append(step, {'loss': float(step)})
+    log.Close()
+    with open(os.path.join(logdir, progress.STEP_LOG), 'a') as f:
+      f.write('{"step": 6, "lo')  # cut short by a kill
+    log = progress.StepLog(logdir, resume_step=3)
+    log.Append(4, {'loss': 40.0})
+    log.Close()
+    records = progress.ReadStepLog(os.path.join(logdir, progress.STEP_LOG))
+    self.assertEqual([(1, 1.0), (2, 2.0), (3, 3.0), (4, 40.0)],
+                     [(r['step'], r['loss']) for r in records])
+
+
+class PeakMemoryTest(test_utils.TestCase):
+
+  def testReplaysAllocationRecordsPerDevice(self):
+    stats = step_stats_pb2.StepStats()
+    dev = stats.dev_stats.add(device='/device:CPU:0')
+    # a: +100 at t=1, -100 at t=5; b: +50 at t=2, -50 at t=3; c: +70 at t=4.
+    for name, records in [('a', [(1, 100), (5, -100)]),
+                          ('b', [(2, 50), (3, -50)]), ('c', [(4, 70)])]:
+      mem = dev.node_stats.add(node_name=name).memory.add()
+      for t, n in records:
+        mem.allocation_records.add(alloc_micros=t, alloc_bytes=n)
+    stats.dev_stats.add(device='/device:CPU:1')
+    self.assertEqual({
+        '/device:CPU:0': 170,
+        '/device:CPU:1': 0
+    }, peak_memory.PeakBytesPerDevice(stats))
+
+
+if __name__ == '__main__':
+  tf.test.main()
