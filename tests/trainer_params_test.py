@@ -3,15 +3,12 @@
 from gpipe import lingvo_import  # pylint: disable=unused-import
 
 import os
-import re
 
 from lingvo import compat as tf
 from lingvo.core import test_utils
-from tensorflow.core.framework import step_stats_pb2
 from tests import trainer_testlib
 from tools import inspect_model
 from tools import model_select
-from tools import peak_memory
 from tools import placement
 from tools import progress
 
@@ -149,24 +146,6 @@ class ProgressTest(test_utils.TestCase):
     records = progress.ReadStepLog(os.path.join(logdir, progress.STEP_LOG))
     self.assertEqual([(1, 1.0), (2, 2.0), (3, 3.0), (4, 40.0)],
                      [(r['step'], r['loss']) for r in records])
-
-
-class PeakMemoryTest(test_utils.TestCase):
-
-  def testReplaysAllocationRecordsPerDevice(self):
-    stats = step_stats_pb2.StepStats()
-    dev = stats.dev_stats.add(device='/device:CPU:0')
-    # a: +100 at t=1, -100 at t=5; b: +50 at t=2, -50 at t=3; c: +70 at t=4.
-    for name, records in [('a', [(1, 100), (5, -100)]),
-                          ('b', [(2, 50), (3, -50)]), ('c', [(4, 70)])]:
-      mem = dev.node_stats.add(node_name=name).memory.add()
-      for t, n in records:
-        mem.allocation_records.add(alloc_micros=t, alloc_bytes=n)
-    stats.dev_stats.add(device='/device:CPU:1')
-    self.assertEqual({
-        '/device:CPU:0': 170,
-        '/device:CPU:1': 0
-    }, peak_memory.PeakBytesPerDevice(stats))
 
 
 if __name__ == '__main__':

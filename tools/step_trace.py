@@ -3,12 +3,15 @@
 Every N steps the trainer runs a step with a full trace. From its
 ``RunMetadata.step_stats``: the pipeline's stage tasks (``gpipe.timeline``),
 each stage's busy seconds and measured bubble fraction, the timeline image,
-and the peak memory of each device (``tools.peak_memory``).
+and the peak memory of each device (``gpipe.memory``): ``peak_bytes`` is
+what the step's own ops held at once (activations, gradients, temporaries),
+``allocator_peak_bytes`` what the device's allocator held (with variables;
+virtual CPUs of one process share one allocator and all see its total).
 """
 
 from gpipe import lingvo_import  # pylint: disable=unused-import
+from gpipe import memory
 from gpipe import timeline
-from tools import peak_memory
 
 
 def _ShortDevice(name):
@@ -32,10 +35,17 @@ def Measure(run_metadata, title=''):
     image bytes, or None when the step ran no pipeline stage.
   """
   scalars = {}
-  for device, peak in sorted(
-      peak_memory.PeakBytesPerDevice(run_metadata.step_stats).items()):
+  try:
+    peaks = memory.PeakBytesPerDevice(run_metadata)
+    allocator_peaks = memory.PeakAllocatorBytesPerDevice(run_metadata)
+  except ValueError:  # No memory records in this trace.
+    peaks, allocator_peaks = {}, {}
+  for device, peak in sorted(peaks.items()):
     if peak:
       scalars['memory/peak_bytes/' + _ShortDevice(device)] = peak
+  for device, peak in sorted(allocator_peaks.items()):
+    if peak:
+      scalars['memory/allocator_peak_bytes/' + _ShortDevice(device)] = peak
   tasks = timeline.ParseStepStats(run_metadata.step_stats)
   if not tasks:
     return scalars, None

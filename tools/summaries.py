@@ -7,7 +7,8 @@ Tags used by the trainer (all at the global step):
 * ``examples_per_sec``;
 * ``pipeline/stage_<k>/compute_sec``, ``pipeline/stage_<k>/bubble_fraction``,
   ``pipeline/bubble_fraction`` (mean over stages), from a traced step;
-* ``memory/peak_bytes/<device>``, from the same traced step;
+* ``memory/peak_bytes/<device>`` and ``memory/allocator_peak_bytes/<device>``,
+  from the same traced step (see tools.step_trace);
 * the image ``pipeline/timeline`` (stages x time; forward, recompute and
   backward coloured).
 """

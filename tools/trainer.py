@@ -105,6 +105,10 @@ def PrepareLogdir(logdir):
   """Creates logdir and checks that files can be written there."""
   if not logdir:
     raise LogdirError('--logdir is required for --mode=%s' % FLAGS.mode)
+  if not os.path.isabs(logdir) and os.environ.get('BUILD_WORKING_DIRECTORY'):
+    # `bazel run` starts binaries in their runfiles: relative paths mean the
+    # user's directory.
+    logdir = os.path.join(os.environ['BUILD_WORKING_DIRECTORY'], logdir)
   probe = os.path.join(logdir, '.write_test_%d' % os.getpid())
   try:
     os.makedirs(logdir, exist_ok=True)

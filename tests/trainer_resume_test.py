@@ -1,0 +1,80 @@
+"""Resuming after SIGKILL gives the losses of an uninterrupted run."""
+
+from gpipe import lingvo_import  # pylint: disable=unused-import
+
+import os
+import signal
+import time
+
+from lingvo import compat as tf
+from lingvo.core import test_utils
+from tests import trainer_testlib
+from tools import checkpoints
+from tools import progress
+
+TOY = trainer_testlib.TOY
+FLAGS = ['--model=' + TOY, '--checkpoint_every_n_steps=7',
+         '--log_every_n_steps=1000', '--trace_every_n_steps=0',
+         '--eval_after_train=false']
+
+
+def _Losses(logdir):
+  return [(r['step'], r['loss'], r['accuracy'])
+          for r in progress.ReadStepLog(os.path.join(logdir, progress.STEP_LOG))]
+
+
+class TrainerResumeTest(test_utils.TestCase):
+
+  def testResumeAfterSigkillMatchesUninterruptedRun(self):
+    logdir = self.create_tempdir().full_path
+    log_path = os.path.join(self.create_tempdir().full_path, 'killed.log')
+    proc = trainer_testlib.Popen(
+        FLAGS + ['--logdir=' + logdir, '--max_steps=1000000'], log_path)
+    step_log = os.path.join(logdir, progress.STEP_LOG)
+    deadline = time.time() + 240
+    try:
+      # Kill it mid-run: after a checkpoint, with steps done since.
+      while True:
+        self.assertIsNone(proc.poll(), open(log_path).read())
+        self.assertLess(time.time(), deadline, 'the trainer made no progress')
+        newest = checkpoints.Newest(logdir)
+        records = progress.ReadStepLog(step_log)
+        if (newest and records and
+            records[-1]['step'] > checkpoints.GlobalStepOf(newest) + 2):
+          break
+        time.sleep(0.05)
+    finally:
+      proc.send_signal(signal.SIGKILL)
+      proc.wait()
+    killed = _Losses(logdir)
+    resume_step = checkpoints.GlobalStepOf(checkpoints.Newest(logdir))
+    self.assertEqual(0, resume_step % 7)
+    self.assertGreater(killed[-1][0], resume_step)  # Steps were lost.
+    final_step = killed[-1][0] + 5
+
+    # Restart the binary with the same logdir: it resumes from the newest
+    # checkpoint (weights, Adam slots, step, input position).
+    result = trainer_testlib.Run(
+        FLAGS + ['--logdir=' + logdir, '--max_steps=%d' % final_step])
+    self.assertEqual(0, result.returncode, result.stderr)
+    self.assertIn('resumed from %s/ckpt-%d at step %d' %
+                  (logdir, resume_step, resume_step), result.stdout)
+    resumed = _Losses(logdir)
+    self.assertEqual(list(range(1, final_step + 1)), [s for s, _, _ in resumed])
+
+    # The same steps without interruption (in this process).
+    reference_dir = self.create_tempdir().full_path
+    code, _, err = trainer_testlib.RunInProcess(
+        model=TOY, logdir=reference_dir, max_steps=final_step,
+        checkpoint_every_n_steps=7, log_every_n_steps=1000,
+        trace_every_n_steps=0, eval_after_train=False)
+    self.assertEqual(0, code, err)
+    reference = _Losses(reference_dir)
+    # Bit-identical: same data order, dropout masks and optimizer state.
+    self.assertEqual(reference, resumed)
+    # Including the steps the killed run had computed past its checkpoint.
+    self.assertEqual(reference[:len(killed)], killed)
+
+
+if __name__ == '__main__':
+  tf.test.main()
