@@ -330,7 +330,7 @@ def Memory(args):
   names = args.models.split(',') if args.models else list(models)
   cap = args.cap_mib * MIB
   settings = dict(cap_mib=args.cap_mib, modes=[m[0] for m in MEMORY_MODES],
-                  micro_batches=8, priority=args.priority,
+                  micro_batches=args.micro_batches, priority=args.priority,
                   fits='parameters + measured peak step memory <= cap')
   header, info = _Header(args, 'Memory', settings)
   result = dict(machine=info, settings=settings, models={})
@@ -341,6 +341,7 @@ def Memory(args):
       shape = models[name]
       result['models'][name] = {}
       for mode, impl, k, m, remat in MEMORY_MODES:
+        m = args.micro_batches if impl == 'gpipe' else m
         def Make(layers, impl=impl, k=k, m=m, remat=remat, shape=shape):
           return bench_runner.Config(impl, name, layers, shape['batch'], k,
                                      m, remat, shape['width'])
@@ -602,6 +603,8 @@ def _Parser():
   p.add_argument('--cap_mib', type=float, default=256.0,
                  help='per-device memory cap (MiB)')
   p.add_argument('--max_layers', type=int, default=96)
+  p.add_argument('--micro_batches', type=int, default=8,
+                 help='M of pipeline-1 and pipeline-2')
 
   p = sub.add_parser('bubble', help=Bubble.__doc__)
   Common(p)
@@ -621,6 +624,9 @@ def _Parser():
 
 
 def main(argv=None):
+  # `bazel run` starts in the runfiles tree: resolve paths where it was run.
+  if os.environ.get('BUILD_WORKING_DIRECTORY'):
+    os.chdir(os.environ['BUILD_WORKING_DIRECTORY'])
   args = _Parser().parse_args(argv)
   if args.quick:
     for name, value in (('steps', 1), ('warmup', 1)):
@@ -633,6 +639,7 @@ def main(argv=None):
       args.timeline_m = 2
     if args.command == 'memory':
       args.cap_mib = min(args.cap_mib, 4.0)
+      args.micro_batches = 2
       args.max_layers = min(args.max_layers, 12)
   commands = dict(throughput=Throughput, memory=Memory, bubble=Bubble,
                   graph=Graph)

@@ -1,0 +1,100 @@
+"""tools/benchmark.py: every subcommand at a tiny size (no speed checks)."""
+
+from gpipe import lingvo_import  # pylint: disable=unused-import
+
+import contextlib
+import io
+import json
+import os
+import tempfile
+
+from lingvo import compat as tf
+from lingvo.core import test_utils
+from tools import benchmark
+
+PNG_MAGIC = b'\x89PNG'
+
+
+class BenchmarkTest(test_utils.TestCase):
+
+  def _Run(self, command, *flags):
+    out_dir = tempfile.mkdtemp()
+    json_path = os.path.join(out_dir, command + '.json')
+    png_path = os.path.join(out_dir, command + '.png')
+    stdout = io.StringIO()
+    with contextlib.redirect_stdout(stdout):
+      benchmark.main([command, '--quick', '--json', json_path, '--plot',
+                      png_path] + list(flags))
+    text = stdout.getvalue()
+    with open(json_path) as f:
+      result = json.load(f)
+    with open(png_path, 'rb') as f:
+      self.assertEqual(f.read(4), PNG_MAGIC)
+    # The table, the machine and the settings are printed.
+    self.assertIn('| ---', text.replace('|---', '| ---'))
+    self.assertIn('Machine:', text)
+    self.assertIn('Settings:', text)
+    self.assertEqual(result['markdown'], text.strip('\n'))
+    self.assertEqual(result['machine']['cpus'], os.cpu_count())
+    return result, text, out_dir
+
+  def testThroughput(self):
+    result, text, _ = self._Run('throughput', '--models', 'transformer')
+    configs = result['models']['transformer']['configs']
+    got = {(c['impl'], c['K'], c['M']) for c in configs}
+    self.assertEqual(
+        got, {('gpipe', 1, 1), ('gpipe', 1, 2), ('gpipe', 2, 1),
+              ('gpipe', 2, 2), ('lingvo', 1, 1), ('lingvo', 2, 1),
+              ('lingvo', 2, 2), ('plain', 1, 1)})
+    for c in configs:
+      self.assertGreater(c['step_seconds'], 0)
+      self.assertLen(c['all_step_seconds'], 1)
+    base = [c for c in configs if c['impl'] == 'gpipe' and c['K'] == 1 and
+            c['M'] == 1][0]
+    self.assertAllClose(base['speedup_vs_gpipe_K1M1'], 1.0)
+    self.assertEqual(result['models']['transformer']['headline']['best_M'] in
+                     (1, 2), True)
+    self.assertIn('Headline:', text)
+
+  def testMemory(self):
+    result, text, _ = self._Run('memory', '--models', 'transformer',
+                                '--max_layers', '6')
+    modes = result['models']['transformer']
+    self.assertCountEqual(modes, ['naive-1', 'pipeline-1', 'pipeline-2'])
+    for mode in modes.values():
+      fit = mode['fit']
+      if fit:
+        # Fitting means parameters + measured step peak within the cap.
+        self.assertLessEqual(fit['fits_bytes'], 4 * (1 << 20))
+        self.assertGreater(fit['step_peak_bytes'], 0)
+      if mode['first_not_fitting']:
+        self.assertGreater(mode['first_not_fitting']['fits_bytes'],
+                           4 * (1 << 20))
+    self.assertIn('pipeline-1', text)
+
+  def testBubble(self):
+    timeline_png = os.path.join(tempfile.mkdtemp(), 't.png')
+    result, _, _ = self._Run('bubble', '--timeline', timeline_png)
+    self.assertEqual([c['M'] for c in result['configs']], [1, 2])
+    for c in result['configs']:
+      self.assertAllClose(c['model_bubble'], 1.0 / (c['M'] + 1))
+      self.assertLen(c['measured_bubbles'], 2)
+      for b in c['measured_bubbles']:
+        self.assertBetween(b, 0.0, 1.0)
+      # Every forward and backward task of both stages was traced.
+      self.assertLen(c['tasks'], 2 * 2 * c['M'])
+    with open(timeline_png, 'rb') as f:
+      self.assertEqual(f.read(4), PNG_MAGIC)
+
+  def testGraph(self):
+    result, text, _ = self._Run('graph')
+    ops = [p['ops'] for p in result['M_sweep']]
+    self.assertEqual(ops, sorted(ops))
+    self.assertGreater(result['ops_per_micro_batch'], 0)
+    self.assertGreater(result['ops_per_layer'], 0)
+    self.assertEqual(result['big']['L'], 8)
+    self.assertIn('builds in', text)
+
+
+if __name__ == '__main__':
+  tf.test.main()
