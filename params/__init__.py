@@ -1,3 +1,4 @@
 """Registered model configurations (Lingvo's model registry)."""
 
 from params import image  # pylint: disable=unused-import
+from params import mt  # pylint: disable=unused-import

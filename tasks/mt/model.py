@@ -1,0 +1,285 @@
+"""The multilingual translation task: pipelined training, decoding and BLEU.
+
+Training runs the flat layer list (`stack.EncoderDecoderLayers`) through a
+`gpipe.pipeline.PipeliningLayer` child ``network``; its last layer returns
+per-example loss sums, which `ComputeLoss` turns into Lingvo metrics.
+
+Decoding (greedy or beam search) runs the same layers, unpipelined, in a
+`tf.while_loop`: the encoder once, then one decoder pass per output position
+over the whole (causally masked) target prefix. That re-computes the prefix
+each step (O(T^2) for T output tokens) instead of caching attention states,
+which keeps the layers simple and is cheap for the short sequences decoded on
+this project's machines.
+"""
+
+from gpipe import lingvo_import  # pylint: disable=unused-import
+from lingvo import compat as tf
+from lingvo.core import base_model
+from lingvo.core import metrics
+from lingvo.core import py_utils
+from tasks.mt import bleu
+from tasks.mt import layers as mt_layers
+from tasks.mt import vocab as vocab_lib
+
+_NEG_INF = -1e9
+# Fields of an input batch that enter the network.
+NETWORK_FIELDS = ('src_ids', 'src_paddings', 'tgt_ids', 'tgt_paddings',
+                  'tgt_labels', 'tgt_weights')
+
+
+class TransformerMTTask(base_model.BaseTask):
+  """An encoder-decoder Transformer trained through a GPipe pipeline."""
+
+  @classmethod
+  def Params(cls):
+    p = super().Params()
+    p.Define('network', None,
+             'gpipe.pipeline.PipeliningLayer params whose `layers` is the flat '
+             'list of stack.EncoderDecoderLayers.')
+    p.Define('pipelined', True,
+             'Train through the pipeline; False runs the network\'s '
+             'FPropUnpipelined (the single-device reference).')
+    p.Define('vocab_path', vocab_lib.NUMBERS_VOCAB,
+             'sentencepiece model that turns decoded ids into text.')
+    p.Define('max_decode_len', 16, 'Output tokens decoded (incl. </s>).')
+    p.Define('beam_size', 4, 'Beam width of Decode; 1 decodes greedily.')
+    p.Define('length_alpha', 0.6,
+             'Length normalization ((5 + len) / 6)^alpha of beam scores.')
+    return p
+
+  def __init__(self, params):
+    super().__init__(params)
+    p = self.params
+    if p.network is None or not p.network.layers:
+      raise ValueError('%s: set p.network to PipeliningLayer params with '
+                       '`layers` = stack.EncoderDecoderLayers(...)' % p.name)
+    self.CreateChild('network', p.network)
+
+  # --- Training -------------------------------------------------------------
+
+  def ComputePredictions(self, theta, input_batch):
+    """Per-example loss sums from the last layer (see SoftmaxLayer.FProp)."""
+    # A decoder-only stack (Transformer-L) has no source to carry.
+    fields = (NETWORK_FIELDS if self.params.network.layers[0].has_source else
+              NETWORK_FIELDS[2:])
+    inputs = py_utils.NestedMap({k: input_batch[k] for k in fields})
+    if self.params.pipelined:
+      return self.network.FProp(theta.network, inputs)
+    return self.network.FPropUnpipelined(theta.network, inputs)
+
+  def ComputeLoss(self, theta, predictions, input_batch):
+    """Token-averaged label-smoothed loss, log-perplexity and accuracy."""
+    weight = tf.reduce_sum(predictions.weight)
+    safe = tf.maximum(weight, 1.0)
+    metric = {
+        'loss': (tf.reduce_sum(predictions.xent) / safe, weight),
+        'log_pplx': (tf.reduce_sum(predictions.nll) / safe, weight),
+        'accuracy': (tf.reduce_sum(predictions.correct) / safe, weight),
+        'num_tokens': (weight, tf.constant(1.0)),
+    }
+    per_example = {'xent': predictions.xent, 'weight': predictions.weight}
+    return metric, per_example
+
+  # --- Decoding -------------------------------------------------------------
+
+  def _Layers(self, theta):
+    """(embedding, encoders, decoders, softmax) as (layer, theta) pairs."""
+    net = self.network
+    keys = ['layer_%03d' % i for i in range(len(net.params.layers))]
+    pairs = [(net.children[k], theta.network[k]) for k in keys]
+    encoders = [x for x in pairs if isinstance(x[0], mt_layers.EncoderLayer)]
+    decoders = [x for x in pairs if isinstance(x[0], mt_layers.DecoderLayer)]
+    return pairs[0], encoders, decoders, pairs[-1]
+
+  def Encode(self, theta, src_ids, src_paddings):
+    """Encoder output NestedMap(src [B, S, D], src_paddings)."""
+    (emb, emb_theta), encoders, _, _ = self._Layers(theta)
+    batch = py_utils.GetShape(src_ids, 2)[0]
+    x = py_utils.NestedMap(
+        src_ids=src_ids, src_paddings=src_paddings,
+        tgt_ids=tf.zeros([batch, 1], tf.int32),
+        tgt_paddings=tf.zeros([batch, 1]))
+    x = emb.FProp(emb_theta, x)
+    for layer, layer_theta in encoders:
+      x = layer.FProp(layer_theta, x)
+    return py_utils.NestedMap(src=x.src, src_paddings=x.src_paddings)
+
+  def DecoderLogits(self, theta, encoded, tgt_ids):
+    """[B, T, V] next-token logits of target prefixes `tgt_ids` [B, T]."""
+    (emb, emb_theta), _, decoders, (softmax, softmax_theta) = self._Layers(
+        theta)
+    batch, length = py_utils.GetShape(tgt_ids, 2)
+    # The embedding layer also embeds a (dummy, length-1) source; the real
+    # source states come from `encoded`.
+    x = emb.FProp(emb_theta, py_utils.NestedMap(
+        src_ids=tf.zeros([batch, 1], tf.int32),
+        src_paddings=tf.zeros([batch, 1]), tgt_ids=tgt_ids,
+        tgt_paddings=tf.zeros([batch, length])))
+    x.src = encoded.src
+    x.src_paddings = encoded.src_paddings
+    for layer, layer_theta in decoders:
+      x = layer.FProp(layer_theta, x)
+    return softmax.Logits(softmax_theta, x)
+
+  @staticmethod
+  def _DecoderInputs(outputs):
+    """<s> followed by the outputs so far, shifted right: [..., T]."""
+    bos = tf.fill(py_utils.GetShape(outputs)[:-1] + [1], vocab_lib.BOS_ID)
+    return tf.concat([bos, outputs[..., :-1]], axis=-1)
+
+  def GreedyDecode(self, theta, src_ids, src_paddings):
+    """Greedy decoding.
+
+    Args:
+      theta: the task's theta.
+      src_ids: [B, S] int32 source ids (with the target-language tag).
+      src_paddings: [B, S] source paddings.
+
+    Returns:
+      (ids [B, T] int32, log-probability [B] of the decoded sequence up to and
+      including </s>).
+    """
+    length = self.params.max_decode_len
+    encoded = self.Encode(theta, src_ids, src_paddings)
+    batch = py_utils.GetShape(src_ids, 2)[0]
+
+    def _Step(t, outputs, score, finished):
+      logits = self.DecoderLogits(theta, encoded,
+                                  self._DecoderInputs(outputs))
+      log_probs = tf.nn.log_softmax(logits[:, t, :])
+      token = tf.argmax(log_probs, axis=-1, output_type=tf.int32)
+      token = tf.where(finished, tf.zeros_like(token), token)
+      gained = tf.reduce_max(log_probs, axis=-1)
+      score += tf.where(finished, tf.zeros_like(gained), gained)
+      outputs += tf.one_hot(t, length, dtype=tf.int32) * token[:, tf.newaxis]
+      finished = tf.logical_or(finished, tf.equal(token, vocab_lib.EOS_ID))
+      return t + 1, outputs, score, finished
+
+    _, outputs, score, _ = tf.while_loop(
+        lambda t, *_: t < length, _Step,
+        (tf.constant(0), tf.zeros([batch, length], tf.int32),
+         tf.zeros([batch]), tf.zeros([batch], tf.bool)))
+    return outputs, score
+
+  def BeamSearchDecode(self, theta, src_ids, src_paddings, beam_size=None):
+    """Beam search with length normalization of the final scores.
+
+    Args:
+      theta: the task's theta.
+      src_ids: [B, S] int32 source ids.
+      src_paddings: [B, S] source paddings.
+      beam_size: beams per example (default p.beam_size).
+
+    Returns:
+      (ids [B, T] of the best hypothesis, its log-probability [B],
+       all hypotheses [B, K, T], their log-probabilities [B, K]).
+    """
+    p = self.params
+    k = beam_size or p.beam_size
+    length = p.max_decode_len
+    batch = py_utils.GetShape(src_ids, 2)[0]
+    encoded = self.Encode(theta, src_ids, src_paddings)
+    # Beam b of example i is row i * k + b.
+    encoded = encoded.Transform(lambda x: tf.repeat(x, k, axis=0))
+    vocab_size = self._Layers(theta)[3][0].params.vocab_size
+    # A finished hypothesis may only continue with padding, at no cost.
+    pad_only = tf.one_hot(vocab_lib.PAD_ID, vocab_size, on_value=0.0,
+                          off_value=_NEG_INF)
+
+    def _Step(t, outputs, scores, finished, lengths):
+      inputs = tf.reshape(self._DecoderInputs(outputs), [batch * k, length])
+      logits = self.DecoderLogits(theta, encoded, inputs)[:, t, :]
+      log_probs = tf.reshape(tf.nn.log_softmax(logits),
+                             [batch, k, vocab_size])
+      log_probs = tf.where(finished[:, :, tf.newaxis],
+                           pad_only[tf.newaxis, tf.newaxis, :], log_probs)
+      candidates = tf.reshape(scores[:, :, tf.newaxis] + log_probs,
+                              [batch, k * vocab_size])
+      scores, index = tf.nn.top_k(candidates, k)
+      beam, token = index // vocab_size, index % vocab_size
+      outputs = tf.gather(outputs, beam, batch_dims=1)
+      finished = tf.gather(finished, beam, batch_dims=1)
+      lengths = tf.gather(lengths, beam, batch_dims=1)
+      lengths += 1 - tf.cast(finished, tf.int32)
+      outputs += (tf.one_hot(t, length, dtype=tf.int32)[tf.newaxis, tf.newaxis]
+                  * token[:, :, tf.newaxis])
+      finished = tf.logical_or(finished, tf.equal(token, vocab_lib.EOS_ID))
+      return t + 1, outputs, scores, finished, lengths
+
+    first_beam_only = tf.concat(
+        [tf.zeros([batch, 1]), tf.fill([batch, k - 1], _NEG_INF)], axis=1)
+    _, outputs, scores, _, lengths = tf.while_loop(
+        lambda t, *_: t < length, _Step,
+        (tf.constant(0), tf.zeros([batch, k, length], tf.int32),
+         first_beam_only, tf.zeros([batch, k], tf.bool),
+         tf.zeros([batch, k], tf.int32)))
+    penalty = tf.pow((5.0 + tf.cast(lengths, tf.float32)) / 6.0,
+                     p.length_alpha)
+    best = tf.argmax(scores / penalty, axis=1, output_type=tf.int32)
+    best_ids = tf.gather(outputs, best, batch_dims=1)
+    best_scores = tf.gather(scores, best, batch_dims=1)
+    return best_ids, best_scores, outputs, scores
+
+  def DecodeWithTheta(self, theta, input_batch):
+    """Decodes a batch: hypothesis ids plus what BLEU needs."""
+    p = self.params
+    if p.beam_size > 1:
+      ids, scores, _, _ = self.BeamSearchDecode(theta, input_batch.src_ids,
+                                                input_batch.src_paddings)
+    else:
+      ids, scores = self.GreedyDecode(theta, input_batch.src_ids,
+                                      input_batch.src_paddings)
+    out = {'hyp_ids': ids, 'scores': scores}
+    for key in ('tgt_text', 'pair'):
+      if key in input_batch:
+        out[key] = input_batch[key]
+    return out
+
+  def _Vocab(self):
+    if not hasattr(self, '_vocab'):
+      self._vocab = vocab_lib.Vocab(self.params.vocab_path)
+    return self._vocab
+
+  def CreateDecoderMetrics(self):
+    """'bleu' overall; 'bleu/<pair>' entries are added as pairs appear."""
+    return {
+        'num_samples_in_batch': metrics.AverageMetric(),
+        'bleu': bleu.SacreBleuMetric(),
+    }
+
+  def PostProcessDecodeOut(self, decode_out_dict, decode_metrics_dict):
+    """Turns hypothesis ids into text and updates BLEU (overall, per pair)."""
+    hyps, refs, pairs = DecodedText(decode_out_dict, self._Vocab())
+    decode_metrics_dict['num_samples_in_batch'].Update(len(hyps))
+    key_values = []
+    for i, (hyp, ref, pair) in enumerate(zip(hyps, refs, pairs)):
+      decode_metrics_dict['bleu'].Update(ref, hyp)
+      name = 'bleu/%s' % pair
+      if name not in decode_metrics_dict:
+        decode_metrics_dict[name] = bleu.SacreBleuMetric()
+      decode_metrics_dict[name].Update(ref, hyp)
+      key_values.append(('%s:%d' % (pair, i), '%s\t%s' % (hyp, ref)))
+    return key_values
+
+
+def DecodedText(decode_out, vocab):
+  """(hypotheses, references, pairs) as Python strings from fetched Decode.
+
+  Args:
+    decode_out: a dict with numpy 'hyp_ids' [B, T] and, if present, byte
+      strings 'tgt_text' and 'pair' [B].
+    vocab: a `vocab.Vocab`.
+
+  Returns:
+    Three lists of str of length B ('' for missing references/pairs).
+  """
+  ids = decode_out['hyp_ids']
+  hyps = [vocab.Decode(row) for row in ids]
+
+  def _Text(key):
+    if key not in decode_out:
+      return [''] * len(hyps)
+    return [x.decode('utf-8') if isinstance(x, bytes) else str(x)
+            for x in decode_out[key]]
+
+  return hyps, _Text('tgt_text'), _Text('pair')

@@ -1,0 +1,166 @@
+"""Flat layer lists for T(L, H, A) and Transformer-L, and their parameter counts.
+
+`EncoderDecoderLayers` builds the paper's multilingual model T(L, H, A): L
+encoder and L decoder layers with feed-forward size H and A heads.
+`DecoderOnlyLayers` builds Table 1's Transformer-L language model (separate
+input embedding and softmax weights). Both return the flat list of layer
+params a `gpipe.pipeline.PipeliningLayer` cuts into stages.
+
+`CountByPart` counts parameters per part (embeddings, attention, feed-forward,
+layer norm, softmax) from the built graph of each layer, without allocating
+weights, via `gpipe.param_count`.
+"""
+
+import collections
+
+from gpipe import lingvo_import  # pylint: disable=unused-import
+from gpipe import param_count
+from tasks.mt import layers
+
+
+def EncoderDecoderLayers(vocab_size,
+                         model_dim,
+                         hidden_dim,
+                         num_heads,
+                         num_layers,
+                         dropout_prob=0.1,
+                         label_smoothing=0.1,
+                         logits_abs_max=0.0,
+                         scale_ffn_init_by_num_layers=False,
+                         shared_embedding=True):
+  """The flat layer list of an encoder-decoder Transformer T(L, H, A).
+
+  Args:
+    vocab_size: vocabulary size (shared by source and target).
+    model_dim: model dimension D.
+    hidden_dim: feed-forward dimension H.
+    num_heads: attention heads A.
+    num_layers: L, the number of encoder layers (and of decoder layers).
+    dropout_prob: residual, attention, ReLU and embedding dropout.
+    label_smoothing: label smoothing of the loss.
+    logits_abs_max: if > 0, clip the logits to this magnitude.
+    scale_ffn_init_by_num_layers: divide the feed-forward init scale by L.
+    shared_embedding: one embedding table for source and target.
+
+  Returns:
+    A list of 2L + 2 layer params: embedding, L encoder layers, L decoder
+    layers, softmax.
+  """
+  block = dict(
+      model_dim=model_dim, hidden_dim=hidden_dim, num_heads=num_heads,
+      residual_dropout_prob=dropout_prob, atten_dropout_prob=dropout_prob,
+      relu_dropout_prob=dropout_prob,
+      ffn_init_scale=(1.0 / num_layers
+                      if scale_ffn_init_by_num_layers else 1.0))
+  result = [
+      layers.EmbeddingLayer.Params().Set(
+          name='emb', vocab_size=vocab_size, model_dim=model_dim,
+          shared_embedding=shared_embedding, dropout_prob=dropout_prob)
+  ]
+  for i in range(num_layers):
+    result.append(layers.EncoderLayer.Params().Set(
+        name='enc_%03d' % i, final_layer_norm=(i == num_layers - 1), **block))
+  for i in range(num_layers):
+    result.append(layers.DecoderLayer.Params().Set(
+        name='dec_%03d' % i, **block))
+  result.append(layers.SoftmaxLayer.Params().Set(
+      name='softmax', vocab_size=vocab_size, model_dim=model_dim,
+      label_smoothing=label_smoothing, logits_abs_max=logits_abs_max))
+  return result
+
+
+def DecoderOnlyLayers(vocab_size,
+                      model_dim,
+                      hidden_dim,
+                      num_heads,
+                      num_layers,
+                      dropout_prob=0.0,
+                      label_smoothing=0.0,
+                      logits_abs_max=0.0,
+                      scale_ffn_init_by_num_layers=False):
+  """The flat layer list of Table 1's Transformer-L language model.
+
+  Args:
+    vocab_size: vocabulary size.
+    model_dim: model dimension.
+    hidden_dim: feed-forward dimension.
+    num_heads: attention heads.
+    num_layers: L, the number of (self-attention + feed-forward) layers.
+    dropout_prob: residual, attention, ReLU and embedding dropout.
+    label_smoothing: label smoothing of the loss.
+    logits_abs_max: if > 0, clip the logits to this magnitude.
+    scale_ffn_init_by_num_layers: divide the feed-forward init scale by L.
+
+  Returns:
+    A list of L + 2 layer params: embedding, L layers, softmax.
+  """
+  result = [
+      layers.EmbeddingLayer.Params().Set(
+          name='emb', vocab_size=vocab_size, model_dim=model_dim,
+          has_source=False, dropout_prob=dropout_prob)
+  ]
+  for i in range(num_layers):
+    result.append(layers.DecoderLayer.Params().Set(
+        name='layer_%04d' % i, model_dim=model_dim, hidden_dim=hidden_dim,
+        num_heads=num_heads, has_cross_attention=False,
+        residual_dropout_prob=dropout_prob, atten_dropout_prob=dropout_prob,
+        relu_dropout_prob=dropout_prob,
+        ffn_init_scale=(1.0 / num_layers
+                        if scale_ffn_init_by_num_layers else 1.0)))
+  result.append(layers.SoftmaxLayer.Params().Set(
+      name='softmax', vocab_size=vocab_size, model_dim=model_dim,
+      label_smoothing=label_smoothing, logits_abs_max=logits_abs_max))
+  return result
+
+
+def _Part(layer_params, variable_name):
+  """Which part of the model a variable of a layer belongs to."""
+  if '_ln/' in variable_name:
+    return 'layer_norm'
+  if layer_params.cls is layers.SoftmaxLayer:
+    return 'softmax'
+  if layer_params.cls is layers.EmbeddingLayer:
+    return 'embedding'
+  if 'atten/' in variable_name:
+    return 'attention'
+  if 'ffn/' in variable_name:
+    return 'feed_forward'
+  return 'other'
+
+
+def _Canonical(p):
+  """`p` under a fixed name, so identical layers share one count-cache entry."""
+  return p.Copy().Set(name='layer')
+
+
+def CountByPart(layer_params):
+  """Trainable parameters per part, summed over a flat layer list.
+
+  Args:
+    layer_params: a list of layer params (e.g. from `EncoderDecoderLayers`).
+
+  Returns:
+    An OrderedDict {part: count} with parts 'embedding', 'attention',
+    'feed_forward', 'layer_norm', 'softmax' (and 'other' if any) plus
+    'total'. Identical layers (up to their name) are built once.
+  """
+  parts = collections.OrderedDict(
+      (k, 0) for k in ('embedding', 'attention', 'feed_forward', 'layer_norm',
+                       'softmax'))
+  for p in layer_params:
+    shapes = param_count.VariableShapes(_Canonical(p))
+    for name, (shape, trainable) in shapes.items():
+      if not trainable:
+        continue
+      size = 1
+      for d in shape:
+        size *= d
+      part = _Part(p, name)
+      parts[part] = parts.get(part, 0) + size
+  parts['total'] = sum(parts.values())
+  return parts
+
+
+def CountParams(layer_params):
+  """Total trainable parameters of a flat layer list."""
+  return sum(param_count.CountParams(_Canonical(p)) for p in layer_params)
