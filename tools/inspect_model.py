@@ -26,7 +26,17 @@ from tools import model_select
 
 
 class _EmptyLayer(base_layer.BaseLayer):
-  """Stands in for a pipeline while the rest of the task is counted."""
+  """Stands in for a pipeline while the rest of the task is counted.
+
+  It keeps the pipeline's params (a task may read e.g. p.network.layers)
+  but creates no children and no variables.
+  """
+
+
+def _StandIn(pipeline_params):
+  stand_in = pipeline_params.Copy()
+  stand_in.cls = _EmptyLayer
+  return stand_in
 
 
 def _StageSizes(pp):
@@ -48,14 +58,14 @@ def _ReplacePipelines(params):
   for key, value in list(params.IterParams()):
     if (isinstance(value, hyperparams.Params) and
         model_select.FindPipelines(value) == [('', value)]):
-      params.Set(**{key: _EmptyLayer.Params().Set(name=value.name)})
+      params.Set(**{key: _StandIn(value)})
     elif isinstance(value, hyperparams.Params):
       _ReplacePipelines(value)
     elif isinstance(value, list):
       for i, item in enumerate(value):
         if isinstance(item, hyperparams.Params):
           if model_select.FindPipelines(item) == [('', item)]:
-            value[i] = _EmptyLayer.Params().Set(name=item.name)
+            value[i] = _StandIn(item)
           else:
             _ReplacePipelines(item)
 
