@@ -19,8 +19,9 @@ FLAGS = ['--model=' + TOY, '--checkpoint_every_n_steps=7',
 
 
 def _Losses(logdir):
+  path = os.path.join(logdir, progress.STEP_LOG)
   return [(r['step'], r['loss'], r['accuracy'])
-          for r in progress.ReadStepLog(os.path.join(logdir, progress.STEP_LOG))]
+          for r in progress.ReadStepLog(path)]
 
 
 class TrainerResumeTest(test_utils.TestCase):

@@ -1,4 +1,4 @@
-"""Helpers for the trainer tests: run tools.trainer in-process or as a binary."""
+"""Helpers for the trainer tests: run tools.trainer in-process or as binary."""
 
 import contextlib
 import io

@@ -41,13 +41,15 @@ def Compare(path, variables):
 
   Returns:
     (missing, unexpected, mismatched): names in the graph but not the
-    checkpoint (trainable ones first); names in the checkpoint but not the graph; and
-    'name: checkpoint shape vs graph shape' strings.
+    checkpoint (trainable ones first); names in the checkpoint but not the
+    graph; and 'name: checkpoint shape vs graph shape' strings.
   """
   in_ckpt = dict(tf.train.list_variables(path))
   in_graph = {v.op.name: v.shape.as_list() for v in variables}
   # Weights first, then optimizer slots and other bookkeeping.
-  trainable = {v.op.name for v in variables if getattr(v, 'trainable', False)}
+  trainable = {
+      v.op.name for v in variables if getattr(v, 'trainable', False)
+  }
   missing = sorted(set(in_graph) - set(in_ckpt),
                    key=lambda n: (n not in trainable, n))
   unexpected = sorted(set(in_ckpt) - set(in_graph))

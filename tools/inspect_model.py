@@ -17,6 +17,7 @@ The last line is ``total params: N``.
 import collections
 
 from gpipe import lingvo_import  # pylint: disable=unused-import
+from absl import logging
 from gpipe import param_count
 from gpipe import partition
 from lingvo import compat as tf
@@ -78,12 +79,18 @@ def _RestOfModel(cfg):
   _ReplacePipelines(rest)
 
   def Build():
-    with tf.Graph().as_default():
-      rest.Instantiate()
-      return {
-          v.op.name: int(v.shape.num_elements())
-          for v in tf.compat.v1.trainable_variables()
-      }
+    verbosity = logging.get_verbosity()
+    # Without its input (not needed to count) Lingvo warns; nothing is wrong.
+    logging.set_verbosity(logging.ERROR)
+    try:
+      with tf.Graph().as_default():
+        rest.Instantiate()
+        return {
+            v.op.name: int(v.shape.num_elements())
+            for v in tf.compat.v1.trainable_variables()
+        }
+    finally:
+      logging.set_verbosity(verbosity)
 
   return param_count.RunIsolated(Build)
 

@@ -47,10 +47,16 @@ def ImportErrors():
   return dict(_IMPORT_ERRORS)
 
 
+def _Registered():
+  """{registry key: model params class} (Lingvo's registry)."""
+  # pylint: disable=protected-access
+  return model_registry._ModelRegistryHelper.GetAllRegisteredClasses()
+
+
 def RegisteredNames():
   """Sorted registry keys ('family.ClassName') of all registered models."""
   ImportParamsModules()
-  return sorted(model_registry._ModelRegistryHelper.GetAllRegisteredClasses())  # pylint: disable=protected-access
+  return sorted(_Registered())
 
 
 def ModelParamsObject(name):
@@ -66,7 +72,7 @@ def ModelParamsObject(name):
     UnknownModelError: no such model; the message lists the closest names.
   """
   names = RegisteredNames()
-  classes = model_registry._ModelRegistryHelper.GetAllRegisteredClasses()  # pylint: disable=protected-access
+  classes = _Registered()
   if name not in classes:
     close = difflib.get_close_matches(name, names, n=5, cutoff=0.4)
     if not close:

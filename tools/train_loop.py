@@ -70,7 +70,7 @@ def LearningRate(metrics):
 
 
 class TrainLoop:
-  """Trains the model of `cfg_for_start_step` in `logdir`."""
+  """Trains a registered model in `logdir`, resuming where it stopped."""
 
   def __init__(self, make_cfg, placement, logdir, max_steps=None, seed=1234,
                checkpoint_every_n_steps=100, log_every_n_steps=10,

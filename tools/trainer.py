@@ -37,7 +37,8 @@ from absl import flags
 from absl import logging
 from gpipe import local_cluster
 from lingvo import compat as tf
-from lingvo import model_registry  # pylint: disable=unused-import  # defines --model_params_override
+# Defines --model_params_override, used below.
+from lingvo import model_registry  # pylint: disable=unused-import
 from tools import checkpoints
 from tools import decoder
 from tools import evaler
@@ -50,8 +51,9 @@ from tools import train_loop
 MODES = ('train', 'eval', 'decode', 'train_and_eval', 'inspect_model')
 DEFAULT_MODEL = 'image.AmoebaNetD_Digits'
 
-flags.DEFINE_string('model', DEFAULT_MODEL,
-                    'The registered model: family.ClassName (params/family.py).')
+flags.DEFINE_string(
+    'model', DEFAULT_MODEL,
+    'The registered model: family.ClassName (params/family.py).')
 flags.DEFINE_string('logdir', None,
                     'The run directory: checkpoints, event files, logs.')
 flags.DEFINE_enum('mode', 'train', MODES, 'What to do.')
