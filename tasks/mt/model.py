@@ -191,8 +191,10 @@ class TransformerMTTask(base_model.BaseTask):
       logits = self.DecoderLogits(theta, encoded, inputs)[:, t, :]
       log_probs = tf.reshape(tf.nn.log_softmax(logits),
                              [batch, k, vocab_size])
-      log_probs = tf.where(finished[:, :, tf.newaxis],
-                           pad_only[tf.newaxis, tf.newaxis, :], log_probs)
+      shape = [batch, k, vocab_size]
+      log_probs = tf.where(
+          tf.broadcast_to(finished[:, :, tf.newaxis], shape),
+          tf.broadcast_to(pad_only, shape), log_probs)
       candidates = tf.reshape(scores[:, :, tf.newaxis] + log_probs,
                               [batch, k * vocab_size])
       scores, index = tf.nn.top_k(candidates, k)

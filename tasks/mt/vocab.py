@@ -83,6 +83,10 @@ class Vocab:
     """The number of tokens."""
     return self._sp.get_piece_size()
 
+  def PieceToId(self, piece):
+    """The id of one vocabulary piece (UNK_ID if it is not a piece)."""
+    return self._sp.piece_to_id(piece)
+
   def Encode(self, text):
     """Token ids of `text` (no bos/eos)."""
     return self._sp.encode(text)

@@ -1,0 +1,110 @@
+"""Decoding a trained toy model (a copy task) and BLEU per language pair."""
+
+from gpipe import lingvo_import  # pylint: disable=unused-import
+import numpy as np
+from gpipe import pipeline
+from lingvo import compat as tf
+from lingvo.core import cluster_factory
+from lingvo.core import py_utils
+from lingvo.core import test_utils
+from tasks.mt import bleu
+from tasks.mt import model
+from tasks.mt import stack
+from tasks.mt import vocab
+
+_B, _LEN, _V = 32, 5, 16  # copy 5 tokens drawn from ids 4..15
+
+
+def _CopyBatch(rng, batch=_B):
+  """Source = random tokens; target = the same tokens, then </s>."""
+  tokens = rng.randint(4, _V, size=[batch, _LEN]).astype(np.int32)
+  eos = np.full([batch, 1], vocab.EOS_ID, np.int32)
+  bos = np.full([batch, 1], vocab.BOS_ID, np.int32)
+  return dict(
+      src_ids=tokens, src_paddings=np.zeros([batch, _LEN], np.float32),
+      tgt_ids=np.concatenate([bos, tokens], 1),
+      tgt_labels=np.concatenate([tokens, eos], 1),
+      tgt_paddings=np.zeros([batch, _LEN + 1], np.float32),
+      tgt_weights=np.ones([batch, _LEN + 1], np.float32))
+
+
+class DecodeTest(test_utils.TestCase):
+
+  def testGreedyAndBeamSearchDecodeATrainedCopyModel(self):
+    layer_list = stack.EncoderDecoderLayers(
+        vocab_size=_V, model_dim=32, hidden_dim=64, num_heads=2,
+        num_layers=1, dropout_prob=0.0, label_smoothing=0.0)
+    p = model.TransformerMTTask.Params().Set(
+        name='copy', max_decode_len=_LEN + 1, beam_size=3, pipelined=False)
+    p.network = pipeline.PipeliningLayer.Params().Set(
+        name='network', layers=layer_list, num_stages=1, num_micro_batches=2,
+        stage_devices=['/device:CPU:0'], partition_cost='uniform')
+    rng = np.random.RandomState(0)
+    with self.session(graph=tf.Graph()) as sess:
+      tf.random.set_seed(6)
+      py_utils.GetOrCreateGlobalStepVar()
+      task = p.Instantiate()
+      feeds = {
+          k: tf.placeholder(tf.as_dtype(v.dtype), v.shape)
+          for k, v in _CopyBatch(rng).items()
+      }
+      batch = py_utils.NestedMap(feeds)
+      metrics, _ = task.ComputeLoss(task.theta,
+                                    task.ComputePredictions(task.theta, batch),
+                                    batch)
+      loss = metrics['loss'][0]
+      train = tf.train.AdamOptimizer(3e-3).minimize(loss)
+      with cluster_factory.SetEval(True):
+        greedy_ids, greedy_scores = task.GreedyDecode(
+            task.theta, batch.src_ids, batch.src_paddings)
+        beam_ids, beam_scores, all_ids, _ = task.BeamSearchDecode(
+            task.theta, batch.src_ids, batch.src_paddings)
+        beam1_ids, beam1_scores, _, _ = task.BeamSearchDecode(
+            task.theta, batch.src_ids, batch.src_paddings, beam_size=1)
+      sess.run(tf.global_variables_initializer())
+      for _ in range(400):
+        _, final_loss = sess.run(
+            [train, loss],
+            {feeds[k]: v for k, v in _CopyBatch(rng).items()})
+      test = _CopyBatch(np.random.RandomState(123))
+      fetched = sess.run(
+          [greedy_ids, greedy_scores, beam_ids, beam_scores, all_ids,
+           beam1_ids, beam1_scores],
+          {feeds[k]: v for k, v in test.items()})
+    greedy, greedy_score, beam, beam_score, all_beams, beam1, beam1_score = (
+        fetched)
+    self.assertLess(final_loss, 0.1)
+    self.assertEqual(greedy.shape, (_B, _LEN + 1))
+    self.assertEqual(all_beams.shape, (_B, 3, _LEN + 1))
+    expected = test['tgt_labels']
+    greedy_exact = np.mean(np.all(greedy == expected, axis=1))
+    beam_exact = np.mean(np.all(beam == expected, axis=1))
+    self.assertGreaterEqual(greedy_exact, 0.9)
+    self.assertGreaterEqual(beam_exact, 0.9)
+    # A one-beam search is greedy decoding.
+    self.assertAllEqual(beam1, greedy)
+    self.assertAllClose(beam1_score, greedy_score, rtol=1e-5)
+    # Beam scores are log-probabilities, sorted best first across beams.
+    self.assertTrue(np.all(beam_score <= 0))
+
+  def testBleuPerPairAndOverall(self):
+    hyps = ['one two three four', 'a b c d e', 'сто сорок два', 'x']
+    refs = ['one two three four', 'a b c d f', 'сто сорок два', 'y']
+    pairs = ['fr-en', 'fr-en', 'en-ru', 'en-ru']
+    scores = bleu.BleuByPair(hyps, refs, pairs)
+    self.assertEqual(list(scores), ['overall', 'en-ru', 'fr-en'])
+    self.assertAllClose(scores['fr-en'],
+                        bleu.CorpusBleu(hyps[:2], refs[:2]))
+    self.assertGreater(scores['fr-en'], 70.0)
+    self.assertLess(scores['fr-en'], 100.0)
+    # Three-word sentences have no 4-grams: effective order keeps BLEU > 0.
+    self.assertGreater(scores['en-ru'], 50.0)
+    self.assertAlmostEqual(bleu.CorpusBleu(refs, refs), 100.0, places=3)
+    metric = bleu.SacreBleuMetric()
+    for h, r in zip(hyps, refs):
+      metric.Update(r, h)
+    self.assertAllClose(metric.value, scores['overall'])
+
+
+if __name__ == '__main__':
+  tf.test.main()
