@@ -68,7 +68,8 @@ class TrainerTrainTest(test_utils.TestCase):
       for _, v in tags['pipeline/stage_%d/compute_sec' % k]:
         self.assertGreater(v, 0)
       for _, v in tags['pipeline/stage_%d/bubble_fraction' % k]:
-        self.assertBetween(v, 0.0, 0.99)
+        # Measured on a shared machine: any fraction of the span.
+        self.assertTrue(0.0 <= v < 1.0, v)
     memory = [t for t in tags if t.startswith('memory/peak_bytes/')]
     self.assertLen(memory, 2)  # One per stage device.
     for tag in memory:

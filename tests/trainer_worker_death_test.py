@@ -49,7 +49,8 @@ class TrainerWorkerDeathTest(test_utils.TestCase):
     self.assertLess(elapsed, 20, log)
     self.assertRegex(
         log, r'trainer: error: pipeline worker 1 \(pid %s, localhost:\d+\) '
-        r'exited with code -9 during step \d+' % pids.group(2))
+        r'exited with code -9 (during step|before step|while saving the '
+        r'checkpoint of step) \d+' % pids.group(2))
     newest = checkpoints.Newest(logdir)
     self.assertIn('The last checkpoint (%s) is intact' % newest, log)
     # The other worker was stopped too.

@@ -100,6 +100,7 @@ class TrainLoop:
     self._log_every = max(1, log_every_n_steps)
     self._trace_every = trace_every_n_steps
     self._after_checkpoint = after_checkpoint
+    self._last_saved = None
     self._done_after = None
     self._echo = echo
 
@@ -158,13 +159,14 @@ class TrainLoop:
         self._echo('resumed from %s at step %d' % (resume, step))
       step, path = self._Loop(sess, saver, fetches, built.global_step, step,
                               max_steps, batch_size, resume)
-    except WorkerLostError:
-      # Closing a distributed session waits for the dead worker, forever:
-      # leave it open (the caller exits the process).
-      _ABANDONED_SESSIONS.append(sess)
-      raise
     except BaseException:
-      sess.close()
+      if self._placement.distributed:
+        # Closing a distributed session waits for every worker, forever if
+        # one died: leave it open (on a lost worker the caller exits the
+        # process without closing it).
+        _ABANDONED_SESSIONS.append(sess)
+      else:
+        sess.close()
       raise
     sess.close()
     if path and self._done_after != path:
@@ -184,11 +186,12 @@ class TrainLoop:
     meter = progress.Progress(step, max_steps)
     start_step = step
     saved_step = step if last_ckpt else None
+    self._last_saved = last_ckpt
     state_ok = True
     previous = _InstallSigterm()
     try:
       while step < max_steps:
-        self._CheckWorkers(step, last_ckpt)
+        self._CheckWorkers('before step %d' % (step + 1), last_ckpt)
         trace = self._trace_every and (step + 1 == start_step + 2 or
                                        (step + 1) % self._trace_every == 0)
         metadata = tf.compat.v1.RunMetadata() if trace else None
@@ -242,7 +245,10 @@ class TrainLoop:
     return step, last_ckpt
 
   def _Save(self, sess, saver, step):
-    path = saver.Save(sess, step, options=self._placement.RunOptions())
+    path = self._Guarded(
+        lambda: saver.Save(sess, step, options=self._placement.RunOptions()),
+        'while saving the checkpoint of step %d' % step, self._last_saved)
+    self._last_saved = path
     self._echo('saved %s' % path)
     return path
 
@@ -259,34 +265,35 @@ class TrainLoop:
                  '%s' % (str(e).splitlines()[0], last_ckpt))
     return last_ckpt
 
-  def _CheckWorkers(self, step, last_ckpt, wait_secs=0.0):
-    """Raises WorkerLostError if a local worker died (waits up to wait_secs)."""
+  def _CheckWorkers(self, doing, last_ckpt, wait_secs=0.0):
+    """Raises WorkerLostError if a local worker died (waits up to wait_secs).
+
+    Args:
+      doing: what the trainer was doing, e.g. 'during step 7'.
+      last_ckpt: the newest checkpoint path (for the message).
+      wait_secs: keep checking this long (a worker's exit can be seen a
+        moment after the RPC to it failed).
+    """
     deadline = time.time() + wait_secs
     while True:
       try:
         self._placement.CheckAlive()
       except local_cluster.WorkerDiedError as e:
         raise WorkerLostError(
-            '%s during step %d: training stopped. The last checkpoint (%s) is '
-            'intact: run the same command again to resume from it.' %
-            (e, step + 1, last_ckpt or 'none yet')) from e
+            '%s %s: training stopped. The last checkpoint (%s) is intact: run '
+            'the same command again to resume from it.' %
+            (e, doing, last_ckpt or 'none yet')) from e
       if time.time() >= deadline:
         return
       time.sleep(0.1)
 
   def _RunStep(self, sess, fetches, trace, metadata, step, last_ckpt):
-    """One session run; turns a lost worker or a timeout into a clear error."""
+    """Runs training step `step` + 1; NaN/Inf checks become clear errors."""
     try:
-      with _DeathWatch(self._placement, step, last_ckpt):
-        return sess.run(fetches, options=self._placement.RunOptions(trace),
-                        run_metadata=metadata)
-    except tf.errors.DeadlineExceededError as e:
-      self._CheckWorkers(step, last_ckpt, wait_secs=3)
-      raise WorkerLostError(
-          'step %d did not finish within the step timeout (%d s): a worker is '
-          'stuck or unreachable (%s). The last checkpoint (%s) is intact.' %
-          (step + 1, self._placement.step_timeout_ms // 1000, _Reason(e),
-           last_ckpt or 'none yet')) from e
+      return self._Guarded(
+          lambda: sess.run(fetches, options=self._placement.RunOptions(trace),
+                           run_metadata=metadata),
+          'during step %d' % (step + 1), last_ckpt)
     except tf.errors.InvalidArgumentError as e:
       if 'CheckNumerics' in e.message or 'not finite' in e.message:
         # Lingvo checks gradients for NaN/Inf (py_utils.CheckNumerics).
@@ -297,20 +304,39 @@ class TrainLoop:
             '"task.train.learning_rate=...") or gradient clipping.' %
             (step + 1, _Reason(e), last_ckpt or '(none yet)')) from e
       raise
+
+  def _Guarded(self, run, doing, last_ckpt):
+    """Calls run() (session work); a lost worker or timeout: WorkerLostError.
+
+    Args:
+      run: a function running the session.
+      doing: what it does, for messages ('during step 7').
+      last_ckpt: the newest checkpoint path, for messages.
+
+    Returns:
+      What run() returns.
+    """
+    try:
+      with _DeathWatch(self._placement, doing, last_ckpt):
+        return run()
+    except tf.errors.DeadlineExceededError as e:
+      self._CheckWorkers(doing, last_ckpt, wait_secs=3)
+      raise WorkerLostError(
+          'the session did not finish %s within the step timeout (%d s): a '
+          'worker is stuck or unreachable (%s). The last checkpoint (%s) is '
+          'intact.' % (doing, self._placement.step_timeout_ms // 1000,
+                       _Reason(e), last_ckpt or 'none yet')) from e
     except tf.errors.OpError as e:
       if not self._placement.distributed:
         raise
-      # A dead local worker: say which one (its exit may take a moment to
-      # be seen after the RPC failed).
-      self._CheckWorkers(step, last_ckpt, wait_secs=3)
+      self._CheckWorkers(doing, last_ckpt, wait_secs=3)
       if isinstance(e, (tf.errors.UnavailableError, tf.errors.AbortedError,
                         tf.errors.CancelledError, tf.errors.InternalError)):
         raise WorkerLostError(
-            'step %d failed: a pipeline worker is unreachable (%s: %s). The '
-            'last checkpoint (%s) is intact: restart the workers and run the '
-            'same command to resume.' % (step + 1, type(e).__name__,
-                                         _Reason(e), last_ckpt or
-                                         'none yet')) from e
+            'a pipeline worker became unreachable %s (%s: %s). The last '
+            'checkpoint (%s) is intact: restart the workers and run the same '
+            'command to resume.' % (doing, type(e).__name__, _Reason(e),
+                                    last_ckpt or 'none yet')) from e
       raise
 
   def _WriteTrace(self, writer, step, metadata):
@@ -332,10 +358,10 @@ class _DeathWatch:
   checkpoint, summary and step-log line is already on disk.
   """
 
-  def __init__(self, placement, step, last_ckpt, poll_secs=0.5,
+  def __init__(self, placement, doing, last_ckpt, poll_secs=0.5,
                grace_secs=5.0):
     self._placement = placement
-    self._step = step
+    self._doing = doing
     self._last_ckpt = last_ckpt
     self._poll_secs = poll_secs
     self._grace_secs = grace_secs
@@ -359,10 +385,10 @@ class _DeathWatch:
         if self._done.wait(self._grace_secs):
           return  # The step returned; the loop reports the dead worker.
         sys.stderr.write(
-            'trainer: error: %s during step %d, and the step did not return: '
+            'trainer: error: %s %s, and the session run did not return: '
             'training stopped. The last checkpoint (%s) is intact: run the '
             'same command again to resume from it.\n' %
-            (e, self._step + 1, self._last_ckpt or 'none yet'))
+            (e, self._doing, self._last_ckpt or 'none yet'))
         sys.stderr.flush()
         sys.stdout.flush()
         self._placement.Stop()
