@@ -117,6 +117,10 @@ class TrainLoop:
     if start_step and 'skip_batches' in cfg.input:
       # One batch per step: resume exactly where the data left off.
       cfg.input.skip_batches = start_step
+    elif start_step:
+      self._echo('warning: the input %s has no skip_batches param: the '
+                 'resumed run reads its data from the start' %
+                 cfg.input.cls.__name__)
     return cfg, resume
 
   def Run(self):
