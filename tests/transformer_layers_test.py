@@ -81,36 +81,35 @@ class TransformerLayersTest(test_utils.TestCase):
     self.assertGreaterEqual(meta.flops, 2 * 8 * 10 * (4 * _D * _D +
                                                       2 * _D * 32))
 
-  def _Logits(self, sess, built, placeholders, batch):
-    x = py_utils.NestedMap(placeholders)
-    for layer in built[:-1]:
-      x = layer.FProp(layer.theta, x)
-    logits = built[-1].Logits(built[-1].theta, x)
-    return sess.run(logits, {placeholders[k]: v for k, v in batch.items()})
-
   def testNoPeekingAtFutureTargetsOrPaddedSource(self):
     with self.session(graph=tf.Graph()) as sess:
       tf.random.set_seed(2)
       built, placeholders, _ = self._Build(_Layers())
+      x = py_utils.NestedMap(placeholders)
+      for layer in built[:-1]:
+        x = layer.FProp(layer.theta, x)
+      logits_op = built[-1].Logits(built[-1].theta, x)
       sess.run(tf.global_variables_initializer())
+
+      def _Logits(batch):
+        return sess.run(logits_op,
+                        {placeholders[k]: v for k, v in batch.items()})
+
       batch = _Batch()
-      base = self._Logits(sess, built, placeholders, batch)
+      base = _Logits(batch)
       for t in range(_T):
         changed = {k: v.copy() for k, v in batch.items()}
         changed['tgt_ids'][:, t] = (changed['tgt_ids'][:, t] + 3) % _V
-        logits = self._Logits(sess, built, placeholders, changed)
+        logits = _Logits(changed)
         # Positions before t do not see token t; position t does.
         np.testing.assert_allclose(logits[:, :t], base[:, :t], atol=1e-5)
         self.assertGreater(np.abs(logits[:, t] - base[:, t]).max(), 1e-4)
       # A padded source token is invisible; a real one is not.
       changed = {k: v.copy() for k, v in batch.items()}
       changed['src_ids'][0, 4] = (changed['src_ids'][0, 4] + 1) % _V
-      np.testing.assert_allclose(
-          self._Logits(sess, built, placeholders, changed), base, atol=1e-5)
+      np.testing.assert_allclose(_Logits(changed), base, atol=1e-5)
       changed['src_ids'][0, 1] = (changed['src_ids'][0, 1] + 1) % _V
-      self.assertGreater(
-          np.abs(self._Logits(sess, built, placeholders, changed)[0] -
-                 base[0]).max(), 1e-4)
+      self.assertGreater(np.abs(_Logits(changed)[0] - base[0]).max(), 1e-4)
 
   def testDropoutOnlyInTraining(self):
     batch = _Batch()
