@@ -40,6 +40,8 @@ def Environment():
   env['PYTHONPATH'] = os.pathsep.join(
       [ROOT] + [p for p in env.get('PYTHONPATH', '').split(os.pathsep) if p])
   env.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
+  # The tests read the log while the trainer runs.
+  env['PYTHONUNBUFFERED'] = '1'
   return env
 
 

@@ -24,6 +24,7 @@ stage each; ``--cluster_spec=worker=host:port,...`` uses running servers
 """
 
 import faulthandler
+import functools
 import os
 import signal
 import sys
@@ -127,8 +128,9 @@ def PrepareLogdir(logdir):
 class Run:
   """One invocation: the model's params, placement and the chosen mode."""
 
-  def __init__(self, echo=print):
-    self._echo = echo
+  def __init__(self, echo=None):
+    # Flushed: progress must show up at once when stdout is a file or pipe.
+    self._echo = echo or functools.partial(print, flush=True)
     self._placement = None
 
   def Params(self, dataset):
