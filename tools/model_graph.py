@@ -10,6 +10,7 @@ dropout are the same in every run with the same seed.
 """
 
 from gpipe import lingvo_import  # pylint: disable=unused-import
+from gpipe import pipeline
 from lingvo import compat as tf
 from lingvo.core import py_utils
 
@@ -47,3 +48,27 @@ def Build(cfg, placement, mode, seed):
   return py_utils.NestedMap(graph=graph, model=model, task=task,
                             global_step=task.global_step,
                             decode_out=decode_out)
+
+
+def Pipelines(layer):
+  """The PipeliningLayers in `layer`'s tree, depth first."""
+  if isinstance(layer, pipeline.PipeliningLayer):
+    return [layer]
+  found = []
+  for child in tf.nest.flatten(dict(layer.children)):
+    found += Pipelines(child)
+  return found
+
+
+def Describe(layer):
+  """Lines describing each pipeline: stages, micro-batches, devices, cut."""
+  lines = []
+  for pipe in Pipelines(layer):
+    p = pipe.params
+    micro = ('%d micro-batches' % p.num_micro_batches if p.num_micro_batches
+             else 'micro-batches of %d' % p.micro_batch_size)
+    lines.append('pipeline %s: %d stages, %s, remat=%s, devices %s' %
+                 (pipe.path, pipe.num_stages, micro, p.remat,
+                  ', '.join(pipe.stage_devices)))
+    lines.append(pipe.PartitionReport())
+  return lines

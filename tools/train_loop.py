@@ -129,6 +129,8 @@ class TrainLoop:
     max_steps = self._max_steps or cfg.task.train.max_steps
     built = model_graph.Build(cfg, self._placement, 'train', self._seed)
     task = built.task
+    for line in model_graph.Describe(built.model):
+      self._echo(line)
     with built.graph.as_default():
       saver = checkpoints.Checkpointer(self._logdir)
       if resume:
