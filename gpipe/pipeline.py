@@ -30,7 +30,9 @@ class PipeliningLayer(base_layer.BaseLayer):
   The '.' cells are the bubble: a fraction (K-1)/(M+K-1) of each stage's
   time, negligible once M >= 4K. Gradients of the M micro-batches add up
   into one gradient per variable, so one optimizer step per mini-batch gives
-  exactly the update of unpipelined training.
+  exactly the update of unpipelined training. They are added one backward
+  task at a time (``stage.AccumulationViews``), so a stage holds one running
+  gradient sum, not M gradients of its weights.
 
   What is stored and what is recomputed (``remat``):
 
@@ -266,9 +268,16 @@ class PipeliningLayer(base_layer.BaseLayer):
     for fns in self._StageFns(current[0]):
       theta_k = stage_lib.ReadTheta(stage_lib.NestedTheta(theta, fns.keys),
                                     fns.device)
+      backward_order = [
+          t.micro_batch
+          for t in orders[fns.index]
+          if t.phase == schedule.BACKWARD
+      ]
+      thetas = stage_lib.AccumulationViews(theta_k, backward_order,
+                                           fns.device)
       outs, stats = [], []
       for m in range(num_mb):
-        out, st = fns.Call(theta_k, current[m], seeds[m], m,
+        out, st = fns.Call(thetas[m], current[m], seeds[m], m,
                            registry.Callback(fns.index))
         outs.append(out)
         stats.append(st)

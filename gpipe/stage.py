@@ -200,6 +200,37 @@ class StageFunctions:
     return outs, list(results[num_outs:])
 
 
+def AccumulationViews(theta, backward_order, device):
+  """Per-micro-batch views of a stage's theta that sum gradients in order.
+
+  If all M calls of a stage consumed the same theta tensors, tf.gradients
+  would add their M weight gradients with one add_n, which waits for the
+  last one: M gradient copies of the stage's weights alive at once. Instead
+  micro-batch m reads its own view, and the views form an identity chain
+  that ends at the micro-batch whose backward task runs first. The gradient
+  of each view is then its call's gradient plus the running sum of those
+  later in the chain, added as soon as the backward task is done: one
+  running sum per stage. IdentityN forwards buffers: the forward pass copies
+  nothing.
+
+  Args:
+    theta: the stage's NestedMap of theta tensors (read on `device`).
+    backward_order: the micro-batches in the order their backward tasks run.
+    device: the stage's device.
+
+  Returns:
+    A list: the theta view of each micro-batch index.
+  """
+  flat = theta.Flatten()
+  views = [None] * len(backward_order)
+  with tf.device(device):
+    for m in reversed(backward_order):
+      views[m] = theta.Pack(flat)
+      if flat:
+        flat = tf.identity_n(flat)
+  return views
+
+
 def ReadTheta(theta, device):
   """Reads a stage's theta (variables or tensors) once, on its device."""
   with tf.device(device):
