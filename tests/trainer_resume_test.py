@@ -13,7 +13,8 @@ from tools import checkpoints
 from tools import progress
 
 TOY = trainer_testlib.TOY
-FLAGS = ['--model=' + TOY, '--checkpoint_every_n_steps=7',
+EVERY = 20
+FLAGS = ['--model=' + TOY, '--checkpoint_every_n_steps=%d' % EVERY,
          '--log_every_n_steps=1000', '--trace_every_n_steps=0',
          '--eval_after_train=false']
 
@@ -34,22 +35,27 @@ class TrainerResumeTest(test_utils.TestCase):
     step_log = os.path.join(logdir, progress.STEP_LOG)
     deadline = time.time() + 240
     try:
-      # Kill it mid-run: after a checkpoint, with steps done since.
+      # Kill it mid-run: after a checkpoint, with steps done since, and far
+      # enough from the next checkpoint that it cannot be written between
+      # this check and the signal.
       while True:
-        self.assertIsNone(proc.poll(), open(log_path).read())
+        if proc.poll() is not None:
+          with open(log_path) as f:
+            self.fail('the trainer exited early:\n' + f.read())
         self.assertLess(time.time(), deadline, 'the trainer made no progress')
         newest = checkpoints.Newest(logdir)
         records = progress.ReadStepLog(step_log)
-        if (newest and records and
-            records[-1]['step'] > checkpoints.GlobalStepOf(newest) + 2):
-          break
+        if newest and records:
+          since = records[-1]['step'] - checkpoints.GlobalStepOf(newest)
+          if 2 < since <= EVERY // 2:
+            break
         time.sleep(0.05)
     finally:
       proc.send_signal(signal.SIGKILL)
       proc.wait()
     killed = _Losses(logdir)
     resume_step = checkpoints.GlobalStepOf(checkpoints.Newest(logdir))
-    self.assertEqual(0, resume_step % 7)
+    self.assertEqual(0, resume_step % EVERY)
     self.assertGreater(killed[-1][0], resume_step)  # Steps were lost.
     final_step = killed[-1][0] + 5
 
@@ -67,7 +73,7 @@ class TrainerResumeTest(test_utils.TestCase):
     reference_dir = self.create_tempdir().full_path
     code, _, err = trainer_testlib.RunInProcess(
         model=TOY, logdir=reference_dir, max_steps=final_step,
-        checkpoint_every_n_steps=7, log_every_n_steps=1000,
+        checkpoint_every_n_steps=EVERY, log_every_n_steps=1000,
         trace_every_n_steps=0, eval_after_train=False)
     self.assertEqual(0, code, err)
     reference = _Losses(reference_dir)

@@ -47,10 +47,10 @@ def Environment():
 
 def Popen(args, log_path):
   """Starts the trainer with `args`, stdout and stderr into log_path."""
-  log = open(log_path, 'w')
-  return subprocess.Popen(
-      TrainerCommand(*args), cwd=ROOT, env=Environment(), stdout=log,
-      stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+  with open(log_path, 'w') as log:  # The child keeps its own descriptor.
+    return subprocess.Popen(
+        TrainerCommand(*args), cwd=ROOT, env=Environment(), stdout=log,
+        stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
 
 
 def Run(args, timeout=300):
