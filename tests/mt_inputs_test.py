@@ -74,6 +74,8 @@ class VocabAndInputsTest(test_utils.TestCase):
     self.assertIn(tag, ids)  # the tag is one token
     self.assertEqual(v.Decode(ids[ids.index(tag) + 1:]), 'deux')
     self.assertEqual(v.Decode(ids + [vocab.EOS_ID] + ids), '<2ru> deux')
+    # Ids past the vocabulary (a softmax rounded up) are skipped, not a crash.
+    self.assertEqual(v.Decode(ids + [v.size, v.size + 7]), '<2ru> deux')
 
   def testMissingVocabSaysHowToBuildIt(self):
     with self.assertRaisesRegex(FileNotFoundError, 'tools.build_vocab'):

@@ -92,12 +92,17 @@ class Vocab:
     return self._sp.encode(text)
 
   def Decode(self, ids):
-    """Text of `ids`, stopping at the first eos and skipping pad/bos."""
+    """Text of `ids`, stopping at the first eos and skipping pad/bos.
+
+    Ids at or above `size` are skipped too: a model whose softmax is wider than
+    the vocabulary (vocab_size rounded up) can emit them while untrained.
+    """
     kept = []
+    size = self.size
     for i in ids:
       i = int(i)
       if i == EOS_ID:
         break
-      if i not in (PAD_ID, BOS_ID):
+      if i not in (PAD_ID, BOS_ID) and 0 <= i < size:
         kept.append(i)
     return self._sp.decode(kept)
