@@ -51,6 +51,19 @@ class PipeliningLayer(base_layer.BaseLayer):
   (``gpipe.batch_norm.MicroBatchBatchNormLayer``) normalizes with
   micro-batch statistics and updates its moving averages once per mini-batch.
 
+  Several stages may share a device (a loop): with ``stage_devices`` =
+  [d0, d1, d0, d1] each device holds v=2 stages of half the size and runs
+  its tasks breadth-first (``schedule.DeviceOrders``), here for M=4
+  (cells: phase, micro-batch, stage; each cell half a stage of the K=2
+  drawing above)::
+
+      d0 | F0s0 F1s0 F2s0 F3s0 F0s2 F1s2 F2s2 F3s2 .    .    B3s2 ... B0s0
+      d1 | .    F0s1 F1s1 F2s1 F3s1 F0s3 F1s3 F2s3 F3s3 B3s3 ...  B0s1 .
+
+  The bubble shrinks to (D-1)/(vM+D-1) for D devices, at the price of
+  2(v-1)D more hand-overs per micro-batch; stored activations grow with the
+  number of stage boundaries.
+
   Each stage is traced once into graph functions, and each micro-batch is one
   call: the graph holds K x M calls, not L x M copies of the layers.
   """
@@ -93,8 +106,10 @@ class PipeliningLayer(base_layer.BaseLayer):
         'stage_devices', None,
         'K device strings, one per stage: local CPUs/GPUs/TPU cores or '
         "'/job:worker/replica:0/task:i/device:CPU:0' of TensorFlow's "
-        'distributed runtime. Default: the devices of the current Lingvo '
-        "cluster's model split.")
+        'distributed runtime. A device may hold several stages, e.g. '
+        '[d0, d1, d0, d1]: it runs them breadth-first, which shrinks the '
+        'bubble (see the class docstring). Default: the devices of the '
+        "current Lingvo cluster's model split.")
     p.Define('remat', 'always',
              "Re-materialization: 'always', 'except_last' or 'never' (see the "
              'class docstring).')
@@ -257,10 +272,10 @@ class PipeliningLayer(base_layer.BaseLayer):
     """
     p = self.params
     num_mb = self._NumMicroBatches(inputs)
-    orders = schedule.StageOrders(
-        schedule.ClockCycles(p.schedule, self.num_stages, num_mb),
-        self.num_stages)
-    registry = _TaskRegistry(orders)
+    ticks = schedule.ClockCycles(p.schedule, self.num_stages, num_mb)
+    orders = schedule.StageOrders(ticks, self.num_stages)
+    registry = _TaskRegistry(
+        schedule.DeviceOrders(ticks, [_Canonical(d) for d in self._devices])[1])
     seeds = self._Seeds(num_mb)
     with tf.device(self._devices[0]):
       current = micro_batch.Split(tuple(inputs), num_mb, p.batch_dim)
@@ -367,22 +382,32 @@ class PipeliningLayer(base_layer.BaseLayer):
       return tf.nest.map_structure(tf.identity, outputs)
 
 
-class _TaskRegistry:
-  """Orders the ops of each stage's tasks as the schedule says.
+def _Canonical(device):
+  """One spelling per device, so repeated stage devices compare equal."""
+  return tf.DeviceSpec.from_string(device or '').to_string()
 
-  Each stage's tasks (forward or backward of one micro-batch) are chained by
-  control dependencies in the schedule's order, so a device never starts a
-  later task first. Forward ops exist before backward ones are created (by
+
+class _TaskRegistry:
+  """Orders the ops of each device's tasks as the schedule says.
+
+  The tasks on each device (forward or backward of one micro-batch of one of
+  its stages) are chained by control dependencies in the order of
+  ``schedule.DeviceOrders``, so a device never starts a later task first. Forward ops exist before backward ones are created (by
   tf.gradients, in an order of its choosing), so each new task's ops are
   linked to whichever neighbours in its stage's order already exist.
   """
 
   def __init__(self, orders):
+    """Constructor.
+
+    Args:
+      orders: per device, its Tasks in run order.
+    """
     self._position = {}
     self._orders = orders
-    for k, order in enumerate(orders):
+    for lane, order in enumerate(orders):
       for i, task in enumerate(order):
-        self._position[(k, task.phase, task.micro_batch)] = i
+        self._position[(task.stage, task.phase, task.micro_batch)] = (lane, i)
     self._ops = {}
 
   def Callback(self, stage):
@@ -395,16 +420,18 @@ class _TaskRegistry:
         return
       ops = [op for op in ops if op is not None]
       self._ops[key] = ops
-      order = self._orders[stage]
-      i = self._position[key]
+      lane, i = self._position[key]
+      order = self._orders[lane]
       if i > 0:
         prev = order[i - 1]
-        for prev_op in self._ops.get((stage, prev.phase, prev.micro_batch), []):
+        for prev_op in self._ops.get(
+            (prev.stage, prev.phase, prev.micro_batch), []):
           for op in ops:
             op._add_control_input(prev_op)  # pylint: disable=protected-access
       if i + 1 < len(order):
         nxt = order[i + 1]
-        for next_op in self._ops.get((stage, nxt.phase, nxt.micro_batch), []):
+        for next_op in self._ops.get(
+            (nxt.stage, nxt.phase, nxt.micro_batch), []):
           for op in ops:
             next_op._add_control_input(op)  # pylint: disable=protected-access
 

@@ -86,6 +86,108 @@ def StageOrders(ticks, num_stages):
   return orders
 
 
+def DeviceOrders(ticks, stage_devices):
+  """The order of tasks on each device, when devices hold several stages.
+
+  With ``stage_devices`` such as [d0, d1, d0, d1] (v stages per device in a
+  loop, as in breadth-first or interleaved pipelines) a device runs its
+  stages' tasks breadth-first: the forward tasks of its first stage for every
+  micro-batch, then those of its next stage, ...; then the backward tasks,
+  last stage first. Each stage keeps its own order from the schedule. The
+  bubble then shrinks with v: the first forward task of a device's second
+  stage is ready as soon as the stages before it have run micro-batch 0.
+  With one stage per device this is ``StageOrders``.
+
+  Args:
+    ticks: the schedule (e.g. ``GPipeClockCycles``).
+    stage_devices: the device (any hashable name) of each stage.
+
+  Returns:
+    (devices, orders): the distinct devices in order of first use, and for
+    each a list of its Tasks in run order.
+  """
+  num_stages = len(stage_devices)
+  stage_orders = StageOrders(ticks, num_stages)
+  devices = list(collections.OrderedDict.fromkeys(stage_devices))
+  orders = []
+  for d in devices:
+    stages = [s for s in range(num_stages) if stage_devices[s] == d]
+    forward = [t for s in stages for t in stage_orders[s]
+               if t.phase == FORWARD]
+    backward = [t for s in reversed(stages) for t in stage_orders[s]
+                if t.phase == BACKWARD]
+    orders.append(forward + backward)
+  return devices, orders
+
+
+def _Ready(task, done, num_stages, num_micro_batches):
+  """Whether `task`'s inputs exist, given the set of finished tasks."""
+  s, m = task.stage, task.micro_batch
+  if task.phase == FORWARD:
+    return s == 0 or Task(s - 1, m, FORWARD) in done
+  if s == num_stages - 1:
+    # The loss needs the whole mini-batch: every last-stage forward.
+    return all(Task(s, j, FORWARD) in done for j in range(num_micro_batches))
+  return Task(s + 1, m, BACKWARD) in done
+
+
+def Simulate(orders, num_stages, num_micro_batches):
+  """Runs device task orders with one tick per task, as early as possible.
+
+  Args:
+    orders: per device, its Tasks in run order (``DeviceOrders``).
+    num_stages: K (stages, not devices).
+    num_micro_batches: M.
+
+  Returns:
+    Per device, a list over ticks of the Task it runs (None when idle).
+
+  Raises:
+    ValueError: if the orders deadlock (a device waits on a task that a
+      device can only run after it).
+  """
+  pos = [0] * len(orders)
+  done = set()
+  lanes = [[] for _ in orders]
+  while any(p < len(o) for p, o in zip(pos, orders)):
+    ran = []
+    for d, order in enumerate(orders):
+      task = order[pos[d]] if pos[d] < len(order) else None
+      if task is not None and _Ready(task, done, num_stages,
+                                     num_micro_batches):
+        ran.append(task)
+        pos[d] += 1
+      else:
+        task = None
+      lanes[d].append(task)
+    if not ran:
+      raise ValueError('the task orders deadlock at tick %d' % len(lanes[0]))
+    done.update(ran)
+  return lanes
+
+
+def SimulatedBubble(orders, num_stages, num_micro_batches):
+  """The idle fraction of the devices in ``Simulate`` (unit task costs)."""
+  lanes = Simulate(orders, num_stages, num_micro_batches)
+  idle = sum(t is None for lane in lanes for t in lane)
+  return idle / float(sum(len(lane) for lane in lanes))
+
+
+def RenderDevices(lanes, devices=None):
+  """An ASCII timeline (devices x ticks) of ``Simulate``'s result.
+
+  Each cell is phase, micro-batch and stage, e.g. ``F3s2``.
+  """
+  names = devices or ['device %d' % d for d in range(len(lanes))]
+  cells = [['%s%ds%d' % (t.phase, t.micro_batch, t.stage) if t else '.'
+            for t in lane] for lane in lanes]
+  width = max(len(c) for row in cells for c in row)
+  label = max(len(str(n)) for n in names)
+  return '\n'.join('%s | %s' % (str(n).ljust(label),
+                                 ' '.join(c.ljust(width) for c in row).rstrip())
+                    for n, row in zip(names, cells))
+
+
 def BubbleFraction(num_stages, num_micro_batches):
   """The idle fraction of fill-drain with equal task costs: (K-1)/(M+K-1)."""
   _CheckSizes(num_stages, num_micro_batches)

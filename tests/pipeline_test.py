@@ -212,6 +212,39 @@ class PlacementTest(test_utils.TestCase, parameterized.TestCase):
         for prev, nxt in zip(chain, chain[1:]):
           self.assertIn(Find(prev), Find(nxt).control_inputs, (prev, nxt))
 
+  @parameterized.named_parameters(('always', 'always'), ('never', 'never'))
+  def testLoopedStagesMatchUnpipelinedAndChainPerDevice(self, remat):
+    # Four stages on two devices: stage s on device s % 2.
+    devices = ['/device:CPU:0', '/device:CPU:1'] * 2
+    with self.session(graph=tf.Graph(), config=CONFIG) as sess:
+      net = _Pipeline(_DenseLayers(), 4, 4, stage_sizes=UNEVEN_SIZES[4],
+                      remat=remat, stage_devices=devices)
+      x = tf.constant(np.random.RandomState(3).randn(16, 8))
+      loss, grads = _LossAndGrads(net, (x,), pipelined=True)
+      ref_loss, ref_grads = _LossAndGrads(net, (x,), pipelined=False)
+      ops = {op.name: op for op in sess.graph.get_operations()}
+      sess.run(tf.global_variables_initializer())
+      values, refs = sess.run([[loss] + grads, [ref_loss] + ref_grads])
+      for v, r in zip(values, refs):
+        self.assertAllClose(r, v, rtol=1e-10, atol=1e-12)
+
+    def Find(token):
+      (name,) = [n for n in ops if n.endswith(token + '/PartitionedCall')]
+      return ops[name]
+
+    for d in range(2):
+      # Breadth-first on each device: all forwards of its first stage, then
+      # of its second; backwards last stage first.
+      first, second = d, d + 2
+      chain = (['stage%d_F%d' % (first, m) for m in range(4)] +
+               ['stage%d_F%d' % (second, m) for m in range(4)])
+      if remat == 'always':
+        chain += (['stage%d_B%d' % (second, m) for m in (3, 2, 1, 0)] +
+                  ['stage%d_B%d' % (first, m) for m in (3, 2, 1, 0)])
+      for prev, nxt in zip(chain, chain[1:]):
+        self.assertIn(Find(prev), Find(nxt).control_inputs, (prev, nxt))
+        self.assertEqual(Find(nxt).device, devices[d])
+
 
 class BatchNormTest(test_utils.TestCase):
 

@@ -60,6 +60,50 @@ class GPipeScheduleTest(test_utils.TestCase, parameterized.TestCase):
     idle = sum(k - len(tick) for tick in ticks)
     self.assertAlmostEqual(idle / (k * len(ticks)), expected)
 
+  @parameterized.parameters(itertools.product([1, 2, 3], [1, 4, 8]))
+  def testOneStagePerDeviceKeepsStageOrders(self, k, m):
+    ticks = schedule.GPipeClockCycles(k, m)
+    devices, orders = schedule.DeviceOrders(ticks, ['d%d' % s for s in range(k)])
+    self.assertEqual(devices, ['d%d' % s for s in range(k)])
+    self.assertEqual(orders, schedule.StageOrders(ticks, k))
+    # Unit-cost simulation of those orders reproduces the fill-drain bubble.
+    self.assertAlmostEqual(
+        schedule.SimulatedBubble(orders, k, m), schedule.BubbleFraction(k, m))
+
+  def testLoopedStagesRunBreadthFirst(self):
+    ticks = schedule.GPipeClockCycles(4, 2)
+    devices, orders = schedule.DeviceOrders(ticks, ['a', 'b', 'a', 'b'])
+    self.assertEqual(devices, ['a', 'b'])
+    self.assertEqual(
+        [['%s%ds%d' % (t.phase, t.micro_batch, t.stage) for t in o]
+         for o in orders],
+        [['F0s0', 'F1s0', 'F0s2', 'F1s2', 'B1s2', 'B0s2', 'B1s0', 'B0s0'],
+         ['F0s1', 'F1s1', 'F0s3', 'F1s3', 'B1s3', 'B0s3', 'B1s1', 'B0s1']])
+    lanes = schedule.Simulate(orders, 4, 2)
+    self.assertEqual(
+        schedule.RenderDevices(lanes, devices),
+        'a | F0s0 F1s0 F0s2 F1s2 .    .    B1s2 B0s2 B1s0 B0s0\n'
+        'b | .    F0s1 F1s1 F0s3 F1s3 B1s3 B0s3 B1s1 B0s1 .')
+
+  @parameterized.parameters((2, 8), (2, 4), (3, 6), (4, 16))
+  def testLoopingShrinksTheBubble(self, num_devices, m):
+    for v in (1, 2, 4):
+      k = v * num_devices
+      _, orders = schedule.DeviceOrders(
+          schedule.GPipeClockCycles(k, m),
+          [s % num_devices for s in range(k)])
+      # (D-1)/(vM+D-1) with tasks 1/v as long as one stage per device.
+      self.assertAlmostEqual(
+          schedule.SimulatedBubble(orders, k, m),
+          (num_devices - 1) / (v * m + num_devices - 1))
+
+  def testDeadlockedOrdersSaySo(self):
+    ticks = schedule.GPipeClockCycles(2, 2)
+    orders = schedule.StageOrders(ticks, 2)
+    orders[1] = list(reversed(orders[1]))  # backward before its forward
+    with self.assertRaisesRegex(ValueError, 'deadlock'):
+      schedule.Simulate(orders, 2, 2)
+
   def testErrors(self):
     with self.assertRaisesRegex(ValueError, "unknown schedule 'zigzag'"):
       schedule.ClockCycles('zigzag', 2, 2)

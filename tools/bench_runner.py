@@ -51,21 +51,22 @@ ALL_CORES = os.cpu_count() or 1
 class Config(
     collections.namedtuple('Config', [
         'impl', 'model', 'num_layers', 'batch', 'num_stages',
-        'num_micro_batches', 'remat', 'width'
-    ])):
+        'num_micro_batches', 'remat', 'width', 'stages_per_device'
+    ], defaults=(1,))):
   """One benchmark configuration (see the module docstring)."""
 
   @property
   def label(self):
-    return '%s K=%d M=%d %s' % (self.impl, self.num_stages,
-                                self.num_micro_batches, self.remat)
+    loop = ' v=%d' % self.stages_per_device if self.stages_per_device > 1 else ''
+    return '%s K=%d%s M=%d %s' % (self.impl, self.num_stages, loop,
+                                  self.num_micro_batches, self.remat)
 
   @property
   def scope(self):
     """A unique variable scope: configurations share worker processes."""
-    return '%s_%s_L%d_B%d_K%d_M%d_%s' % (
+    return '%s_%s_L%d_B%d_K%d_V%d_M%d_%s' % (
         self.impl, self.model, self.num_layers, self.batch, self.num_stages,
-        self.num_micro_batches, self.remat)
+        self.stages_per_device, self.num_micro_batches, self.remat)
 
 
 def MachineInfo():
@@ -132,11 +133,14 @@ class Step:
               initializer=tf.compat.v1.random_normal_initializer(seed=1),
               trainable=False)
         if c.impl == 'gpipe':
+          # With v stages per device, stage s runs on device s % K (a loop).
+          num_stages = c.num_stages * c.stages_per_device
           net = pipeline.PipeliningLayer.Params().Set(
-              name='pipe', layers=layers, num_stages=c.num_stages,
-              stage_sizes=_EvenStageSizes(c.num_layers, c.num_stages),
+              name='pipe', layers=layers, num_stages=num_stages,
+              stage_sizes=_EvenStageSizes(c.num_layers, num_stages),
               num_micro_batches=c.num_micro_batches, remat=c.remat,
-              stage_devices=list(devices)).Instantiate()
+              stage_devices=[devices[s % c.num_stages]
+                             for s in range(num_stages)]).Instantiate()
           out = net.FProp(net.theta, x)
           loss_device = devices[c.num_stages - 1]
         elif c.impl == 'lingvo':
