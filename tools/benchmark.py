@@ -15,8 +15,9 @@ Subcommands:
               the same remat mode (like the paper's Table 2); beside it, on
               the same layers, K, M and cores, Lingvo's GPipe (one process
               with K virtual CPUs, all cores' threads) and plain TensorFlow
-              (no pipeline, all cores). All configurations are timed
-              interleaved in one run.
+              (no pipeline, all cores). Also ours with v > 1 stages per
+              device (2v stages looped over the 2 workers, breadth-first).
+              All configurations are timed interleaved in one run.
   memory      Table 1: under one per-device memory cap, the most layers of
               each model that take a training step as naive-1 (no pipeline,
               no remat), pipeline-1 (remat, M micro-batches) and pipeline-2,
@@ -53,12 +54,12 @@ MIB = float(1 << 20)
 
 # Model shapes at this machine's scale (per subcommand; --quick shrinks).
 THROUGHPUT_MODELS = {
-    'transformer': dict(num_layers=8, batch=32, width=256),
-    'amoeba': dict(num_layers=8, batch=64, width=64),
+    'transformer': dict(num_layers=8, batch=64, width=256),
+    'amoeba': dict(num_layers=8, batch=128, width=64),
 }
 QUICK_THROUGHPUT_MODELS = {
-    'transformer': dict(num_layers=2, batch=4, width=64),
-    'amoeba': dict(num_layers=2, batch=4, width=8),
+    'transformer': dict(num_layers=4, batch=4, width=64),
+    'amoeba': dict(num_layers=4, batch=4, width=8),
 }
 
 
@@ -123,7 +124,10 @@ def Throughput(args):
   mbs = [int(m) for m in args.micro_batches.split(',')]
   lingvo_mbs = [int(m) for m in (args.lingvo_micro_batches or
                                  args.micro_batches).split(',')]
+  loops = [int(v) for v in args.stages_per_device.split(',')]
+  loop_mbs = [int(m) for m in args.loop_micro_batches.split(',')]
   settings = dict(remat=args.remat, micro_batches=mbs, steps=args.steps,
+                  stages_per_device=loops, loop_micro_batches=loop_mbs,
                   warmup=args.warmup, priority=args.priority,
                   gpipe_workers='K processes, one pinned core each, '
                   '1 intra-op + 2 inter-op threads',
@@ -136,20 +140,23 @@ def Throughput(args):
   tables = []
   for name in names:
     shape = models[name]
-    configs = [('gpipe', 1, 1), ('gpipe', 1, max(mbs))]
-    configs += [('gpipe', 2, m) for m in mbs]
-    configs += [('lingvo', 1, 1)] + [('lingvo', 2, m) for m in lingvo_mbs]
-    configs += [('plain', 1, 1)]
+    configs = [('gpipe', 1, 1, 1), ('gpipe', 1, max(mbs), 1)]
+    configs += [('gpipe', 2, m, 1) for m in mbs]
+    configs += [('gpipe', 2, m, v) for v in loops for m in loop_mbs
+                if v > 1 and v * 2 <= shape['num_layers']]
+    configs += [('lingvo', 1, 1, 1)] + [('lingvo', 2, m, 1)
+                                        for m in lingvo_mbs]
+    configs += [('plain', 1, 1, 1)]
     runner = _Runner(args)
     try:
       steps = []
-      for impl, k, m in configs:
+      for impl, k, m, v in configs:
         if shape['batch'] % m:
           continue
         remat = 'never' if impl == 'plain' else args.remat
         steps.append(runner.Add(bench_runner.Config(
             impl, name, shape['num_layers'], shape['batch'], k, m, remat,
-            shape['width'])))
+            shape['width'], v)))
       medians = runner.TimeInterleaved(steps, args.steps, args.warmup)
     finally:
       runner.Close()
@@ -161,39 +168,50 @@ def Throughput(args):
       c = step.config
       t = medians[c.label]
       ref = base['gpipe']
-      rows.append([c.impl, c.num_stages, c.num_micro_batches, c.remat,
+      v, m = c.stages_per_device, c.num_micro_batches
+      rows.append([c.impl, c.num_stages, v, m, c.remat,
                    1e3 * t, c.batch / t, ref / t,
-                   '%.2f' % (2.0 * c.num_micro_batches /
-                             (c.num_micro_batches + 1))
+                   '%.2f' % (2.0 * v * m / (v * m + 1))
                    if c.num_stages == 2 and c.impl != 'plain' else ''])
-      records.append(dict(impl=c.impl, K=c.num_stages, M=c.num_micro_batches,
+      records.append(dict(impl=c.impl, K=c.num_stages, M=m, v=v,
                           remat=c.remat, step_seconds=t,
                           all_step_seconds=step.times,
                           examples_per_second=c.batch / t,
                           speedup_vs_gpipe_K1M1=ref / t))
-    ours = {(r['K'], r['M']): r['step_seconds'] for r in records
+    ours = {(r['K'], r['M'], r['v']): r['step_seconds'] for r in records
             if r['impl'] == 'gpipe'}
     lingvo = {(r['K'], r['M']): r['step_seconds'] for r in records
               if r['impl'] == 'lingvo'}
-    k2 = {m: ours[(1, 1)] / ours[(2, m)] for m in mbs if (2, m) in ours}
+    k2 = {m: ours[(1, 1, 1)] / ours[(2, m, 1)] for m in mbs
+          if (2, m, 1) in ours}
     best_m = max(k2, key=k2.get) if k2 else None
+    m8 = {v: ours[(2, 8, v)] for k, m, v in ours if k == 2 and m == 8}
+    best_v = min(m8, key=m8.get) if m8 else None
     headline = dict(
         speedup_K2_M8=k2.get(8),
         best_M=best_m,
         speedup_best_M=k2.get(best_m),
-        ours_over_lingvo_K2_M8=(lingvo[(2, 8)] / ours[(2, 8)]
-                                if (2, 8) in lingvo and (2, 8) in ours
-                                else None),
+        ours_over_lingvo_K2_M8=(lingvo[(2, 8)] / m8[1]
+                                if (2, 8) in lingvo and 1 in m8 else None),
+        looping_best_v_M8=best_v,
+        looping_speedup_K2_M8=(ours[(1, 1, 1)] / m8[best_v]
+                               if best_v else None),
+        looping_ours_over_lingvo_K2_M8=(lingvo[(2, 8)] / m8[best_v]
+                                        if (2, 8) in lingvo and best_v
+                                        else None),
+        lingvo_K2_M8_over_ours_K1M1=(ours[(1, 1, 1)] / lingvo[(2, 8)]
+                                     if (2, 8) in lingvo else None),
         micro_batch_overhead_M=max(mbs),
         micro_batch_overhead_fraction=(
-            1.0 - ours[(1, 1)] / ours[(1, max(mbs))]
-            if (1, max(mbs)) in ours else None))
+            1.0 - ours[(1, 1, 1)] / ours[(1, max(mbs), 1)]
+            if (1, max(mbs), 1) in ours else None))
     result['models'][name] = dict(shape=shape, configs=records,
                                   headline=headline)
     tables.append('### %s (L=%d, batch=%d, width=%d)\n\n' % (
         name, shape['num_layers'], shape['batch'], shape['width']) + _Table(
-            ['impl', 'K', 'M', 'remat', 'step ms', 'examples/s',
-             'speed-up vs ours K=1 M=1', 'fill-drain ceiling'], rows) +
+            ['impl', 'K devices', 'v stages/device', 'M', 'remat', 'step ms',
+             'examples/s', 'speed-up vs ours K=1 M=1',
+             'fill-drain ceiling 2vM/(vM+1)'], rows) +
                   '\n\n' + _HeadlineText(headline))
   text = header + '\n' + '\n\n'.join(tables)
   print(text)
@@ -208,10 +226,16 @@ def Throughput(args):
                 r['M'] == 1][0]['step_seconds']
       for impl, style in (('gpipe', 'o-'), ('lingvo', 's--')):
         pts = sorted((r['M'], base_t / r['step_seconds']) for r in recs
-                     if r['impl'] == impl and r['K'] == 2)
+                     if r['impl'] == impl and r['K'] == 2 and r['v'] == 1)
         if pts:
           ax.plot([p[0] for p in pts], [p[1] for p in pts], style,
                   label='%s K=2' % ('ours' if impl == 'gpipe' else 'Lingvo'))
+      for v, marker in zip(sorted({r['v'] for r in recs if r['v'] > 1}),
+                           '^v*Dp'):
+        pts = sorted((r['M'], base_t / r['step_seconds']) for r in recs
+                     if r['impl'] == 'gpipe' and r['v'] == v)
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker,
+                markersize=9, label='ours K=2, v=%d stages per device' % v)
       ms = sorted({r['M'] for r in recs if r['K'] == 2})
       ax.plot(ms, [2.0 * m / (m + 1) for m in ms], ':', color='gray',
               label='fill-drain ceiling 2M/(M+1)')
@@ -234,12 +258,24 @@ def Throughput(args):
 def _HeadlineText(h):
   def F(v, fmt='%.2fx'):
     return fmt % v if v is not None else 'n/a'
-  return ('Headline: K=2 M=8 speed-up %s; best M=%s %s; ours / Lingvo at K=2 '
+  text = ('Headline: K=2 M=8 speed-up %s; best M=%s %s; ours / Lingvo at K=2 '
           'M=8 %s; micro-batching overhead at K=1 M=%d: %s of the step.' %
           (F(h['speedup_K2_M8']), h['best_M'], F(h['speedup_best_M']),
            F(h['ours_over_lingvo_K2_M8']), h['micro_batch_overhead_M'],
            F(None if h['micro_batch_overhead_fraction'] is None else
              100 * h['micro_batch_overhead_fraction'], '%.0f%%')))
+  if h.get('looping_best_v_M8'):
+    text += (' With v=%d stages per device (looping, breadth-first) at K=2 '
+             'M=8: speed-up %s, ours / Lingvo %s.' %
+             (h['looping_best_v_M8'], F(h['looping_speedup_K2_M8']),
+              F(h['looping_ours_over_lingvo_K2_M8'])))
+  if h.get('lingvo_K2_M8_over_ours_K1M1'):
+    text += (" Lingvo's GPipe at K=2 M=8 on both cores runs %s as fast as "
+             'ours on one core, so one stage per device (ceiling 1.78x at '
+             'M=8) can beat it by at most %s.' %
+             (F(h['lingvo_K2_M8_over_ours_K1M1']),
+              F(16.0 / 9 / h['lingvo_K2_M8_over_ours_K1M1'])))
+  return text
 
 
 # -------------------------------------------------------------------- memory
@@ -593,6 +629,10 @@ def _Parser():
   p.add_argument('--micro_batches', default='1,4,8,32')
   p.add_argument('--lingvo_micro_batches', default='',
                  help="M values for Lingvo's GPipe (default: --micro_batches)")
+  p.add_argument('--stages_per_device', default='1,2,4',
+                 help='v values for ours at K=2: v > 1 puts 2v stages on the '
+                 'two devices in a loop (run at --loop_micro_batches)')
+  p.add_argument('--loop_micro_batches', default='8')
   p.add_argument('--remat', default='always', choices=pipeline.REMAT_MODES)
   p.add_argument('--steps', type=int, default=5, help='timed rounds')
   p.add_argument('--warmup', type=int, default=2)
@@ -634,6 +674,10 @@ def main(argv=None):
         setattr(args, name, value)
     if args.command == 'throughput' and args.micro_batches == '1,4,8,32':
       args.micro_batches = '1,2'
+      if args.loop_micro_batches == '8':
+        args.loop_micro_batches = '2'
+      if args.stages_per_device == '1,2,4':
+        args.stages_per_device = '1,2'
     if args.command == 'bubble' and args.micro_batches == '1,2,4,8,16,32':
       args.micro_batches = '1,2'
       args.timeline_m = 2
