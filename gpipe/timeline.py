@@ -93,11 +93,30 @@ def _Union(intervals):
   return total
 
 
-def StageBusySeconds(tasks):
-  """Seconds each stage spent inside its tasks."""
+def Devices(tasks):
+  """The devices of the tasks, in order of their first stage."""
+  first = {}
+  for t in tasks:
+    first[t.device] = min(first.get(t.device, t.stage), t.stage)
+  return sorted(first, key=first.get)
+
+
+def _Lane(tasks, by):
+  """(number of lanes, task -> lane index) for lanes per stage or device."""
+  if by == 'stage':
+    return NumStages(tasks), lambda t: t.stage
+  if by == 'device':
+    index = {d: i for i, d in enumerate(Devices(tasks))}
+    return len(index), lambda t: index[t.device]
+  raise ValueError("lanes are by 'stage' or 'device', not %r" % by)
+
+
+def StageBusySeconds(tasks, by='stage'):
+  """Seconds each stage (or device, with by='device') spent in its tasks."""
+  num, lane = _Lane(tasks, by)
   return [
-      _Union([(t.start, t.end) for t in tasks if t.stage == k])
-      for k in range(NumStages(tasks))
+      _Union([(t.start, t.end) for t in tasks if lane(t) == k])
+      for k in range(num)
   ]
 
 
@@ -114,22 +133,24 @@ def Span(tasks):
   return max(t.end for t in tasks) - min(t.start for t in tasks)
 
 
-def BubbleFractions(tasks):
-  """Measured idle fraction of each stage over the pipeline's span."""
+def BubbleFractions(tasks, by='stage'):
+  """Measured idle fraction of each stage (or device) over the span."""
   span = Span(tasks)
-  return [1.0 - busy / span for busy in StageBusySeconds(tasks)]
+  return [1.0 - busy / span for busy in StageBusySeconds(tasks, by)]
 
 
 COLORS = {'F': '#4C72B0', 'R': '#8C8C8C', 'B': '#DD8452'}
 
 
-def RenderPNG(tasks, title='', path=None):
+def RenderPNG(tasks, title='', path=None, by='stage'):
   """Draws stages x time; returns the PNG bytes (and writes `path` if given).
 
   Args:
     tasks: TaskTimes from ParseStepStats.
     title: the figure title.
     path: optional file to write.
+    by: one lane per 'stage', or per 'device' (several stages per device:
+      each task is labelled stage:micro-batch).
 
   Returns:
     The PNG as bytes.
@@ -138,11 +159,11 @@ def RenderPNG(tasks, title='', path=None):
   matplotlib.use('Agg')
   from matplotlib import pyplot as plt  # pylint: disable=g-import-not-at-top
   from matplotlib.patches import Patch  # pylint: disable=g-import-not-at-top
-  num_stages = NumStages(tasks)
-  fig, ax = plt.subplots(figsize=(10, 1.0 + 0.6 * num_stages))
+  num_lanes, lane = _Lane(tasks, by)
+  fig, ax = plt.subplots(figsize=(10, 1.0 + 0.6 * num_lanes))
   scale = 1e3  # milliseconds
   for t in tasks:
-    y = num_stages - 1 - t.stage
+    y = num_lanes - 1 - lane(t)
     if t.phase == 'F':
       spans = [(t.start, t.end, 'F')]
     else:
@@ -153,13 +174,16 @@ def RenderPNG(tasks, title='', path=None):
                        facecolors=COLORS[kind], edgecolor='white',
                        linewidth=0.5)
     if (t.end - t.start) * scale > 0:
-      ax.text((t.start + t.end) / 2 * scale, y, str(t.micro_batch),
-              ha='center', va='center', fontsize=7, color='white')
-  ax.set_yticks(range(num_stages))
-  ax.set_yticklabels(['stage %d' % k for k in reversed(range(num_stages))])
+      ax.text((t.start + t.end) / 2 * scale, y,
+              str(t.micro_batch) if by == 'stage' else '%d:%d' %
+              (t.stage, t.micro_batch),
+              ha='center', va='center', fontsize=7 if by == 'stage' else 5,
+              color='white')
+  ax.set_yticks(range(num_lanes))
+  ax.set_yticklabels(['%s %d' % (by, k) for k in reversed(range(num_lanes))])
   ax.set_xlabel('time (ms)')
-  bubbles = BubbleFractions(tasks) if tasks else []
-  ax.set_title(title + ('  bubble per stage: ' + ', '.join(
+  bubbles = BubbleFractions(tasks, by) if tasks else []
+  ax.set_title(title + ('  bubble per %s: ' % by + ', '.join(
       '%.0f%%' % (100 * b) for b in bubbles) if bubbles else ''))
   ax.legend(handles=[
       Patch(color=COLORS['F'], label='forward'),

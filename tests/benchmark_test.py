@@ -41,11 +41,21 @@ class BenchmarkTest(test_utils.TestCase):
   def testThroughput(self):
     result, text, _ = self._Run('throughput', '--models', 'transformer')
     configs = result['models']['transformer']['configs']
-    got = [(c['impl'], c['K'], c['M'], c['v']) for c in configs]
+    got = [(c['impl'], c['K'], c['M'], c['v'], c['remat']) for c in configs]
+    a, n = 'always', 'never'
     self.assertCountEqual(
-        got, [('gpipe', 1, 1, 1), ('gpipe', 1, 2, 1), ('gpipe', 2, 1, 1),
-              ('gpipe', 2, 2, 1), ('gpipe', 2, 2, 2), ('lingvo', 1, 1, 1),
-              ('lingvo', 2, 1, 1), ('lingvo', 2, 2, 1), ('plain', 1, 1, 1)])
+        got, [('gpipe', 1, 1, 1, a), ('gpipe', 1, 2, 1, a),
+              ('gpipe', 2, 1, 1, a), ('gpipe', 2, 2, 1, a),
+              ('gpipe', 2, 2, 2, a), ('lingvo', 1, 1, 1, a),
+              ('lingvo', 2, 1, 1, a), ('lingvo', 2, 2, 1, a),
+              ('plain', 1, 1, 1, n), ('gpipe', 1, 1, 1, n),
+              ('gpipe', 1, 2, 1, n), ('inline', 1, 1, 1, n),
+              ('inline', 1, 2, 1, n)])
+    headline = result['models']['transformer']['headline']
+    for key in ('pipeline_overhead_fraction',
+                'inline_micro_batch_cost_fraction', 'looping_speedup_K2',
+                'looping_ours_over_lingvo_K2'):
+      self.assertIsNotNone(headline[key], key)
     for c in configs:
       self.assertGreater(c['step_seconds'], 0)
       self.assertLen(c['all_step_seconds'], 1)

@@ -12,7 +12,7 @@ from tests import toy_layers
 
 class TimelineTest(test_utils.TestCase):
 
-  def _TracedStep(self, remat):
+  def _TracedStep(self, remat, num_stages=2):
     config = tf.compat.v1.ConfigProto(device_count={'CPU': 2})
     with self.session(graph=tf.Graph(), config=config) as sess:
       layers = [
@@ -20,9 +20,10 @@ class TimelineTest(test_utils.TestCase):
               name='d%d' % i, input_dim=64, output_dim=64) for i in range(4)
       ]
       net = pipeline.PipeliningLayer.Params().Set(
-          name='pipe', layers=layers, num_stages=2, num_micro_batches=3,
-          remat=remat, stage_devices=['/device:CPU:0',
-                                      '/device:CPU:1']).Instantiate()
+          name='pipe', layers=layers, num_stages=num_stages,
+          num_micro_batches=3, remat=remat,
+          stage_devices=['/device:CPU:%d' % (k % 2)
+                         for k in range(num_stages)]).Instantiate()
       x = tf.constant(np.random.RandomState(0).randn(24, 64), tf.float32)
       loss = tf.reduce_sum(tf.square(net.FProp(net.theta, x)))
       grads = tf.gradients(loss, net.vars.Flatten())
@@ -60,6 +61,28 @@ class TimelineTest(test_utils.TestCase):
       self.assertLess(b, 1.0)
     png = timeline.RenderPNG(tasks, title='test')
     self.assertEqual(png[:8], b'\x89PNG\r\n\x1a\n')
+
+  def testLoopedStagesRunBreadthFirstOnEachDevice(self):
+    tasks = self._TracedStep('always', num_stages=4)
+    self.assertLen(tasks, 4 * 2 * 3)
+    self.assertEqual(timeline.NumStages(tasks), 4)
+    self.assertLen(timeline.Devices(tasks), 2)
+    for d, device in enumerate(timeline.Devices(tasks)):
+      mine = [t for t in tasks if t.device == device]
+      self.assertEqual(
+          [(t.stage, t.phase, t.micro_batch) for t in mine],
+          [(d, 'F', 0), (d, 'F', 1), (d, 'F', 2),
+           (d + 2, 'F', 0), (d + 2, 'F', 1), (d + 2, 'F', 2),
+           (d + 2, 'B', 2), (d + 2, 'B', 1), (d + 2, 'B', 0),
+           (d, 'B', 2), (d, 'B', 1), (d, 'B', 0)])
+      for a, b in zip(mine, mine[1:]):
+        self.assertLessEqual(a.end, b.start + 1e-6)  # one task at a time
+    self.assertLen(timeline.BubbleFractions(tasks, by='device'), 2)
+    self.assertLen(timeline.BubbleFractions(tasks), 4)
+    png = timeline.RenderPNG(tasks, title='looped', by='device')
+    self.assertEqual(png[:8], b'\x89PNG\r\n\x1a\n')
+    with self.assertRaisesRegex(ValueError, "'stage' or 'device'"):
+      timeline.BubbleFractions(tasks, by='core')
 
   def testNoRecomputeWithoutRemat(self):
     tasks = self._TracedStep('never')

@@ -11,6 +11,12 @@ A configuration (``Config``) is one way to train the same layer stack:
     Send/Recv pass device incarnation 0).
   * ``'plain'``: the layers in one unpipelined graph in one worker process
     using all cores (context: what intra-op threads alone give).
+  * ``'inline'``: the same M micro-batches through the same layers as
+    ordinary inline ops (``PipeliningLayer.FPropUnpipelined``: no stage
+    functions, no remat) on one pinned one-core worker, like 'gpipe' K=1.
+    Against 'gpipe' K=1 with remat='never' it isolates the pipeline's own
+    per-micro-batch overhead from TensorFlow's cost of running the layers on
+    smaller tensors.
 
 Every configuration runs in worker processes started the same way (each in
 its own session; this process only drives them), so they are treated alike
@@ -42,7 +48,7 @@ from lingvo.core import py_utils
 import numpy as np
 from tools import bench_models
 
-IMPLS = ('gpipe', 'lingvo', 'plain')
+IMPLS = ('gpipe', 'inline', 'lingvo', 'plain')
 
 # Threads of the unpinned workers (Lingvo's GPipe and plain TF): all cores.
 ALL_CORES = os.cpu_count() or 1
@@ -143,6 +149,14 @@ class Step:
                              for s in range(num_stages)]).Instantiate()
           out = net.FProp(net.theta, x)
           loss_device = devices[c.num_stages - 1]
+        elif c.impl == 'inline':
+          with tf.device(first):
+            net = pipeline.PipeliningLayer.Params().Set(
+                name='pipe', layers=layers, num_stages=1,
+                num_micro_batches=c.num_micro_batches,
+                stage_devices=[first]).Instantiate()
+            out = net.FPropUnpipelined(net.theta, x)
+          loss_device = first
         elif c.impl == 'lingvo':
           with _LingvoCluster(devices):
             py_utils.GetOrCreateGlobalStepVar()
@@ -254,6 +268,8 @@ class Runner:
     Returns:
       A LocalCluster.
     """
+    if impl == 'inline':
+      impl = 'gpipe'  # the same pinned one-core worker as ours at K=1
     key = (impl, num_stages if impl != 'plain' else 1)
     if key not in self._clusters:
       if impl == 'gpipe':
@@ -274,7 +290,7 @@ class Runner:
 
   def Devices(self, config):
     cluster = self.Cluster(config.impl, config.num_stages)
-    if config.impl == 'gpipe':
+    if config.impl in ('gpipe', 'inline'):
       return cluster.devices
     device = cluster.devices[0]
     return [device[:-1] + str(k) for k in range(config.num_stages)]

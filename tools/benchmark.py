@@ -140,20 +140,25 @@ def Throughput(args):
   tables = []
   for name in names:
     shape = models[name]
-    configs = [('gpipe', 1, 1, 1), ('gpipe', 1, max(mbs), 1)]
-    configs += [('gpipe', 2, m, 1) for m in mbs]
-    configs += [('gpipe', 2, m, v) for v in loops for m in loop_mbs
+    r = args.remat
+    configs = [('gpipe', 1, 1, 1, r), ('gpipe', 1, max(mbs), 1, r)]
+    configs += [('gpipe', 2, m, 1, r) for m in mbs]
+    configs += [('gpipe', 2, m, v, r) for v in loops for m in loop_mbs
                 if v > 1 and v * 2 <= shape['num_layers']]
-    configs += [('lingvo', 1, 1, 1)] + [('lingvo', 2, m, 1)
-                                        for m in lingvo_mbs]
-    configs += [('plain', 1, 1, 1)]
+    configs += [('lingvo', 1, 1, 1, r)] + [('lingvo', 2, m, 1, r)
+                                           for m in lingvo_mbs]
+    configs += [('plain', 1, 1, 1, 'never')]
+    # The pipeline's own per-micro-batch cost: ours at K=1 without remat vs
+    # the same micro-batches as inline ops, both on one pinned core.
+    configs += [(impl, 1, m, 1, 'never') for impl in ('gpipe', 'inline')
+                for m in (1, max(mbs))]
+    configs = list(dict.fromkeys(configs))  # remat='never' repeats some
     runner = _Runner(args)
     try:
       steps = []
-      for impl, k, m, v in configs:
+      for impl, k, m, v, remat in configs:
         if shape['batch'] % m:
           continue
-        remat = 'never' if impl == 'plain' else args.remat
         steps.append(runner.Add(bench_runner.Config(
             impl, name, shape['num_layers'], shape['batch'], k, m, remat,
             shape['width'], v)))
@@ -179,32 +184,49 @@ def Throughput(args):
                           examples_per_second=c.batch / t,
                           speedup_vs_gpipe_K1M1=ref / t))
     ours = {(r['K'], r['M'], r['v']): r['step_seconds'] for r in records
-            if r['impl'] == 'gpipe'}
+            if r['impl'] == 'gpipe' and r['remat'] == args.remat}
+    never = {(r['impl'], r['M']): r['step_seconds'] for r in records
+             if r['remat'] == 'never' and r['impl'] in ('gpipe', 'inline')}
+    mx = max(mbs)
     lingvo = {(r['K'], r['M']): r['step_seconds'] for r in records
               if r['impl'] == 'lingvo'}
     k2 = {m: ours[(1, 1, 1)] / ours[(2, m, 1)] for m in mbs
           if (2, m, 1) in ours}
     best_m = max(k2, key=k2.get) if k2 else None
     m8 = {v: ours[(2, 8, v)] for k, m, v in ours if k == 2 and m == 8}
-    best_v = min(m8, key=m8.get) if m8 else None
+    lm = 8 if 8 in loop_mbs else loop_mbs[0]
+    looped = {v: ours[(2, lm, v)] for k, m, v in ours
+              if k == 2 and m == lm and v > 1}
+    best_v = min(looped, key=looped.get) if looped else None
     headline = dict(
         speedup_K2_M8=k2.get(8),
         best_M=best_m,
         speedup_best_M=k2.get(best_m),
         ours_over_lingvo_K2_M8=(lingvo[(2, 8)] / m8[1]
                                 if (2, 8) in lingvo and 1 in m8 else None),
-        looping_best_v_M8=best_v,
-        looping_speedup_K2_M8=(ours[(1, 1, 1)] / m8[best_v]
-                               if best_v else None),
-        looping_ours_over_lingvo_K2_M8=(lingvo[(2, 8)] / m8[best_v]
-                                        if (2, 8) in lingvo and best_v
-                                        else None),
+        looping_M=lm,
+        looping_best_v=best_v,
+        looping_speedup_K2=(ours[(1, 1, 1)] / looped[best_v]
+                            if best_v else None),
+        looping_ours_over_lingvo_K2=(lingvo[(2, lm)] / looped[best_v]
+                                     if (2, lm) in lingvo and best_v
+                                     else None),
         lingvo_K2_M8_over_ours_K1M1=(ours[(1, 1, 1)] / lingvo[(2, 8)]
                                      if (2, 8) in lingvo else None),
-        micro_batch_overhead_M=max(mbs),
+        micro_batch_overhead_M=mx,
         micro_batch_overhead_fraction=(
-            1.0 - ours[(1, 1, 1)] / ours[(1, max(mbs), 1)]
-            if (1, max(mbs), 1) in ours else None))
+            1.0 - ours[(1, 1, 1)] / ours[(1, mx, 1)]
+            if (1, mx, 1) in ours else None),
+        # Without remat: inline ops over M micro-batches vs over one (what
+        # TensorFlow pays for smaller tensors, whoever splits the batch) ...
+        inline_micro_batch_cost_fraction=(
+            1.0 - never[('inline', 1)] / never[('inline', mx)]
+            if ('inline', mx) in never and ('inline', 1) in never else None),
+        # ... and ours vs inline at M (the pipeline's own calls, splits and
+        # gradient accumulation), as a fraction of our step.
+        pipeline_overhead_fraction=(
+            1.0 - never[('inline', mx)] / never[('gpipe', mx)]
+            if ('inline', mx) in never and ('gpipe', mx) in never else None))
     result['models'][name] = dict(shape=shape, configs=records,
                                   headline=headline)
     tables.append('### %s (L=%d, batch=%d, width=%d)\n\n' % (
@@ -223,7 +245,7 @@ def Throughput(args):
     for ax, name in zip(axes[0], names):
       recs = result['models'][name]['configs']
       base_t = [r for r in recs if r['impl'] == 'gpipe' and r['K'] == 1 and
-                r['M'] == 1][0]['step_seconds']
+                r['M'] == 1 and r['remat'] == args.remat][0]['step_seconds']
       for impl, style in (('gpipe', 'o-'), ('lingvo', 's--')):
         pts = sorted((r['M'], base_t / r['step_seconds']) for r in recs
                      if r['impl'] == impl and r['K'] == 2 and r['v'] == 1)
@@ -264,11 +286,20 @@ def _HeadlineText(h):
            F(h['ours_over_lingvo_K2_M8']), h['micro_batch_overhead_M'],
            F(None if h['micro_batch_overhead_fraction'] is None else
              100 * h['micro_batch_overhead_fraction'], '%.0f%%')))
-  if h.get('looping_best_v_M8'):
+  if h.get('pipeline_overhead_fraction') is not None:
+    text += (' Of that, without remat on one core: the same %d micro-batches '
+             'as inline ops cost %s more than one batch (TensorFlow on '
+             'smaller tensors), and our pipeline adds %s of its step on top '
+             '(stage calls, splits, gradient accumulation).' %
+             (h['micro_batch_overhead_M'],
+              F(100 * h['inline_micro_batch_cost_fraction'], '%.0f%%'),
+              F(100 * h['pipeline_overhead_fraction'], '%.0f%%')))
+  if h.get('looping_best_v'):
     text += (' With v=%d stages per device (looping, breadth-first) at K=2 '
-             'M=8: speed-up %s, ours / Lingvo %s.' %
-             (h['looping_best_v_M8'], F(h['looping_speedup_K2_M8']),
-              F(h['looping_ours_over_lingvo_K2_M8'])))
+             'M=%d: speed-up %s, ours / Lingvo %s.' %
+             (h['looping_best_v'], h['looping_M'],
+              F(h['looping_speedup_K2']),
+              F(h['looping_ours_over_lingvo_K2'])))
   if h.get('lingvo_K2_M8_over_ours_K1M1'):
     text += (" Lingvo's GPipe at K=2 M=8 on both cores runs %s as fast as "
              'ours on one core, so one stage per device (ceiling 1.78x at '
@@ -440,7 +471,10 @@ def Bubble(args):
            THROUGHPUT_MODELS)[args.model]
   mbs = [int(m) for m in args.micro_batches.split(',')]
   k = 2
-  settings = dict(model=args.model, K=k, micro_batches=mbs, remat=args.remat,
+  v = args.stages_per_device
+  by = 'device' if v > 1 else 'stage'
+  settings = dict(model=args.model, K=k, stages_per_device=v,
+                  micro_batches=mbs, remat=args.remat,
                   priority=args.priority, traced_steps=args.steps, **shape)
   header, info = _Header(args, 'Bubble', settings)
   result = dict(machine=info, settings=settings, configs=[])
@@ -449,7 +483,8 @@ def Bubble(args):
   try:
     steps = [runner.Add(bench_runner.Config(
         'gpipe', args.model, shape['num_layers'], shape['batch'], k, m,
-        args.remat, shape['width'])) for m in mbs if shape['batch'] % m == 0]
+        args.remat, shape['width'], v)) for m in mbs
+             if shape['batch'] % m == 0]
     for step in steps:
       for _ in range(args.warmup):
         step.Run()
@@ -458,13 +493,14 @@ def Bubble(args):
       for _ in range(args.steps):
         seconds, metadata = step.Run(trace=True)
         tasks = timeline.ParseStepStats(metadata.step_stats)
-        runs.append((timeline.BubbleFractions(tasks), tasks, seconds))
+        runs.append((timeline.BubbleFractions(tasks, by), tasks, seconds))
       # The median step by mean bubble.
       runs.sort(key=lambda r: statistics.mean(r[0]))
       bubbles, tasks, seconds = runs[len(runs) // 2]
       c = step.config
-      model = schedule.BubbleFraction(k, c.num_micro_batches)
-      busy = timeline.StageBusySeconds(tasks)
+      # (D-1)/(vM+D-1): D devices, v stages each, fill-drain.
+      model = (k - 1.0) / (v * c.num_micro_batches + k - 1)
+      busy = timeline.StageBusySeconds(tasks, by)
       rows.append([c.num_micro_batches, '%.1f%%' % (100 * model)] +
                   ['%.1f%%' % (100 * b) for b in bubbles] +
                   [1e3 * timeline.Span(tasks)] + [1e3 * b for b in busy])
@@ -474,15 +510,15 @@ def Bubble(args):
           tasks=[t._asdict() for t in tasks]))
       if args.timeline and c.num_micro_batches == args.timeline_m:
         timeline.RenderPNG(
-            tasks, '%s K=%d M=%d remat=%s' % (args.model, k,
-                                              c.num_micro_batches,
-                                              args.remat), args.timeline)
+            tasks, '%s K=%d%s M=%d remat=%s' % (
+                args.model, k, ' v=%d' % v if v > 1 else '',
+                c.num_micro_batches, args.remat), args.timeline, by=by)
   finally:
     runner.Close()
   text = header + '\n' + _Table(
-      ['M', 'model (K-1)/(M+K-1)'] + ['measured stage %d' % i
-                                       for i in range(k)] +
-      ['span ms'] + ['busy ms stage %d' % i for i in range(k)], rows)
+      ['M', 'model (K-1)/(vM+K-1)'] + ['measured %s %d' % (by, i)
+                                        for i in range(k)] +
+      ['span ms'] + ['busy ms %s %d' % (by, i) for i in range(k)], rows)
   print(text)
   result['markdown'] = text
 
@@ -490,10 +526,10 @@ def Bubble(args):
     fig, ax = plt.subplots(figsize=(6, 3.4))
     ms = [c['M'] for c in result['configs']]
     ax.plot(ms, [c['model_bubble'] for c in result['configs']], 'k:',
-            label='model (K-1)/(M+K-1)')
+            label='model (K-1)/(vM+K-1), v=%d' % v)
     for i in range(k):
       ax.plot(ms, [c['measured_bubbles'][i] for c in result['configs']],
-              'o-', label='measured stage %d' % i)
+              'o-', label='measured %s %d' % (by, i))
     ax.set_xscale('log', base=2)
     ax.set_xlabel('micro-batches M')
     ax.set_ylabel('idle fraction of the pipeline span')
@@ -655,6 +691,9 @@ def _Parser():
   p.add_argument('--steps', type=int, default=3,
                  help='traced steps per M (the median is reported)')
   p.add_argument('--warmup', type=int, default=2)
+  p.add_argument('--stages_per_device', type=int, default=1,
+                 help='v: 2v stages looped over the 2 workers (bubble per '
+                 'device then)')
   p.add_argument('--timeline', help='write the timeline PNG of one M here')
   p.add_argument('--timeline_m', type=int, default=8)
 
