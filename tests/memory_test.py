@@ -62,7 +62,8 @@ class MemoryTest(test_utils.TestCase):
   def testRematPipelineNeedsLessActivationMemory(self):
     # 8 layers on one stage: without remat every layer's output of the
     # whole batch is kept; with remat and 8 micro-batches, only the input
-    # plus one micro-batch's activations while recomputing.
+    # plus one micro-batch's activations while recomputing. A large batch
+    # keeps the (schedule-dependent) weight-gradient buffers a small share.
     peaks = {}
     for remat, num_mb in (('never', 1), ('always', 8)):
       with self.session(graph=tf.Graph(), config=CONFIG) as sess:
@@ -76,16 +77,16 @@ class MemoryTest(test_utils.TestCase):
                     params_init=py_utils.WeightInit.Gaussian(0.05, seed=i))
                 for i in range(8)
             ]).Instantiate()
-        x = tf.random.stateless_normal([1024, 256], seed=[1, 2])
+        x = tf.random.stateless_normal([4096, 256], seed=[1, 2])
         loss = tf.reduce_sum(tf.square(net.FProp(net.theta, x)))
         grads = tf.gradients(loss, net.vars.Flatten(),
                              colocate_gradients_with_ops=True)
         sess.run(tf.compat.v1.global_variables_initializer())
         peaks[remat] = memory.MaxOverDevices(
             memory.PeakBytesPerDevice(_TracedStep(sess, grads)))
-    # 8 kept [1024, 256] outputs are 8 MiB.
-    self.assertGreater(peaks['never'], 8 * MIB)
-    self.assertLess(peaks['always'], 0.6 * peaks['never'])
+    # 8 kept [4096, 256] outputs are 32 MiB.
+    self.assertGreater(peaks['never'], 32 * MIB)
+    self.assertLess(peaks['always'], 0.5 * peaks['never'])
 
   def testUntracedStepIsAnError(self):
     with self.session(graph=tf.Graph()) as sess:

@@ -58,6 +58,11 @@ class ModelSelectTest(test_utils.TestCase):
     model_select.SetStageDevices(cfg, ['/device:CPU:%d' % i for i in range(5)])
     self.assertEqual(['/device:CPU:%d' % i for i in range(4)],
                      pp.stage_devices)
+    # Looped: four stages on two workers, stage k on worker k mod 2.
+    workers = ['/job:worker/replica:0/task:%d/device:CPU:0' % i
+               for i in range(2)]
+    model_select.SetStageDevices(cfg, workers, loop=True)
+    self.assertEqual(workers * 2, pp.stage_devices)
 
   def testTestInputIsAFinitePass(self):
     cfg = model_select.ModelParams(TOY, 'Test')

@@ -218,26 +218,32 @@ def SetPipelineShape(cfg, num_stages=None, num_micro_batches=None):
   return found
 
 
-def SetStageDevices(cfg, devices, keep_explicit=False):
+def SetStageDevices(cfg, devices, keep_explicit=False, loop=False):
   """Places stage k of every pipeline in `cfg` on devices[k].
 
   Args:
     cfg: model params (changed in place).
-    devices: device strings, at least K of them.
+    devices: device strings, at least K of them (any number with `loop`).
     keep_explicit: leave pipelines whose params already name devices alone.
+    loop: place stage k on devices[k % D]: with fewer devices than stages a
+      device holds several stages (run breadth-first, a smaller bubble).
 
   Raises:
-    ValueError: fewer devices than stages.
+    ValueError: fewer devices than stages (without `loop`).
   """
   for path, pp in FindPipelines(cfg):
     if keep_explicit and pp.stage_devices:
       continue
     k = NumStages(pp)
+    if loop:
+      pp.stage_devices = [devices[s % len(devices)] for s in range(k)]
+      continue
     if len(devices) < k:
       raise ValueError(
           'the pipeline at %s has %d stages but only %d devices/workers were '
-          'given (%s): start as many workers as stages, or pass '
-          '--num_stages=%d' % (path, k, len(devices), devices, len(devices)))
+          'given (%s): start as many workers as stages, pass '
+          '--num_stages=%d, or --loop_stages to put several stages on each' %
+          (path, k, len(devices), devices, len(devices)))
     pp.stage_devices = list(devices[:k])
 
 

@@ -67,6 +67,10 @@ flags.DEFINE_integer('num_micro_batches', None,
 flags.DEFINE_integer(
     'worker_processes', 0,
     'Start this many local TensorFlow worker processes, one stage on each.')
+flags.DEFINE_bool(
+    'loop_stages', False,
+    'With fewer workers/devices than stages: place stage k on worker k mod '
+    'D, several stages per worker, run breadth-first (smaller bubble).')
 flags.DEFINE_bool('pin_cores', False,
                   'With --worker_processes: pin worker i to core i.')
 flags.DEFINE_string(
@@ -145,7 +149,8 @@ class Run:
     if self._placement is not None:
       model_select.SetStageDevices(
           cfg, self._placement.devices,
-          keep_explicit=not self._placement.distributed)
+          keep_explicit=not self._placement.distributed,
+          loop=FLAGS.loop_stages and self._placement.distributed)
     return cfg
 
   def Main(self):
