@@ -287,13 +287,16 @@ def _HeadlineText(h):
            F(None if h['micro_batch_overhead_fraction'] is None else
              100 * h['micro_batch_overhead_fraction'], '%.0f%%')))
   if h.get('pipeline_overhead_fraction') is not None:
+    own = 100 * h['pipeline_overhead_fraction']
     text += (' Of that, without remat on one core: the same %d micro-batches '
              'as inline ops cost %s more than one batch (TensorFlow on '
-             'smaller tensors), and our pipeline adds %s of its step on top '
-             '(stage calls, splits, gradient accumulation).' %
+             'smaller tensors), and %s' %
              (h['micro_batch_overhead_M'],
               F(100 * h['inline_micro_batch_cost_fraction'], '%.0f%%'),
-              F(100 * h['pipeline_overhead_fraction'], '%.0f%%')))
+              ('our pipeline adds %.0f%% of its step on top (stage calls, '
+               'splits, gradient accumulation).' % own) if own >= 0 else
+              ('our pipeline runs them %.0f%% faster than the inline ops '
+               '(its stage functions are optimized as units).' % -own)))
   if h.get('looping_best_v'):
     text += (' With v=%d stages per device (looping, breadth-first) at K=2 '
              'M=%d: speed-up %s, ours / Lingvo %s.' %
