@@ -15,7 +15,10 @@ timestamps) and the allocator's bytes in use when it finished
     held at the end of any op of the step: variables, inputs and everything
     the step allocated (what must fit in the device's memory). Devices of one
     process that share its allocator (virtual CPUs) each see the process
-    total.
+    total. Only allocators that count their bytes report this: GPU and TPU
+    allocators do; TensorFlow's default CPU allocator does not, unless
+    ``TF_CPU_ALLOCATOR_USE_BFC=true`` is in the environment before the
+    process creates its first session.
 
 Ops inside graph functions (pipeline stages) are traced like any other op,
 so both include the memory of the stage functions.
@@ -49,7 +52,8 @@ def PeakAllocatorBytesPerDevice(run_metadata):
       ``Session.run`` (or its ``step_stats``).
 
   Returns:
-    {device name: peak bytes}, over the devices whose ops used memory.
+    {device name: peak bytes}, over the devices whose allocators report
+    their bytes in use (see the module docstring); empty when none does.
 
   Raises:
     ValueError: if the step was not traced with memory records.
@@ -60,8 +64,12 @@ def PeakAllocatorBytesPerDevice(run_metadata):
   for dev in step_stats.dev_stats:
     for node in dev.node_stats:
       for mem in node.memory:
-        peaks[dev.device] = max(peaks[dev.device], mem.allocator_bytes_in_use,
-                                mem.peak_bytes)
+        # ``mem.peak_bytes`` is only this op's own high-water mark; the
+        # allocator-wide figure is ``allocator_bytes_in_use`` (0 when the
+        # allocator keeps no counts).
+        if mem.allocator_bytes_in_use > 0:
+          peaks[dev.device] = max(peaks[dev.device],
+                                  mem.allocator_bytes_in_use)
   return dict(peaks)
 
 

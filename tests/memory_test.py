@@ -1,5 +1,12 @@
 """gpipe.memory: peak memory per device from a traced step."""
 
+import os
+
+# TensorFlow's default CPU allocator keeps no byte counts; its BFC allocator
+# does. Read when the process creates its first session, so set before any.
+os.environ['TF_CPU_ALLOCATOR_USE_BFC'] = 'true'
+
+# pylint: disable=g-import-not-at-top,wrong-import-position
 from gpipe import lingvo_import  # pylint: disable=unused-import
 
 from gpipe import memory
@@ -87,6 +94,23 @@ class MemoryTest(test_utils.TestCase):
     # 8 kept [4096, 256] outputs are 32 MiB.
     self.assertGreater(peaks['never'], 32 * MIB)
     self.assertLess(peaks['always'], 0.5 * peaks['never'])
+
+  def testAllocatorWithoutCountsReportsNoTotal(self):
+    # A step traced where the allocator keeps no counts (TensorFlow's default
+    # CPU allocator): the replayed step peak is still exact, the allocator
+    # total is absent rather than a wrong number.
+    metadata = tf.compat.v1.RunMetadata()
+    dev = metadata.step_stats.dev_stats.add(device='/device:CPU:0')
+    for t, nbytes in ((1, 100), (2, 50), (3, -100), (4, 30), (5, -50)):
+      mem = dev.node_stats.add(node_name='op%d' % t).memory.add(
+          allocator_name='cpu', allocator_bytes_in_use=0)
+      mem.allocation_records.add(alloc_micros=t, alloc_bytes=nbytes)
+    self.assertEqual(memory.PeakBytesPerDevice(metadata),
+                     {'/device:CPU:0': 150})
+    self.assertEqual(memory.PeakAllocatorBytesPerDevice(metadata), {})
+    mem.allocator_bytes_in_use = 4096
+    self.assertEqual(memory.PeakAllocatorBytesPerDevice(metadata),
+                     {'/device:CPU:0': 4096})
 
   def testUntracedStepIsAnError(self):
     with self.session(graph=tf.Graph()) as sess:

@@ -6,7 +6,9 @@ each stage's busy seconds and measured bubble fraction, the timeline image,
 and the peak memory of each device (``gpipe.memory``): ``peak_bytes`` is
 what the step's own ops held at once (activations, gradients, temporaries),
 ``allocator_peak_bytes`` what the device's allocator held (with variables;
-virtual CPUs of one process share one allocator and all see its total).
+virtual CPUs of one process share one allocator and all see its total;
+written only where the allocator counts bytes: GPUs, TPUs, and CPUs when
+``TF_CPU_ALLOCATOR_USE_BFC=true`` is set for the trainer's processes).
 """
 
 from gpipe import lingvo_import  # pylint: disable=unused-import
