@@ -194,6 +194,33 @@ def BubbleFraction(num_stages, num_micro_batches):
   return (num_stages - 1) / (num_micro_batches + num_stages - 1)
 
 
+def LoopedBubbleFraction(num_devices, stages_per_device, num_micro_batches):
+  """The idle fraction of breadth-first looping (``DeviceOrders``).
+
+  D devices hold v stages each (stage s on device s mod D), every task costs
+  1/v of one stage-per-device task. Per phase a device runs v*M tasks; it
+  waits between its loops only while the pipeline is shorter than the ring
+  (M < D): each of the first v-1 loops takes max(M, D) ticks, the last
+  M + D - 1. So the bubble is 1 - vM / ((v-1) max(M, D) + M + D - 1), which
+  is (D-1)/(vM+D-1) once M >= D, and (D-1)/D, no gain at all, at M = 1.
+
+  Args:
+    num_devices: D.
+    stages_per_device: v (1 is plain fill-drain, ``BubbleFraction``).
+    num_micro_batches: M.
+
+  Returns:
+    The idle fraction in [0, 1).
+  """
+  _CheckSizes(num_devices, num_micro_batches)
+  if stages_per_device < 1:
+    raise ValueError('stages_per_device must be >= 1, got %r'
+                     % (stages_per_device,))
+  d, v, m = num_devices, stages_per_device, num_micro_batches
+  span = (v - 1) * max(m, d) + m + d - 1
+  return 1.0 - float(v * m) / span
+
+
 def Render(ticks, num_stages):
   """An ASCII timeline (stages x ticks) of a schedule."""
   width = max(2, max(len('%s%d' % (t.phase, t.micro_batch))

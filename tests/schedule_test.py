@@ -97,6 +97,23 @@ class GPipeScheduleTest(test_utils.TestCase, parameterized.TestCase):
           schedule.SimulatedBubble(orders, k, m),
           (num_devices - 1) / (v * m + num_devices - 1))
 
+  @parameterized.parameters(itertools.product([2, 3, 4], [1, 2, 3],
+                                              [1, 2, 3, 5, 8]))
+  def testLoopedBubbleMatchesSimulation(self, num_devices, v, m):
+    k = v * num_devices
+    _, orders = schedule.DeviceOrders(
+        schedule.GPipeClockCycles(k, m), [s % num_devices for s in range(k)])
+    self.assertAlmostEqual(schedule.LoopedBubbleFraction(num_devices, v, m),
+                           schedule.SimulatedBubble(orders, k, m))
+
+  def testLoopingCannotHelpOneMicroBatch(self):
+    # One micro-batch visits the devices in turn: each idles (D-1)/D.
+    self.assertAlmostEqual(schedule.LoopedBubbleFraction(2, 4, 1), 0.5)
+    self.assertAlmostEqual(schedule.LoopedBubbleFraction(2, 1, 1),
+                           schedule.BubbleFraction(2, 1))
+    with self.assertRaisesRegex(ValueError, 'stages_per_device must be >= 1'):
+      schedule.LoopedBubbleFraction(2, 0, 4)
+
   def testDeadlockedOrdersSaySo(self):
     ticks = schedule.GPipeClockCycles(2, 2)
     orders = schedule.StageOrders(ticks, 2)

@@ -468,8 +468,11 @@ def Memory(args):
 # -------------------------------------------------------------------- bubble
 
 
+_BUBBLE_MODEL = '(K-1)/(vM+K-1) for M >= K'
+
+
 def Bubble(args):
-  """Measured per-stage idle fraction vs (K-1)/(M+K-1)."""
+  """Measured per-stage idle fraction vs ``schedule.LoopedBubbleFraction``."""
   shape = (QUICK_THROUGHPUT_MODELS if args.quick else
            THROUGHPUT_MODELS)[args.model]
   mbs = [int(m) for m in args.micro_batches.split(',')]
@@ -501,8 +504,9 @@ def Bubble(args):
       runs.sort(key=lambda r: statistics.mean(r[0]))
       bubbles, tasks, seconds = runs[len(runs) // 2]
       c = step.config
-      # (D-1)/(vM+D-1): D devices, v stages each, fill-drain.
-      model = (k - 1.0) / (v * c.num_micro_batches + k - 1)
+      # D devices, v stages each, fill-drain with breadth-first looping:
+      # (D-1)/(vM+D-1) once M >= D.
+      model = schedule.LoopedBubbleFraction(k, v, c.num_micro_batches)
       busy = timeline.StageBusySeconds(tasks, by)
       rows.append([c.num_micro_batches, '%.1f%%' % (100 * model)] +
                   ['%.1f%%' % (100 * b) for b in bubbles] +
@@ -519,7 +523,7 @@ def Bubble(args):
   finally:
     runner.Close()
   text = header + '\n' + _Table(
-      ['M', 'model (K-1)/(vM+K-1)'] + ['measured %s %d' % (by, i)
+      ['M', 'model %s' % _BUBBLE_MODEL] + ['measured %s %d' % (by, i)
                                         for i in range(k)] +
       ['span ms'] + ['busy ms %s %d' % (by, i) for i in range(k)], rows)
   print(text)
@@ -529,7 +533,7 @@ def Bubble(args):
     fig, ax = plt.subplots(figsize=(6, 3.4))
     ms = [c['M'] for c in result['configs']]
     ax.plot(ms, [c['model_bubble'] for c in result['configs']], 'k:',
-            label='model (K-1)/(vM+K-1), v=%d' % v)
+            label='model %s, v=%d' % (_BUBBLE_MODEL, v))
     for i in range(k):
       ax.plot(ms, [c['measured_bubbles'][i] for c in result['configs']],
               'o-', label='measured %s %d' % (by, i))
