@@ -9,11 +9,9 @@ quickly without depending on the bigger image and translation models.
 
 from gpipe import lingvo_import  # pylint: disable=unused-import
 from gpipe import pipeline
-from gpipe import randomness
 import numpy as np
 from lingvo import compat as tf
 from lingvo import model_registry
-from lingvo.core import base_layer
 from lingvo.core import base_model
 from lingvo.core import base_model_params
 from lingvo.core import metrics as metrics_lib
@@ -21,6 +19,7 @@ from lingvo.core import optimizer
 from lingvo.core import py_utils
 from lingvo.core import schedule
 from tasks import dataset_input
+from tasks import dense
 
 
 class FlatDigitsInput(dataset_input.DatasetInput):
@@ -49,46 +48,6 @@ class FlatDigitsInput(dataset_input.DatasetInput):
         'features': features,
         'label': labels
     })
-
-
-class DenseDropoutLayer(base_layer.BaseLayer):
-  """relu(x W + b) (or linear, for logits) then pipeline-safe dropout."""
-
-  @classmethod
-  def Params(cls):
-    p = super().Params()
-    p.Define('input_dim', 64, 'Input features.')
-    p.Define('output_dim', 64, 'Output features.')
-    p.Define('activation', 'RELU', "'RELU' or 'NONE'.")
-    p.Define('keep_prob', 1.0, 'Dropout keep probability (1: none).')
-    return p
-
-  def __init__(self, params):
-    super().__init__(params)
-    p = self.params
-    self.CreateVariable(
-        'w',
-        py_utils.WeightParams([p.input_dim, p.output_dim],
-                              py_utils.WeightInit.Xavier(1.0), p.dtype))
-    self.CreateVariable(
-        'b',
-        py_utils.WeightParams([p.output_dim],
-                              py_utils.WeightInit.Constant(0.0), p.dtype))
-
-  @classmethod
-  def FPropMeta(cls, p, x):
-    return py_utils.NestedMap(
-        flops=2 * x.num_elements() * p.output_dim,
-        out_shapes=(x[:-1] + [p.output_dim],))
-
-  def FProp(self, theta, x):
-    p = self.params
-    y = tf.matmul(x, theta.w) + theta.b
-    if p.activation == 'RELU':
-      y = tf.nn.relu(y)
-    if self.do_eval:
-      return y
-    return randomness.Dropout(y, p.keep_prob, key=self.path)
 
 
 class ToyClassificationTask(base_model.BaseTask):
@@ -169,10 +128,11 @@ class PipelinedDigitsMlp(base_model_params.SingleTaskModelParams):
     layers = []
     for i in range(self.NUM_LAYERS):
       last = i == self.NUM_LAYERS - 1
-      layers.append(DenseDropoutLayer.Params().Set(
+      layers.append(dense.DenseLayer.Params().Set(
           name='dense%d' % i, input_dim=64 if i == 0 else self.HIDDEN,
           output_dim=10 if last else self.HIDDEN,
           activation='NONE' if last else 'RELU',
+          params_init=py_utils.WeightInit.Xavier(1.0),
           keep_prob=1.0 if last else self.KEEP_PROB))
     net = pipeline.PipeliningLayer.Params().Set(
         name='network', layers=layers, num_stages=2, num_micro_batches=4,

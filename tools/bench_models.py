@@ -18,7 +18,8 @@ Lingvo's GPipe cannot split):
   * ``AmoebaCell``: a convolutional cell of AmoebaNet-D's kinds of
     operations (separable 3x3 convolutions, 1x1 convolutions, average
     pooling, summed branches, residual) on [batch, height, width, filters].
-  * ``DenseLayer``: relu(x W + b), the cheapest layer with a known cost.
+  * ``tasks.dense.DenseLayer`` (relu, no dropout): the cheapest layer with a
+    known cost.
 """
 
 from gpipe import lingvo_import  # pylint: disable=unused-import
@@ -26,6 +27,7 @@ from lingvo import compat as tf
 from lingvo.core import base_layer
 from lingvo.core import gpipe as lingvo_gpipe
 from lingvo.core import py_utils
+from tasks import dense
 
 
 def _Weight(layer, name, shape, scale):
@@ -33,32 +35,6 @@ def _Weight(layer, name, shape, scale):
       name,
       py_utils.WeightParams(shape, py_utils.WeightInit.Gaussian(scale),
                             layer.params.dtype))
-
-
-class DenseLayer(base_layer.BaseLayer):
-  """relu(x W + b) on [..., input_dim]."""
-
-  @classmethod
-  def Params(cls):
-    p = super().Params()
-    p.Define('input_dim', 1024, 'Input features.')
-    p.Define('output_dim', 1024, 'Output features.')
-    return p
-
-  def __init__(self, params):
-    super().__init__(params)
-    p = self.params
-    _Weight(self, 'w', [p.input_dim, p.output_dim], p.input_dim**-0.5)
-    _Weight(self, 'b', [p.output_dim], 0.0)
-
-  @classmethod
-  def FPropMeta(cls, p, x):
-    return py_utils.NestedMap(
-        flops=2 * x.num_elements() * p.output_dim,
-        out_shapes=(x[:-1] + [p.output_dim],))
-
-  def FProp(self, theta, x):
-    return tf.nn.relu(tf.matmul(x, theta.w) + theta.b)
 
 
 def _LayerNorm(x, gain):
@@ -172,8 +148,10 @@ def ModelLayers(model, num_layers, width=None, dtype=tf.float32):
     A list of layer params named layer<i>.
   """
   if model == 'dense':
-    tpl = DenseLayer.Params().Set(
-        input_dim=width or 1024, output_dim=width or 1024)
+    width = width or 1024
+    tpl = dense.DenseLayer.Params().Set(
+        input_dim=width, output_dim=width,
+        params_init=py_utils.WeightInit.Gaussian(width**-0.5))
   elif model == 'transformer':
     width = width or 256
     tpl = TransformerBlock.Params().Set(
