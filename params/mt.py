@@ -76,6 +76,7 @@ class TransformerMTBase(base_model_params.SingleTaskModelParams):
     return inputs.TfdsTranslationInput.Params().Set(
         dataset_name='ted_multi_translate', split=split,
         language_pairs=pairs, vocab_path=self.VOCAB_PATH,
+        max_vocab_size=self.VOCAB_SIZE,
         src_len=self.SRC_LEN, tgt_len=self.TGT_LEN,
         temperature=self.TEMPERATURE, batch_size=self.BATCH_SIZE,
         repeat=is_training, shuffle_buffer=10000 if is_training else 0)
@@ -273,6 +274,7 @@ class NumbersSmall(TransformerMTBase):
   def _Input(self, split, is_training):
     return inputs.NumberTranslationInput.Params().Set(
         split=split, vocab_path=self.VOCAB_PATH, src_len=self.SRC_LEN,
+        max_vocab_size=self.VOCAB_SIZE,
         tgt_len=self.TGT_LEN, temperature=self.TEMPERATURE,
         batch_size=self.BATCH_SIZE, repeat=is_training,
         shuffle_buffer=10000 if is_training else 0,

@@ -105,6 +105,15 @@ class VocabAndInputsTest(test_utils.TestCase):
       self.assertEqual(v.Decode(batch.tgt_labels[i]),
                        batch.tgt_text[i].decode())
 
+  def testVocabularyLargerThanTheModelIsRefused(self):
+    p = inputs.NumberTranslationInput.Params().Set(
+        name='numbers', vocab_path=self.vocab_path, languages=_LANGS,
+        max_number=200, batch_size=8, max_vocab_size=100)
+    with self.assertRaisesRegex(
+        ValueError, r'has \d+ pieces but the model embeds only 100 ids; '
+        r'rebuild it with tools.build_vocab --vocab_size=100'):
+      p.Instantiate().Examples()
+
   def testNumberTestSplitHoldsOutNumbersPairByPair(self):
     p = inputs.NumberTranslationInput.Params().Set(
         name='numbers', vocab_path=self.vocab_path, languages=_LANGS,

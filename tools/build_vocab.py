@@ -4,7 +4,7 @@ Usage (from the repository root)::
 
   # The offline number corpus (training numbers only, never the test ones):
   .venv/bin/python -m tools.build_vocab --corpus=numbers \\
-      --output_prefix=/tmp/gpipe_data/mt/numbers_spm --vocab_size=1000
+      --output_prefix=/tmp/gpipe_data/mt/numbers_spm --vocab_size=512
 
   # Any text files, one sentence per line (e.g. exported corpus text):
   .venv/bin/python -m tools.build_vocab --corpus=text --input=a.txt,b.txt \\
@@ -27,7 +27,10 @@ def _Args(argv):
                       help='Comma-separated text files (--corpus=text).')
   parser.add_argument('--output_prefix', default=vocab.NUMBERS_VOCAB[:-6],
                       help='Writes <prefix>.model and <prefix>.vocab.')
-  parser.add_argument('--vocab_size', type=int, default=1000)
+  parser.add_argument(
+      '--vocab_size', type=int, default=512,
+      help="Pieces, with the special and tag tokens; at most the model's "
+      'vocab_size (mt.NumbersSmall: 512).')
   parser.add_argument('--languages', default=','.join(
       corpus.DEFAULT_LANGUAGES), help='Languages whose <2xx> tags to add.')
   parser.add_argument('--max_number', type=int, default=1000,

@@ -78,11 +78,23 @@ class _TranslationInputBase(dataset_input.DatasetInput):
     p.Define('tgt_len', 16, 'Static target length in tokens (truncated).')
     p.Define('temperature', 5.0,
              'Language-pair sampling temperature T (1 = by data size).')
+    p.Define('max_vocab_size', 0,
+             "The model's vocabulary size: a vocabulary with more pieces is "
+             'refused (its ids would not fit the embedding). 0: no check.')
     return p
 
   def _Vocab(self):
     if not hasattr(self, '_vocab'):
-      self._vocab = vocab_lib.Vocab(self.params.vocab_path)
+      p = self.params
+      vocab = vocab_lib.Vocab(p.vocab_path)
+      if p.max_vocab_size and vocab.size > p.max_vocab_size:
+        raise ValueError(
+            '%s: the vocabulary %s has %d pieces but the model embeds only '
+            '%d ids; rebuild it with tools.build_vocab --vocab_size=%d (or '
+            'raise the model\'s vocab_size)' %
+            (p.name, p.vocab_path, vocab.size, p.max_vocab_size,
+             p.max_vocab_size))
+      self._vocab = vocab
     return self._vocab
 
 

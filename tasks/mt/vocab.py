@@ -3,7 +3,7 @@
 The vocabulary is trained from the training text by the tool command::
 
   .venv/bin/python -m tools.build_vocab --corpus=numbers \\
-      --output_prefix=/tmp/gpipe_data/mt/numbers_spm --vocab_size=1000
+      --output_prefix=/tmp/gpipe_data/mt/numbers_spm --vocab_size=512
 
 Ids 0..3 are fixed: pad, unk, bos (<s>), eos (</s>). Target-language tags
 (``<2de>``...) are user-defined symbols, so each is always one token.
