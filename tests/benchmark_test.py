@@ -82,6 +82,47 @@ class BenchmarkTest(test_utils.TestCase):
                            4 * (1 << 20))
     self.assertIn('pipeline-1', text)
 
+  def _Search(self, cost, cap, max_layers, step_size):
+    calls = []
+    def Measure(layers):
+      self.assertEqual(layers % step_size, 0)
+      self.assertBetween(layers, step_size, max_layers)
+      calls.append(layers)
+      return cost(layers)
+    got = benchmark.LargestFitting(Measure, cap, max_layers, step_size)
+    self.assertEqual(len(calls), len(set(calls)), 'measured twice: %s' % calls)
+    return got, calls
+
+  def testLargestFittingFindsTheBoundary(self):
+    for step_size in (1, 2):
+      for cap in (30, 100, 257, 400):
+        # Affine with a steeper start, like a model's fixed costs.
+        cost = lambda layers: 25 + 3 * layers + (10 if layers > 4 else 0)
+        (fit, over), calls = self._Search(cost, cap, 96, step_size)
+        brute = [l for l in range(step_size, 97, step_size) if cost(l) <= cap]
+        self.assertEqual(fit, brute[-1] if brute else None, (cap, step_size))
+        if over is not None:
+          self.assertEqual(over, (fit or 0) + step_size)
+          self.assertGreater(cost(over), cap)
+        self.assertLessEqual(len(calls), 8, calls)
+
+  def testLargestFittingConvergesWhenTheSlopeChanges(self):
+    # Cheap layers at first, expensive later (a small-L slope misleads).
+    cost = lambda layers: 30 + layers + (layers - 100) ** 2 // 20 * (
+        layers > 100)
+    (fit, over), calls = self._Search(cost, 256, 192, 1)
+    brute = max(l for l in range(1, 193) if cost(l) <= 256)
+    self.assertEqual((fit, over), (brute, brute + 1))
+    self.assertLessEqual(len(calls), 12)
+
+  def testLargestFittingEdges(self):
+    # Even the smallest size is over the cap.
+    self.assertEqual(self._Search(lambda l: 100 * l, 50, 96, 2)[0], (None, 2))
+    # Everything up to max_layers fits: no first size over the cap.
+    self.assertEqual(self._Search(lambda l: l, 1000, 97, 2)[0], (96, None))
+    with self.assertRaisesRegex(ValueError, 'raise --max_layers'):
+      benchmark.LargestFitting(lambda l: l, 100, 1, 2)
+
   def testBubble(self):
     timeline_png = os.path.join(tempfile.mkdtemp(), 't.png')
     result, _, _ = self._Run('bubble', '--timeline', timeline_png)

@@ -330,20 +330,25 @@ MEMORY_MODES = (
 )
 
 
-def _MeasurePeak(runner, config, cache):
-  """Peak bytes (max over devices) of one traced training step."""
+def _MeasurePeak(args, config, cache):
+  """Peak bytes (max over devices) of one traced training step.
+
+  Each size gets fresh worker processes: a TensorFlow process keeps much of
+  the memory of the graphs it ran, and a sweep of big graphs in the same
+  workers outgrows this machine's RAM.
+  """
   if config in cache:
     return cache[config]
-  step = runner.Add(config)
+  runner = _Runner(args)
   try:
+    step = runner.Add(config)
     step.Run()
     _, metadata = step.Run(trace=True)
     step_peak = memory.MaxOverDevices(memory.PeakBytesPerDevice(metadata))
     total_peak = memory.MaxOverDevices(
         memory.PeakAllocatorBytesPerDevice(metadata))
   finally:
-    step.Close()
-    runner.steps.remove(step)
+    runner.Close()
   params = sum(
       param_count.CountParams(lp) for lp in bench_models.ModelLayers(
           config.model, config.num_layers, config.width))
@@ -360,38 +365,89 @@ def _MeasurePeak(runner, config, cache):
   return cache[config]
 
 
-def _LargestFitting(runner, make_config, cap_bytes, max_layers, step_size):
-  """The most layers whose step fits `cap_bytes`, by measured peaks.
+def LargestFitting(measure, cap_bytes, max_layers, step_size,
+                   max_measurements=12):
+  """The most layers (a multiple of `step_size`) whose cost fits `cap_bytes`.
 
-  Measures two sizes, extrapolates linearly, then walks by `step_size` until
-  the boundary is found (every candidate is a real traced step).
+  Brackets the answer between the largest size known to fit and the smallest
+  known not to, and shrinks the bracket by secant steps through the two
+  nearest measurements (memory is close to linear in L, but its slope at small
+  L is not the slope at large L), falling back to bisection when a secant step
+  would not land strictly inside. Every probe is a real measurement.
+
+  Args:
+    measure: layers -> bytes, assumed non-decreasing in layers.
+    cap_bytes: the cap.
+    max_layers: the largest size tried.
+    step_size: sizes are multiples of this (e.g. the number of stages).
+    max_measurements: give up (ValueError) after this many probes.
 
   Returns:
-    (largest fitting measurement or None, smallest non-fitting measurement)
+    (largest fitting size or None, smallest non-fitting size or None if
+    `max_layers` fits).
   """
-  cache = {}
-  def Fits(layers):
-    return _MeasurePeak(runner, make_config(layers), cache)['fits_bytes'] <= (
-        cap_bytes)
-  lo, hi = step_size, 2 * step_size
-  a = _MeasurePeak(runner, make_config(lo), cache)['fits_bytes']
-  b = _MeasurePeak(runner, make_config(hi), cache)['fits_bytes']
-  per_layer = max((b - a) / (hi - lo), 1.0)
-  guess = int(lo + (cap_bytes - a) / per_layer)
-  guess = max(step_size, min(max_layers, guess - guess % step_size))
-  if Fits(guess):
-    while guess + step_size <= max_layers and Fits(guess + step_size):
-      guess += step_size
-    best, over = guess, guess + step_size
-  else:
-    while guess > step_size and not Fits(guess - step_size):
-      guess -= step_size
-    best, over = guess - step_size, guess
-    if best < step_size or not Fits(best):
-      best = None
-  fit = cache[make_config(best)] if best else None
-  above = cache.get(make_config(over)) if over <= max_layers else None
-  return fit, above
+  def Align(layers):
+    return max(step_size, min(top, layers - layers % step_size))
+
+  top = max_layers - max_layers % step_size
+  if top < step_size:
+    raise ValueError('max_layers=%d is below the smallest size %d; raise '
+                     '--max_layers' % (max_layers, step_size))
+  points = {}
+  def Probe(layers):
+    if layers not in points:
+      if len(points) >= max_measurements:
+        raise ValueError('no answer after %d measurements: %s' %
+                         (max_measurements, sorted(points.items())))
+      points[layers] = measure(layers)
+    return points[layers] <= cap_bytes
+
+  if not Probe(step_size):
+    return None, step_size
+  fit, over, below = step_size, None, None
+  probe = Align(2 * step_size)
+  while over is None or over - fit > step_size:
+    upper = over if over is not None else top + step_size
+    if not fit < probe < upper:
+      probe = Align((fit + upper) // 2)
+    if Probe(probe):
+      fit, below = probe, fit
+      if fit == top:
+        return fit, None
+    else:
+      over = probe
+    # Secant through the nearest measurement on each side of the cap (or the
+    # last two that fit, before anything has failed).
+    other = over if over is not None else below
+    slope = (points[other] - points[fit]) / (other - fit)
+    probe = Align(fit + int((cap_bytes - points[fit]) / max(slope, 1.0)))
+    if probe == fit:
+      probe += step_size
+  return fit, over
+
+
+def MemoryPlot(plt, result):
+  """Bars of the largest L per mode and model, from a `Memory` result."""
+  names = list(result['models'])
+  fig, ax = plt.subplots(figsize=(6, 3.4))
+  modes = [m[0] for m in MEMORY_MODES]
+  width = 0.8 / len(names)
+  for i, name in enumerate(names):
+    runs = [result['models'][name][m] for m in modes]
+    vals = [(r['fit'] or {}).get('num_layers', 0) for r in runs]
+    # '+': the largest size tried still fitted (the sweep's --max_layers).
+    labels = ['%d%s' % (v, '+' if r['fit'] and not r['first_not_fitting']
+                        else '') for v, r in zip(vals, runs)]
+    xs = [j + i * width for j in range(len(modes))]
+    ax.bar(xs, vals, width, label=name)
+    for x, v, label in zip(xs, vals, labels):
+      ax.text(x, v, label, ha='center', va='bottom', fontsize=8)
+  ax.set_xticks([j + width * (len(names) - 1) / 2 for j in range(len(modes))])
+  ax.set_xticklabels(modes)
+  ax.set_ylabel('largest L under %d MiB/device' %
+                result['settings']['cap_mib'])
+  ax.legend(fontsize=8)
+  return fig
 
 
 def Memory(args):
@@ -405,30 +461,31 @@ def Memory(args):
   header, info = _Header(args, 'Memory', settings)
   result = dict(machine=info, settings=settings, models={})
   rows = []
-  runner = _Runner(args)
-  try:
-    for name in names:
-      shape = models[name]
-      result['models'][name] = {}
-      for mode, impl, k, m, remat in MEMORY_MODES:
-        m = args.micro_batches if impl == 'gpipe' else m
-        def Make(layers, impl=impl, k=k, m=m, remat=remat, shape=shape):
-          return bench_runner.Config(impl, name, layers, shape['batch'], k,
-                                     m, remat, shape['width'])
-        _Log('%s %s:' % (name, mode))
-        fit, above = _LargestFitting(runner, Make, cap, args.max_layers, k)
-        result['models'][name][mode] = dict(fit=fit, first_not_fitting=above)
-        if fit:
-          rows.append([name, mode, fit['num_layers'], fit['params'] / 1e6,
-                       fit['param_bytes_per_device'] / MIB,
-                       fit['step_peak_bytes'] / MIB,
-                       fit['fits_bytes'] / MIB,
-                       above['num_layers'] if above else '> %d' %
-                       args.max_layers])
-        else:
-          rows.append([name, mode, 0, '', '', '', '', ''])
-  finally:
-    runner.Close()
+  for name in names:
+    shape = models[name]
+    result['models'][name] = {}
+    for mode, impl, k, m, remat in MEMORY_MODES:
+      m = args.micro_batches if impl == 'gpipe' else m
+      def Make(layers, impl=impl, k=k, m=m, remat=remat, shape=shape):
+        return bench_runner.Config(impl, name, layers, shape['batch'], k,
+                                   m, remat, shape['width'])
+      _Log('%s %s:' % (name, mode))
+      cache = {}
+      best, over = LargestFitting(
+          lambda layers: _MeasurePeak(args, Make(layers), cache)['fits_bytes'],
+          cap, args.max_layers, k)
+      fit = cache[Make(best)] if best else None
+      above = cache[Make(over)] if over else None
+      result['models'][name][mode] = dict(fit=fit, first_not_fitting=above)
+      if fit:
+        rows.append([name, mode, fit['num_layers'], fit['params'] / 1e6,
+                     fit['param_bytes_per_device'] / MIB,
+                     fit['step_peak_bytes'] / MIB,
+                     fit['fits_bytes'] / MIB,
+                     above['num_layers'] if above else '> %d' %
+                     args.max_layers])
+      else:
+        rows.append([name, mode, 0, '', '', '', '', ''])
   ratios = {}
   for name in names:
     r = result['models'][name]
@@ -444,24 +501,7 @@ def Memory(args):
   print(text)
   result['markdown'] = text
 
-  def Plot(plt):
-    fig, ax = plt.subplots(figsize=(6, 3.4))
-    modes = [m[0] for m in MEMORY_MODES]
-    width = 0.8 / len(names)
-    for i, name in enumerate(names):
-      vals = [(result['models'][name][m]['fit'] or {}).get('num_layers', 0)
-              for m in modes]
-      xs = [j + i * width for j in range(len(modes))]
-      ax.bar(xs, vals, width, label=name)
-      for x, v in zip(xs, vals):
-        ax.text(x, v, str(v), ha='center', va='bottom', fontsize=8)
-    ax.set_xticks([j + width * (len(names) - 1) / 2 for j in range(len(modes))])
-    ax.set_xticklabels(modes)
-    ax.set_ylabel('largest L under %d MiB/device' % args.cap_mib)
-    ax.legend(fontsize=8)
-    return fig
-
-  _Write(args, result, Plot)
+  _Write(args, result, lambda plt: MemoryPlot(plt, result))
   return result
 
 
