@@ -497,7 +497,10 @@ def Memory(args):
       ['model', 'mode', 'max layers', 'params (M)', 'param MiB/device',
        'peak step MiB/device', 'total MiB/device', 'first L over cap'],
       rows) + '\n\nHeadline: pipeline-1 fits %s the layers of naive-1.' % (
-          ', '.join('%s %.1fx' % kv for kv in ratios.items()) or 'n/a')
+          ', '.join('%s %s%.1fx' % (
+              name, '>= ' if not result['models'][name]['pipeline-1'][
+                  'first_not_fitting'] else '', ratio)
+                    for name, ratio in ratios.items()) or 'n/a')
   print(text)
   result['markdown'] = text
 
