@@ -87,6 +87,78 @@ class DecodeTest(test_utils.TestCase):
     # Beam scores are log-probabilities, sorted best first across beams.
     self.assertTrue(np.all(beam_score <= 0))
 
+  def _UntrainedTask(self, max_decode_len, shared_embedding=True):
+    layer_list = stack.EncoderDecoderLayers(
+        vocab_size=_V, model_dim=32, hidden_dim=64, num_heads=4,
+        num_layers=2, dropout_prob=0.1, label_smoothing=0.0,
+        shared_embedding=shared_embedding)
+    p = model.TransformerMTTask.Params().Set(
+        name='mt', max_decode_len=max_decode_len, beam_size=2,
+        pipelined=False)
+    p.network = pipeline.PipeliningLayer.Params().Set(
+        name='network', layers=layer_list, num_stages=1, num_micro_batches=1,
+        stage_devices=['/device:CPU:0'], partition_cost='uniform')
+    p.network.params_init = py_utils.WeightInit.Gaussian(0.5)
+    tf.random.set_seed(3)
+    return p.Instantiate()
+
+  def testCachedStepLogitsEqualFullPrefixLogits(self):
+    # Incremental decoding (one position per step, keys and values cached)
+    # against recomputing the whole prefix, at every position, with padded
+    # sources and separate source/target tables.
+    batch, length = 3, 7
+    rng = np.random.RandomState(1)
+    src = rng.randint(4, _V, size=[batch, 6]).astype(np.int32)
+    src_paddings = np.zeros([batch, 6], np.float32)
+    src_paddings[1, 4:] = 1.0
+    src_paddings[2, 2:] = 1.0
+    tgt = rng.randint(0, _V, size=[batch, length]).astype(np.int32)
+    tgt[:, 0] = vocab.BOS_ID
+    for shared in (True, False):
+      with self.session(graph=tf.Graph()) as sess, cluster_factory.SetEval(
+          True):
+        task = self._UntrainedTask(length, shared_embedding=shared)
+        encoded = task.Encode(task.theta, tf.constant(src),
+                              tf.constant(src_paddings))
+        full = task.DecoderLogits(task.theta, encoded, tf.constant(tgt))
+        caches, sources = task.InitDecodeState(task.theta, encoded, batch)
+        steps = []
+        for t in range(length):
+          logits, caches = task.StepLogits(task.theta, tf.constant(tgt[:, t]),
+                                           tf.constant(t), caches, sources)
+          steps.append(logits)
+        sess.run(tf.global_variables_initializer())
+        full, steps = sess.run([full, tf.stack(steps, axis=1)])
+      self.assertEqual(steps.shape, (batch, length, _V))
+      self.assertGreater(np.std(full), 0.5)  # not a degenerate model
+      self.assertAllClose(steps, full, atol=1e-4, rtol=1e-4)
+
+  def testGreedyDecodeEqualsArgmaxOfFullPrefixLogits(self):
+    batch, length = 4, 6
+    src = np.random.RandomState(2).randint(
+        4, _V, size=[batch, 5]).astype(np.int32)
+    with self.session(graph=tf.Graph()) as sess, cluster_factory.SetEval(True):
+      task = self._UntrainedTask(length)
+      src_t = tf.constant(src)
+      paddings = tf.zeros([batch, 5])
+      ids, _ = task.GreedyDecode(task.theta, src_t, paddings)
+      prefix = tf.placeholder(tf.int32, [batch, None])
+      full = task.DecoderLogits(
+          task.theta, task.Encode(task.theta, src_t, paddings), prefix)
+      sess.run(tf.global_variables_initializer())
+      decoded = sess.run(ids)
+      # The reference: argmax of the recomputed prefix, one position a run.
+      inputs = np.full([batch, 1], vocab.BOS_ID, np.int32)
+      expected = np.zeros([batch, length], np.int32)
+      finished = np.zeros([batch], bool)
+      for t in range(length):
+        token = sess.run(full, {prefix: inputs})[:, t].argmax(-1)
+        token = np.where(finished, vocab.PAD_ID, token)
+        expected[:, t] = token
+        finished |= token == vocab.EOS_ID
+        inputs = np.concatenate([inputs, token[:, None]], 1)
+    self.assertAllEqual(decoded, expected)
+
   def testBleuPerPairAndOverall(self):
     hyps = ['one two three four', 'a b c d e', 'сто сорок два', 'x']
     refs = ['one two three four', 'a b c d f', 'сто сорок два', 'y']

@@ -192,15 +192,34 @@ class MultiHeadAttention(base_layer.BaseLayer):
     Returns:
       [B, T, D] attention outputs.
     """
+    keys, values = self.KeysAndValues(theta, memory)
+    return self.Attend(theta, query, keys, values, bias)
+
+  def KeysAndValues(self, theta, memory):
+    """Per-head keys and values [B, N, S, D/N] of `memory` [B, S, D]."""
+    return (self._Heads(_Dense(memory, theta.w_key, theta.b_key)),
+            self._Heads(_Dense(memory, theta.w_value, theta.b_value)))
+
+  def Attend(self, theta, query, keys, values, bias):
+    """Attends from `query` [B, T, D] to per-head `keys` / `values`.
+
+    Args:
+      theta: the layer's variables.
+      query: [B, T, D] queries.
+      keys: [B, N, S, D/N] from `KeysAndValues` (or a decoding cache).
+      values: [B, N, S, D/N], likewise.
+      bias: additive logits mask broadcastable to [B, T, S].
+
+    Returns:
+      [B, T, D] attention outputs.
+    """
     p = self.params
     q = self._Heads(_Dense(query, theta.w_query, theta.b_query))
-    k = self._Heads(_Dense(memory, theta.w_key, theta.b_key))
-    v = self._Heads(_Dense(memory, theta.w_value, theta.b_value))
     q *= (p.model_dim // p.num_heads)**-0.5
-    logits = tf.matmul(q, k, transpose_b=True) + bias[:, tf.newaxis]
+    logits = tf.matmul(q, keys, transpose_b=True) + bias[:, tf.newaxis]
     probs = tf.nn.softmax(logits)
     probs = _Dropout(self, probs, p.atten_dropout_prob, 'atten')
-    context = tf.matmul(probs, v)  # [B, N, T, D/N]
+    context = tf.matmul(probs, values)  # [B, N, T, D/N]
     b, _, t, _ = py_utils.GetShape(context, 4)
     context = tf.reshape(tf.transpose(context, [0, 2, 1, 3]),
                          [b, t, p.model_dim])
@@ -393,6 +412,83 @@ class DecoderLayer(base_layer.BaseLayer):
     out.tgt = x
     return out
 
+  # --- Incremental decoding ---------------------------------------------
+  #
+  # Decoding one position at a time with FProp would recompute every earlier
+  # position at every step (quadratic in the target length). These two methods
+  # keep each position's self-attention keys and values in a cache instead,
+  # and the source's cross-attention keys and values are computed once; the
+  # outputs equal FProp's at every position (tested).
+
+  def InitDecodeState(self, theta, batch, max_len, src=None,
+                      src_paddings=None):
+    """The state `ExtendStep` needs, before position 0.
+
+    Args:
+      theta: the layer's variables.
+      batch: rows decoded together (an int or a scalar tensor).
+      max_len: positions to decode (a Python int).
+      src: [B, S, D] encoder output (with cross-attention).
+      src_paddings: [B, S] its paddings.
+
+    Returns:
+      (cache, source): `cache` is a (keys, values) tuple of zeros
+      [B, N, max_len, D/N] that `ExtendStep` fills position by position (a
+      loop variable); `source` is a NestedMap of the cross-attention keys,
+      values and padding bias (loop-invariant; empty without cross-attention).
+    """
+    p = self.params
+    shape = [batch, p.num_heads, max_len, p.model_dim // p.num_heads]
+    cache = (tf.zeros(shape), tf.zeros(shape))
+    source = py_utils.NestedMap()
+    if p.has_cross_attention:
+      if src is None or src_paddings is None:
+        raise ValueError('%s: decoding with cross-attention needs the encoder '
+                         'output src and src_paddings' % p.name)
+      source.key, source.value = self.cross_atten.KeysAndValues(
+          theta.cross_atten, src)
+      source.bias = PaddingBias(src_paddings)
+    return cache, source
+
+  def ExtendStep(self, theta, x, t, cache, source):
+    """FProp of one target position `t`, attending to positions <= t.
+
+    Args:
+      theta: the layer's variables.
+      x: [B, 1, D] the layer's input at position t.
+      t: a scalar int32 tensor, the position.
+      cache: (keys, values) of positions < t, from `InitDecodeState` or the
+        previous `ExtendStep`.
+      source: from `InitDecodeState`.
+
+    Returns:
+      ([B, 1, D] the layer's output at position t, the cache with position t
+      added).
+    """
+    p = self.params
+    keys, values = cache
+    max_len = py_utils.GetShape(keys, 4)[2]
+    h = self.self_atten_ln.FProp(theta.self_atten_ln, x)
+    new_keys, new_values = self.self_atten.KeysAndValues(theta.self_atten, h)
+    # Write position t: x * 1 + y * 0 leaves the other positions bit-exact.
+    at_t = tf.one_hot(t, max_len, dtype=keys.dtype)[:, tf.newaxis]  # [L, 1]
+    keys = keys * (1.0 - at_t) + new_keys * at_t
+    values = values * (1.0 - at_t) + new_values * at_t
+    hidden = tf.cast(tf.range(max_len) > t, x.dtype)
+    bias = (hidden * _MASK_LOGIT)[tf.newaxis, tf.newaxis]  # [1, 1, L]
+    h = self.self_atten.Attend(theta.self_atten, h, keys, values, bias)
+    x += _Dropout(self, h, p.residual_dropout_prob, 'self_atten_residual')
+    if p.has_cross_attention:
+      h = self.cross_atten_ln.FProp(theta.cross_atten_ln, x)
+      h = self.cross_atten.Attend(theta.cross_atten, h, source.key,
+                                  source.value, source.bias)
+      x += _Dropout(self, h, p.residual_dropout_prob, 'cross_atten_residual')
+    h = self.ffn.FProp(theta.ffn, self.ffn_ln.FProp(theta.ffn_ln, x))
+    x += _Dropout(self, h, p.residual_dropout_prob, 'ffn_residual')
+    if p.final_layer_norm:
+      x = self.final_ln.FProp(theta.final_ln, x)
+    return x, (keys, values)
+
   @classmethod
   def FPropMeta(cls, p, inputs):
     b, t = _Dim(inputs.tgt[0]), _Dim(inputs.tgt[1])
@@ -456,6 +552,23 @@ class EmbeddingLayer(base_layer.BaseLayer):
     out.tgt = self._Embed(theta.emb if shared else theta.tgt_emb,
                           out.pop('tgt_ids'), 'tgt')
     return out
+
+  def EmbedTargetStep(self, theta, ids, t, max_len):
+    """[B] target ids at position `t` -> [B, 1, D], as FProp embeds them.
+
+    Args:
+      theta: the layer's variables.
+      ids: [B] int32 token ids.
+      t: a scalar int32 tensor, their position.
+      max_len: a Python int >= t + 1 (the position table's length).
+    """
+    p = self.params
+    shared = p.shared_embedding or not p.has_source
+    table = theta.emb if shared else theta.tgt_emb
+    x = tf.nn.embedding_lookup(table, ids[:, tf.newaxis]) * (p.model_dim**0.5)
+    x += tf.gather(SinusoidalPositions(max_len, p.model_dim), t)[tf.newaxis,
+                                                                 tf.newaxis]
+    return _Dropout(self, x, p.dropout_prob, 'tgt')
 
   @classmethod
   def FPropMeta(cls, p, inputs):

@@ -5,11 +5,11 @@ Training runs the flat layer list (`stack.EncoderDecoderLayers`) through a
 per-example loss sums, which `ComputeLoss` turns into Lingvo metrics.
 
 Decoding (greedy or beam search) runs the same layers, unpipelined, in a
-`tf.while_loop`: the encoder once, then one decoder pass per output position
-over the whole (causally masked) target prefix. That re-computes the prefix
-each step (O(T^2) for T output tokens) instead of caching attention states,
-which keeps the layers simple and is cheap for the short sequences decoded on
-this project's machines.
+`tf.while_loop`: the encoder once, then one position per step. Each decoder
+layer keeps the self-attention keys and values of the positions decoded so far
+in a cache (reordered with the beams) and the source's cross-attention keys
+and values from the start, so a step costs one position, not the whole prefix
+(`StepLogits`; `DecoderLogits` is the full-prefix computation it equals).
 """
 
 from gpipe import lingvo_import  # pylint: disable=unused-import
@@ -121,11 +121,58 @@ class TransformerMTTask(base_model.BaseTask):
       x = layer.FProp(layer_theta, x)
     return softmax.Logits(softmax_theta, x)
 
+  def InitDecodeState(self, theta, encoded, batch):
+    """Per-decoder-layer state for `StepLogits`, before position 0.
+
+    Args:
+      theta: the task's theta.
+      encoded: `Encode`'s output for `batch` rows.
+      batch: rows decoded together.
+
+    Returns:
+      (caches, sources): the loop-carried per-layer key/value caches (a list
+      of tuples) and the loop-invariant per-layer source keys and values.
+    """
+    _, _, decoders, _ = self._Layers(theta)
+    states = [
+        layer.InitDecodeState(layer_theta, batch, self.params.max_decode_len,
+                              encoded.src, encoded.src_paddings)
+        for layer, layer_theta in decoders
+    ]
+    return [c for c, _ in states], [s for _, s in states]
+
+  def StepLogits(self, theta, prev_ids, t, caches, sources):
+    """Next-token logits at position `t` from the cached decoder state.
+
+    Equals `DecoderLogits(...)[:, t]` for the same prefix, at one position's
+    cost instead of t + 1 positions'.
+
+    Args:
+      theta: the task's theta.
+      prev_ids: [B] int32, the token at position t - 1 (<s> at t = 0).
+      t: a scalar int32 tensor.
+      caches: from `InitDecodeState` or the previous `StepLogits`.
+      sources: from `InitDecodeState`.
+
+    Returns:
+      ([B, V] logits, the caches with position t added).
+    """
+    (emb, emb_theta), _, decoders, (softmax, softmax_theta) = self._Layers(
+        theta)
+    x = emb.EmbedTargetStep(emb_theta, prev_ids, t, self.params.max_decode_len)
+    new_caches = []
+    for (layer, layer_theta), cache, source in zip(decoders, caches, sources):
+      x, cache = layer.ExtendStep(layer_theta, x, t, cache, source)
+      new_caches.append(cache)
+    logits = softmax.Logits(softmax_theta, py_utils.NestedMap(tgt=x))
+    return logits[:, 0, :], new_caches
+
   @staticmethod
-  def _DecoderInputs(outputs):
-    """<s> followed by the outputs so far, shifted right: [..., T]."""
-    bos = tf.fill(py_utils.GetShape(outputs)[:-1] + [1], vocab_lib.BOS_ID)
-    return tf.concat([bos, outputs[..., :-1]], axis=-1)
+  def _PreviousTokens(outputs, t):
+    """The tokens at position t - 1 of `outputs` [..., T]; <s> at t = 0."""
+    prev = tf.gather(outputs, tf.maximum(t - 1, 0), axis=-1)
+    return tf.where(t > 0, prev, tf.fill(tf.shape(prev), vocab_lib.BOS_ID))
+
 
   def GreedyDecode(self, theta, src_ids, src_paddings):
     """Greedy decoding.
@@ -143,22 +190,24 @@ class TransformerMTTask(base_model.BaseTask):
     encoded = self.Encode(theta, src_ids, src_paddings)
     batch = py_utils.GetShape(src_ids, 2)[0]
 
-    def _Step(t, outputs, score, finished):
-      logits = self.DecoderLogits(theta, encoded,
-                                  self._DecoderInputs(outputs))
-      log_probs = tf.nn.log_softmax(logits[:, t, :])
+    caches, sources = self.InitDecodeState(theta, encoded, batch)
+
+    def _Step(t, outputs, score, finished, caches):
+      logits, caches = self.StepLogits(
+          theta, self._PreviousTokens(outputs, t), t, caches, sources)
+      log_probs = tf.nn.log_softmax(logits)
       token = tf.argmax(log_probs, axis=-1, output_type=tf.int32)
       token = tf.where(finished, tf.zeros_like(token), token)
       gained = tf.reduce_max(log_probs, axis=-1)
       score += tf.where(finished, tf.zeros_like(gained), gained)
       outputs += tf.one_hot(t, length, dtype=tf.int32) * token[:, tf.newaxis]
       finished = tf.logical_or(finished, tf.equal(token, vocab_lib.EOS_ID))
-      return t + 1, outputs, score, finished
+      return t + 1, outputs, score, finished, caches
 
-    _, outputs, score, _ = tf.while_loop(
+    _, outputs, score, _, _ = tf.while_loop(
         lambda t, *_: t < length, _Step,
         (tf.constant(0), tf.zeros([batch, length], tf.int32),
-         tf.zeros([batch]), tf.zeros([batch], tf.bool)))
+         tf.zeros([batch]), tf.zeros([batch], tf.bool), caches))
     return outputs, score
 
   def BeamSearchDecode(self, theta, src_ids, src_paddings, beam_size=None):
@@ -186,9 +235,17 @@ class TransformerMTTask(base_model.BaseTask):
     pad_only = tf.one_hot(vocab_lib.PAD_ID, vocab_size, on_value=0.0,
                           off_value=_NEG_INF)
 
-    def _Step(t, outputs, scores, finished, lengths):
-      inputs = tf.reshape(self._DecoderInputs(outputs), [batch * k, length])
-      logits = self.DecoderLogits(theta, encoded, inputs)[:, t, :]
+    caches, sources = self.InitDecodeState(theta, encoded, batch * k)
+
+    def _Reorder(x, beam):
+      """Rows [B * k, ...] of the beams `beam` [B, k] picked, in order."""
+      shape = py_utils.GetShape(x)
+      x = tf.reshape(x, [batch, k] + shape[1:])
+      return tf.reshape(tf.gather(x, beam, batch_dims=1), shape)
+
+    def _Step(t, outputs, scores, finished, lengths, caches):
+      prev = tf.reshape(self._PreviousTokens(outputs, t), [batch * k])
+      logits, caches = self.StepLogits(theta, prev, t, caches, sources)
       log_probs = tf.reshape(tf.nn.log_softmax(logits),
                              [batch, k, vocab_size])
       shape = [batch, k, vocab_size]
@@ -202,19 +259,20 @@ class TransformerMTTask(base_model.BaseTask):
       outputs = tf.gather(outputs, beam, batch_dims=1)
       finished = tf.gather(finished, beam, batch_dims=1)
       lengths = tf.gather(lengths, beam, batch_dims=1)
+      caches = tf.nest.map_structure(lambda x: _Reorder(x, beam), caches)
       lengths += 1 - tf.cast(finished, tf.int32)
       outputs += (tf.one_hot(t, length, dtype=tf.int32)[tf.newaxis, tf.newaxis]
                   * token[:, :, tf.newaxis])
       finished = tf.logical_or(finished, tf.equal(token, vocab_lib.EOS_ID))
-      return t + 1, outputs, scores, finished, lengths
+      return t + 1, outputs, scores, finished, lengths, caches
 
     first_beam_only = tf.concat(
         [tf.zeros([batch, 1]), tf.fill([batch, k - 1], _NEG_INF)], axis=1)
-    _, outputs, scores, _, lengths = tf.while_loop(
+    _, outputs, scores, _, lengths, _ = tf.while_loop(
         lambda t, *_: t < length, _Step,
         (tf.constant(0), tf.zeros([batch, k, length], tf.int32),
          first_beam_only, tf.zeros([batch, k], tf.bool),
-         tf.zeros([batch, k], tf.int32)))
+         tf.zeros([batch, k], tf.int32), caches))
     penalty = tf.pow((5.0 + tf.cast(lengths, tf.float32)) / 6.0,
                      p.length_alpha)
     best = tf.argmax(scores / penalty, axis=1, output_type=tf.int32)
