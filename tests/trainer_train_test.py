@@ -142,6 +142,54 @@ class TrainerTrainTest(test_utils.TestCase):
     # Nothing written, nothing changed.
     self.assertEqual(before, _Files(logdir))
 
+  def testCorruptCheckpointIsReportedWithTheOlderOnesAndLeftUntouched(self):
+    logdir = self.create_tempdir().full_path
+    code, out, err = RunInProcess(
+        model=TOY, logdir=logdir, max_steps=3, checkpoint_every_n_steps=1,
+        log_every_n_steps=1, trace_every_n_steps=0)
+    self.assertEqual(0, code, err)
+    data = glob.glob(os.path.join(logdir, 'ckpt-3.data-*'))
+    self.assertLen(data, 1)
+    with open(data[0], 'r+b') as f:
+      f.truncate(100)
+    index = os.path.join(logdir, 'ckpt-3.index')
+    with open(index, 'rb') as f:
+      good_index = f.read()
+    for damage in ('truncated data', 'garbage index'):
+      if damage == 'garbage index':
+        with open(index, 'wb') as f:
+          f.write(b'not a checkpoint index')
+      before = _Files(logdir)
+      for mode in ('train', 'eval'):
+        code, _, err = RunInProcess(model=TOY, logdir=logdir, max_steps=5,
+                                    mode=mode, trace_every_n_steps=0)
+        self.assertEqual(1, code, (damage, mode))
+        self.assertIn('the checkpoint %s/ckpt-3 cannot be read' % logdir, err)
+        self.assertIn('Its files were left untouched', err)
+        self.assertIn('move ckpt-3.* out of the logdir', err)
+        self.assertIn('model_checkpoint_path: "ckpt-2" (older ones: ckpt-1)',
+                      err)
+        self.assertNotIn('Traceback', err)
+        self.assertEqual(before, _Files(logdir), (damage, mode))
+    with open(index, 'wb') as f:
+      f.write(good_index)
+    # Following the advice resumes from the previous checkpoint.
+    for path in glob.glob(os.path.join(logdir, 'ckpt-3.*')):
+      os.rename(path, path + '.bad')
+    state = os.path.join(logdir, 'checkpoint')
+    with open(state) as f:
+      lines = f.read().splitlines()
+    lines[0] = 'model_checkpoint_path: "ckpt-2"'
+    with open(state, 'w') as f:
+      f.write('\n'.join(lines) + '\n')
+    code, out, err = RunInProcess(
+        model=TOY, logdir=logdir, max_steps=4, checkpoint_every_n_steps=1,
+        log_every_n_steps=1, trace_every_n_steps=0)
+    self.assertEqual(0, code, err)
+    self.assertIn('resumed from %s/ckpt-2 at step 2' % logdir, out)
+    self.assertEqual(os.path.join(logdir, 'ckpt-4'),
+                     tf.train.latest_checkpoint(logdir))
+
   def testLogdirNotWritable(self):
     blocker = os.path.join(self.create_tempdir().full_path, 'a_file')
     with open(blocker, 'w') as f:

@@ -7,7 +7,9 @@ batch, so a resumed run skips that many batches (the input generator's
 ``skip_batches``) and sees exactly the data an uninterrupted run would.
 
 Before restoring, the checkpoint's variables are compared with the graph's:
-a checkpoint of another model is reported by name and left untouched.
+a checkpoint of another model is reported by name and left untouched, and one
+whose files cannot be read is reported with the older checkpoints to go back
+to.
 """
 
 import os
@@ -22,6 +24,42 @@ class CheckpointMismatchError(ValueError):
   """The newest checkpoint in logdir belongs to a different model."""
 
 
+class CheckpointCorruptError(ValueError):
+  """A checkpoint's files cannot be read (truncated, overwritten, missing)."""
+
+
+def _Others(path):
+  """The logdir's other checkpoints, newest first (from its state file)."""
+  state = tf.train.get_checkpoint_state(os.path.dirname(path))
+  listed = list(state.all_model_checkpoint_paths) if state else []
+  return [p for p in reversed(listed) if os.path.basename(p) !=
+          os.path.basename(path)]
+
+
+def _Corrupt(path, error):
+  others = _Others(path)
+  if others:
+    fix = ('To resume from the previous one, move %s.* out of the logdir and '
+           'edit the first line of %s to model_checkpoint_path: "%s" (older '
+           'ones: %s); or start over with a new --logdir.' % (
+               os.path.basename(path),
+               os.path.join(os.path.dirname(path), 'checkpoint'),
+               os.path.basename(others[0]),
+               ', '.join(os.path.basename(o) for o in others[1:]) or 'none'))
+  else:
+    fix = 'There is no other checkpoint; start over with a new --logdir.'
+  # TensorFlow puts the reader's reason last, after the graph-execution
+  # context and before the failing node's name in [[...]].
+  lines = [l.strip() for l in str(getattr(error, 'message', error)).split('\n')]
+  lines = [l for l in lines if l]
+  node = [i for i, l in enumerate(lines) if l.startswith('[[')]
+  reason = lines[node[0] - 1] if node and node[0] else (
+      lines[-1] if lines else '')
+  return CheckpointCorruptError(
+      'the checkpoint %s cannot be read (%s: %s). Its files were left '
+      'untouched. %s' % (path, type(error).__name__, reason, fix))
+
+
 def Newest(logdir):
   """The path of the newest checkpoint in `logdir`, or None."""
   return tf.train.latest_checkpoint(logdir)
@@ -29,7 +67,10 @@ def Newest(logdir):
 
 def GlobalStepOf(path):
   """The global step stored in checkpoint `path`."""
-  return int(tf.train.load_variable(path, 'global_step'))
+  try:
+    return int(tf.train.load_variable(path, 'global_step'))
+  except (tf.errors.OpError, OSError) as e:
+    raise _Corrupt(path, e) from None
 
 
 def Compare(path, variables):
@@ -44,7 +85,10 @@ def Compare(path, variables):
     checkpoint (trainable ones first); names in the checkpoint but not the
     graph; and 'name: checkpoint shape vs graph shape' strings.
   """
-  in_ckpt = dict(tf.train.list_variables(path))
+  try:
+    in_ckpt = dict(tf.train.list_variables(path))
+  except (tf.errors.OpError, OSError) as e:
+    raise _Corrupt(path, e) from None
   in_graph = {v.op.name: v.shape.as_list() for v in variables}
   # Weights first, then optimizer slots and other bookkeeping.
   trainable = {
@@ -147,7 +191,11 @@ class Checkpointer:
   def RestoreFrom(self, sess, path):
     """Restores checkpoint `path` (checked like RestoreNewest)."""
     CheckCompatible(path, self._variables, allow_unexpected=self._for_eval)
-    self._saver.restore(sess, path)
+    try:
+      self._saver.restore(sess, path)
+    except (tf.errors.DataLossError, tf.errors.OutOfRangeError,
+            tf.errors.NotFoundError, tf.errors.InvalidArgumentError) as e:
+      raise _Corrupt(path, e) from None
 
   def AllFinite(self, sess, options=None):
     """True if every float variable holds only finite values."""

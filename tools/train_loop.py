@@ -145,26 +145,28 @@ class TrainLoop:
           'metrics': {k: v[0] for k, v in task.eval_metrics.items()},
       }
       built.graph.finalize()
-    with open(os.path.join(self._logdir, 'train_params.txt'), 'w') as f:
-      f.write(cfg.ToText())
     sess = self._placement.NewSession(built.graph)
     # Savers refuse to work in eager mode: run inside the model's graph.
     with built.graph.as_default():
       return self._RunSession(sess, init, saver, fetches, built, max_steps,
-                              cfg.input.batch_size, resume)
+                              cfg, resume)
 
-  def _RunSession(self, sess, init, saver, fetches, built, max_steps,
-                  batch_size, resume):
+  def _RunSession(self, sess, init, saver, fetches, built, max_steps, cfg,
+                  resume):
     """Initializes or restores, trains, then runs after_checkpoint."""
     try:
       sess.run(init, options=self._placement.RunOptions())
       if resume:
         saver.RestoreFrom(sess, resume)
+      # Written once the checkpoint has been read: a run that stops on a bad
+      # checkpoint leaves the logdir as it was.
+      with open(os.path.join(self._logdir, 'train_params.txt'), 'w') as f:
+        f.write(cfg.ToText())
       step = int(sess.run(built.global_step))
       if resume:
         self._echo('resumed from %s at step %d' % (resume, step))
       step, path = self._Loop(sess, saver, fetches, built.global_step, step,
-                              max_steps, batch_size, resume)
+                              max_steps, cfg.input.batch_size, resume)
     except BaseException:
       if self._placement.distributed:
         # Closing a distributed session waits for every worker, forever if

@@ -103,6 +103,7 @@ class LogdirError(ValueError):
 # The errors a user can cause; they are printed without a traceback.
 USER_ERRORS = (model_select.UnknownModelError, LogdirError,
                checkpoints.CheckpointMismatchError,
+               checkpoints.CheckpointCorruptError,
                train_loop.NonFiniteLossError, train_loop.WorkerLostError,
                local_cluster.WorkerDiedError, evaler.NoCheckpointError,
                ValueError)
