@@ -112,7 +112,7 @@ class TrainLoop:
       try:
         start_step = checkpoints.GlobalStepOf(resume)
       except (tf.errors.NotFoundError, ValueError):
-        start_step = 0  # Not our model's: CheckCompatible will say so.
+        start_step = 0  # Not ours, or unreadable: CheckCompatible says so.
     cfg = self._make_cfg('Train')
     if start_step and 'skip_batches' in cfg.input:
       # One batch per step: resume exactly where the data left off.

@@ -400,17 +400,31 @@ class DecoderLayer(base_layer.BaseLayer):
     h = self.self_atten_ln.FProp(theta.self_atten_ln, x)
     h = self.self_atten.FProp(theta.self_atten, h, h, CausalBias(length))
     x += _Dropout(self, h, p.residual_dropout_prob, 'self_atten_residual')
+    source = (self._Source(theta, inputs.src, inputs.src_paddings)
+              if p.has_cross_attention else None)
+    out.tgt = self._AfterSelfAttention(theta, x, source)
+    return out
+
+  def _Source(self, theta, src, src_paddings):
+    """Cross-attention keys, values and padding bias of the encoder output."""
+    source = py_utils.NestedMap(bias=PaddingBias(src_paddings))
+    source.key, source.value = self.cross_atten.KeysAndValues(
+        theta.cross_atten, src)
+    return source
+
+  def _AfterSelfAttention(self, theta, x, source):
+    """Cross-attention to `source` (if any), feed-forward, final norm."""
+    p = self.params
     if p.has_cross_attention:
       h = self.cross_atten_ln.FProp(theta.cross_atten_ln, x)
-      h = self.cross_atten.FProp(theta.cross_atten, h, inputs.src,
-                                 PaddingBias(inputs.src_paddings))
+      h = self.cross_atten.Attend(theta.cross_atten, h, source.key,
+                                  source.value, source.bias)
       x += _Dropout(self, h, p.residual_dropout_prob, 'cross_atten_residual')
     h = self.ffn.FProp(theta.ffn, self.ffn_ln.FProp(theta.ffn_ln, x))
     x += _Dropout(self, h, p.residual_dropout_prob, 'ffn_residual')
     if p.final_layer_norm:
       x = self.final_ln.FProp(theta.final_ln, x)
-    out.tgt = x
-    return out
+    return x
 
   # --- Incremental decoding ---------------------------------------------
   #
@@ -435,20 +449,17 @@ class DecoderLayer(base_layer.BaseLayer):
       (cache, source): `cache` is a (keys, values) tuple of zeros
       [B, N, max_len, D/N] that `ExtendStep` fills position by position (a
       loop variable); `source` is a NestedMap of the cross-attention keys,
-      values and padding bias (loop-invariant; empty without cross-attention).
+      values and padding bias (loop-invariant; None without cross-attention).
     """
     p = self.params
     shape = [batch, p.num_heads, max_len, p.model_dim // p.num_heads]
     cache = (tf.zeros(shape), tf.zeros(shape))
-    source = py_utils.NestedMap()
-    if p.has_cross_attention:
-      if src is None or src_paddings is None:
-        raise ValueError('%s: decoding with cross-attention needs the encoder '
-                         'output src and src_paddings' % p.name)
-      source.key, source.value = self.cross_atten.KeysAndValues(
-          theta.cross_atten, src)
-      source.bias = PaddingBias(src_paddings)
-    return cache, source
+    if not p.has_cross_attention:
+      return cache, None
+    if src is None or src_paddings is None:
+      raise ValueError('%s: decoding with cross-attention needs the encoder '
+                       'output src and src_paddings' % p.name)
+    return cache, self._Source(theta, src, src_paddings)
 
   def ExtendStep(self, theta, x, t, cache, source):
     """FProp of one target position `t`, attending to positions <= t.
@@ -478,16 +489,7 @@ class DecoderLayer(base_layer.BaseLayer):
     bias = (hidden * _MASK_LOGIT)[tf.newaxis, tf.newaxis]  # [1, 1, L]
     h = self.self_atten.Attend(theta.self_atten, h, keys, values, bias)
     x += _Dropout(self, h, p.residual_dropout_prob, 'self_atten_residual')
-    if p.has_cross_attention:
-      h = self.cross_atten_ln.FProp(theta.cross_atten_ln, x)
-      h = self.cross_atten.Attend(theta.cross_atten, h, source.key,
-                                  source.value, source.bias)
-      x += _Dropout(self, h, p.residual_dropout_prob, 'cross_atten_residual')
-    h = self.ffn.FProp(theta.ffn, self.ffn_ln.FProp(theta.ffn_ln, x))
-    x += _Dropout(self, h, p.residual_dropout_prob, 'ffn_residual')
-    if p.final_layer_norm:
-      x = self.final_ln.FProp(theta.final_ln, x)
-    return x, (keys, values)
+    return self._AfterSelfAttention(theta, x, source), (keys, values)
 
   @classmethod
   def FPropMeta(cls, p, inputs):

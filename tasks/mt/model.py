@@ -173,7 +173,6 @@ class TransformerMTTask(base_model.BaseTask):
     prev = tf.gather(outputs, tf.maximum(t - 1, 0), axis=-1)
     return tf.where(t > 0, prev, tf.fill(tf.shape(prev), vocab_lib.BOS_ID))
 
-
   def GreedyDecode(self, theta, src_ids, src_paddings):
     """Greedy decoding.
 
