@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# Sets up the machine (tools/setup.sh) and runs every test with Bazel, offline.
+# Sets up the machine (tools/setup/setup.sh) and runs every test with Bazel, offline.
 # Extra arguments go to `bazel test` (e.g. ./test.sh //tests:pipeline_test).
 # Ends with a summary line "N passed, N failed" counting Bazel test targets.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")"
-tools/setup.sh || exit 1
+tools/setup/setup.sh || exit 1
 targets=("$@")
 [[ ${#targets[@]} -eq 0 ]] && targets=(//...)
 log="$(mktemp)"

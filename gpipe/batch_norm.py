@@ -19,15 +19,13 @@ Outside a pipeline (no ``CollectStats`` scope) the layer updates its moving
 averages directly from the batch it sees, like an ordinary batch norm.
 """
 
-import contextlib
-import threading
-
 from gpipe import lingvo_import  # pylint: disable=unused-import
+from gpipe import thread_stack
 from lingvo import compat as tf
 from lingvo.core import base_layer
 from lingvo.core import py_utils
 
-_STATE = threading.local()
+_COLLECTORS = thread_stack.ThreadLocalStack()
 
 
 class StatsCollector:
@@ -40,26 +38,16 @@ class StatsCollector:
     self.reports.append((layer, list(stats)))
 
 
-@contextlib.contextmanager
 def CollectStats():
   """Collects the statistics of batch-norm layers run inside the block.
 
-  Yields:
-    A StatsCollector whose ``reports`` lists (layer, [count, sum, sum_sq]).
+  Use as ``with CollectStats() as collector:``.
+
+  Returns:
+    A context manager yielding a StatsCollector whose ``reports`` lists
+    (layer, [count, sum, sum_sq]).
   """
-  if not hasattr(_STATE, 'stack'):
-    _STATE.stack = []
-  collector = StatsCollector()
-  _STATE.stack.append(collector)
-  try:
-    yield collector
-  finally:
-    _STATE.stack.pop()
-
-
-def _CurrentCollector():
-  stack = getattr(_STATE, 'stack', None)
-  return stack[-1] if stack else None
+  return _COLLECTORS.Pushed(StatsCollector())
 
 
 class MicroBatchBatchNormLayer(base_layer.BaseLayer):
@@ -125,7 +113,7 @@ class MicroBatchBatchNormLayer(base_layer.BaseLayer):
       mean = total / count
       variance = tf.nn.relu(total_sq / count - tf.square(mean))
       stats = [tf.stop_gradient(s) for s in (count, total, total_sq)]
-      collector = _CurrentCollector()
+      collector = _COLLECTORS.Top()
       if collector is not None:
         collector.Report(self, stats)
       else:

@@ -12,11 +12,20 @@ path (or to a TensorFlow that still has the old one). Then delete this module an
 its imports; nothing else depends on it.
 
 Every entry point (``gpipe/__init__.py``, tools, tests) imports it first; it is
-idempotent and has no other effect.
+idempotent.
+
+Being first, it also imports TensorFlow through gpipe.quiet_import, which drops
+TensorFlow's CUDA plugin registration noise from stderr; move that call to
+``gpipe/__init__.py`` when deleting this module.
 """
 
 import sys
 import types
+
+from gpipe import quiet_import
+
+# Before anything imports TensorFlow, so its import noise is filtered.
+quiet_import.ImportTensorFlowQuietly()
 
 _OLD_PACKAGE = 'tensorflow.python.training.tracking'
 _OLD_MODULE = _OLD_PACKAGE + '.autotrackable'

@@ -17,9 +17,12 @@ Costs per layer come from one of:
     micro-batch;
   * ``'uniform'``: one unit per layer.
 
+``StageCut`` turns a PipeliningLayer's params into its stages (the one place
+that does: the layer and the trainer's ``inspect_model`` both call it), and
 ``Report`` prints a table of the stages: layer ranges, parameters, cost.
 """
 
+import collections
 import time
 
 from gpipe import lingvo_import  # pylint: disable=unused-import
@@ -285,3 +288,76 @@ def Report(layer_params, stage_sizes, costs=None, cost_name='cost'):
                (len(layer_params), '{:,}'.format(sum(counts)),
                 '%.4g' % total_cost if costs else '-'))
   return '\n'.join(lines)
+
+
+def LayerKey(index):
+  """The child (and variable scope) name of flat layer `index`."""
+  return 'layer_%03d' % index
+
+
+def CellKey(stage):
+  """The child name of stage `stage`'s cell when stages are given as cells."""
+  return 'cell_%d' % stage
+
+
+Cut = collections.namedtuple(
+    'Cut', ['layer_params', 'sizes', 'child_keys', 'costs', 'cost_name'])
+
+
+def StageCut(p, measure_time=True):
+  """Where a pipeline's layers go: the one cut of a PipeliningLayer's params.
+
+  A pure function of the params (plus the layers' costs): the pipeline layer
+  creates its children from it, and tools that must not build the model
+  (``inspect_model``) print the same stages from it.
+
+  Args:
+    p: PipeliningLayer params: exactly one of `cell_tpl` (one layer per stage)
+      and `layers` (cut into `num_stages` by `stage_sizes` or
+      `partition_cost`).
+    measure_time: with partition_cost 'time', run the layers to time them;
+      False balances by 'params' instead (nothing runs, no weights are
+      allocated).
+
+  Returns:
+    A Cut(layer_params, sizes, child_keys, costs, cost_name): the flat layer
+    params, layers per stage, one child key per layer (its variable scope:
+    keys do not depend on the cut, so a checkpoint fits any num_stages),
+    per-layer costs (None when no cost was needed) and what they measure.
+
+  Raises:
+    ValueError: both or neither of cell_tpl and layers, num_stages that does
+      not fit, or stage_sizes that do not add up; each says what to set.
+  """
+  if (p.cell_tpl is None) == (p.layers is None):
+    raise ValueError('%s: set exactly one of cell_tpl (one layer per stage) '
+                     'and layers (cut into num_stages)' % p.name)
+  if p.cell_tpl is not None:
+    if p.num_stages not in (None, len(p.cell_tpl)):
+      raise ValueError('%s: num_stages=%d but cell_tpl has %d stages' %
+                       (p.name, p.num_stages, len(p.cell_tpl)))
+    num = len(p.cell_tpl)
+    return Cut(layer_params=list(p.cell_tpl), sizes=[1] * num,
+               child_keys=[CellKey(k) for k in range(num)], costs=None,
+               cost_name='cost')
+  layer_params = list(p.layers)
+  if p.num_stages is None:
+    raise ValueError('%s: `layers` needs num_stages' % p.name)
+  CheckStageCount(len(layer_params), p.num_stages)
+  costs, cost_name = None, 'cost'
+  if p.stage_sizes is not None:
+    sizes = list(p.stage_sizes)
+    if (len(sizes) != p.num_stages or sum(sizes) != len(layer_params) or
+        min(sizes) < 1):
+      raise ValueError(
+          '%s: stage_sizes %s must be %d positive numbers summing to %d '
+          'layers' % (p.name, sizes, p.num_stages, len(layer_params)))
+  else:
+    cost_name = p.partition_cost
+    if cost_name == 'time' and not measure_time:
+      cost_name = 'params'
+    costs = LayerCosts(cost_name, layer_params, p.input_shapes)
+    sizes = PartitionByCost(costs, p.num_stages)
+  return Cut(layer_params=layer_params, sizes=sizes,
+             child_keys=[LayerKey(i) for i in range(len(layer_params))],
+             costs=costs, cost_name=cost_name)

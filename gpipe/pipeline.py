@@ -121,9 +121,6 @@ class PipeliningLayer(base_layer.BaseLayer):
   def __init__(self, params):
     super().__init__(params)
     p = self.params
-    if (p.cell_tpl is None) == (p.layers is None):
-      raise ValueError('%s: set exactly one of cell_tpl (one layer per stage) '
-                       'and layers (cut into num_stages)' % p.name)
     if p.remat not in REMAT_MODES:
       raise ValueError('%s: unknown remat %r; use one of %s' %
                        (p.name, p.remat, ', '.join(REMAT_MODES)))
@@ -134,45 +131,23 @@ class PipeliningLayer(base_layer.BaseLayer):
       raise ValueError(
           '%s: set either num_micro_batches (%d) or micro_batch_size (%d), '
           'not both' % (p.name, p.num_micro_batches, p.micro_batch_size))
-    if p.cell_tpl is not None:
-      if p.num_stages not in (None, len(p.cell_tpl)):
-        raise ValueError('%s: num_stages=%d but cell_tpl has %d stages' %
-                         (p.name, p.num_stages, len(p.cell_tpl)))
-      self._layer_params = list(p.cell_tpl)
-      self._stage_sizes = [1] * len(p.cell_tpl)
-      self._costs = None
-    else:
-      self._layer_params = list(p.layers)
-      if p.num_stages is None:
-        raise ValueError('%s: `layers` needs num_stages' % p.name)
-      partition.CheckStageCount(len(self._layer_params), p.num_stages)
-      if p.stage_sizes is not None:
-        sizes = list(p.stage_sizes)
-        if (len(sizes) != p.num_stages or sum(sizes) != len(p.layers) or
-            min(sizes) < 1):
-          raise ValueError(
-              '%s: stage_sizes %s must be %d positive numbers summing to %d '
-              'layers' % (p.name, sizes, p.num_stages, len(p.layers)))
-        self._costs = None
-      else:
-        self._costs = partition.LayerCosts(p.partition_cost,
-                                           self._layer_params, p.input_shapes)
-        sizes = partition.PartitionByCost(self._costs, p.num_stages)
-      self._stage_sizes = sizes
+    cut = partition.StageCut(p)
+    self._layer_params = cut.layer_params
+    self._stage_sizes = cut.sizes
+    self._costs = cut.costs
+    self._cost_name = cut.cost_name
     num_stages = len(self._stage_sizes)
     self._devices = self._ResolveDevices(num_stages)
 
-    self._keys = []
+    self._keys = cut.child_keys
     start = 0
     for k, size in enumerate(self._stage_sizes):
       with tf.device(self._devices[k]):
         for i in range(start, start + size):
-          key = 'layer_%03d' % i if p.layers is not None else 'cell_%d' % k
           lp = self._layer_params[i].Copy()
           if not lp.name:
-            lp.name = key
-          self.CreateChild(key, lp)
-          self._keys.append(key)
+            lp.name = self._keys[i]
+          self.CreateChild(self._keys[i], lp)
       start += size
     # Traced stage functions per (eval mode, micro-batch input signature):
     # training and eval graphs, or another batch size, need their own traces.
@@ -213,10 +188,8 @@ class PipeliningLayer(base_layer.BaseLayer):
 
   def PartitionReport(self):
     """A table of the stages: layers, parameters and cost."""
-    cost_name = (self.params.partition_cost
-                 if self._costs is not None else 'cost')
     return partition.Report(self._layer_params, self._stage_sizes, self._costs,
-                            cost_name)
+                            self._cost_name)
 
   def _StageLayers(self, k):
     start = sum(self._stage_sizes[:k])

@@ -27,14 +27,14 @@ the same per-micro-batch, recompute-stable behaviour.
 """
 
 import contextlib
-import threading
 import zlib
 
 from gpipe import lingvo_import  # pylint: disable=unused-import
+from gpipe import thread_stack
 from lingvo import compat as tf
 from lingvo.core import py_utils
 
-_STATE = threading.local()
+_SCOPES = thread_stack.ThreadLocalStack()
 
 
 class _Scope:
@@ -51,12 +51,6 @@ class _Scope:
     return zlib.crc32(('%s#%d' % (key, count)).encode('utf-8')) & 0x7fffffff
 
 
-def _Stack():
-  if not hasattr(_STATE, 'stack'):
-    _STATE.stack = []
-  return _STATE.stack
-
-
 @contextlib.contextmanager
 def MicroBatchSeedScope(seed):
   """Makes `seed` the micro-batch seed of the random ops created inside.
@@ -69,12 +63,9 @@ def MicroBatchSeedScope(seed):
   """
   seed = tf.cast(tf.convert_to_tensor(seed), tf.int64)
   seed.shape.assert_is_compatible_with([2])
-  _Stack().append(_Scope(seed))
-  try:
+  with _SCOPES.Pushed(_Scope(seed)):
     py_utils.ResetStepSeed(seed[1])
     yield
-  finally:
-    _Stack().pop()
 
 
 def MicroBatchSeed(step, micro_batch, base_seed=0):
@@ -95,8 +86,8 @@ def MicroBatchSeed(step, micro_batch, base_seed=0):
 
 def CurrentSeed():
   """The innermost micro-batch seed, or None outside any scope."""
-  stack = _Stack()
-  return stack[-1].seed if stack else None
+  scope = _SCOPES.Top()
+  return scope.seed if scope else None
 
 
 def SeedPair(key):
@@ -108,10 +99,9 @@ def SeedPair(key):
   Returns:
     An int64 [2] tensor, or None outside any MicroBatchSeedScope.
   """
-  stack = _Stack()
-  if not stack:
+  scope = _SCOPES.Top()
+  if scope is None:
     return None
-  scope = stack[-1]
   return scope.seed + tf.constant([0, scope.NextOffset(key)], tf.int64)
 
 

@@ -8,12 +8,14 @@ backward call are traced too: those under the ``recompute/`` name scope are
 the recomputed forward pass.
 
 From the tasks: per-stage busy time, the measured bubble (idle) fraction of
-each stage over the pipeline's span, and a PNG of stages x time with
-forward, recompute and backward in different colours.
+each stage over the pipeline's span, a PNG of stages x time with forward,
+recompute and backward in different colours, and a trace file for Perfetto
+(ui.perfetto.dev) or chrome://tracing to zoom into (`WriteChromeTrace`).
 """
 
 import collections
 import io
+import json
 import re
 
 from gpipe import stage
@@ -199,3 +201,73 @@ def RenderPNG(tasks, title='', path=None, by='stage'):
     with open(path, 'wb') as f:
       f.write(data)
   return data
+
+
+def ChromeTrace(tasks, step=None):
+  """The tasks as a Trace Event Format dict, for Perfetto / chrome://tracing.
+
+  One process per device (in `Devices` order) and one thread per stage in it;
+  each task is a complete event named by its phase and micro-batch (``F3``,
+  ``B3``). A task that begins with a recomputed forward pass holds a nested
+  ``recompute`` slice over that part.
+
+  Args:
+    tasks: TaskTimes (e.g. from ParseStepStats), times in seconds.
+    step: optional training step, recorded in ``otherData``.
+
+  Returns:
+    ``{'traceEvents': [...], 'displayTimeUnit': 'ms'}`` (plus ``otherData``
+    with the step when given); ``ts``/``dur`` are in microseconds. The device
+    of pid k is ``Devices(tasks)[k - 1]``; the thread id of stage s is s + 1.
+  """
+  # Ids start at 1: Perfetto treats pid 0 as the Linux idle process, and some
+  # of its versions merge thread 0 into thread 1.
+  pids = {device: k + 1 for k, device in enumerate(Devices(tasks))}
+
+  def _Micros(seconds):
+    # Tasks are parsed from whole microseconds; rounding hides the float error
+    # of the seconds round trip.
+    return round(seconds * 1e6, 3)
+
+  meta = []
+  for device, pid in pids.items():
+    meta.append({'ph': 'M', 'name': 'process_name', 'pid': pid, 'tid': 0,
+                 'args': {'name': device}})
+    meta.append({'ph': 'M', 'name': 'process_sort_index', 'pid': pid,
+                 'tid': 0, 'args': {'sort_index': pid}})
+  threads = sorted({(pids[t.device], t.stage) for t in tasks})
+  for pid, stage_id in threads:
+    meta.append({'ph': 'M', 'name': 'thread_name', 'pid': pid,
+                 'tid': stage_id + 1, 'args': {'name': 'stage %d' % stage_id}})
+    meta.append({'ph': 'M', 'name': 'thread_sort_index', 'pid': pid,
+                 'tid': stage_id + 1, 'args': {'sort_index': stage_id}})
+  events = []
+  for t in sorted(tasks, key=lambda t: (t.start, t.stage)):
+    where = {'pid': pids[t.device], 'tid': t.stage + 1}
+    events.append(dict(
+        where, ph='X', name='%s%d' % (t.phase, t.micro_batch), cat=t.phase,
+        ts=_Micros(t.start), dur=_Micros(t.end - t.start),
+        args={'stage': t.stage, 'micro_batch': t.micro_batch,
+              'phase': t.phase}))
+    if t.recompute_end > t.start:
+      # Listed after its task with the same start, so viewers nest it inside.
+      events.append(dict(
+          where, ph='X', name='recompute', cat='recompute',
+          ts=_Micros(t.start), dur=_Micros(t.recompute_end - t.start),
+          args={'stage': t.stage, 'micro_batch': t.micro_batch,
+                'phase': t.phase}))
+  trace = {'traceEvents': meta + events, 'displayTimeUnit': 'ms'}
+  if step is not None:
+    trace['otherData'] = {'step': step}
+  return trace
+
+
+def WriteChromeTrace(tasks, path, step=None):
+  """Writes `ChromeTrace(tasks, step)` to `path` as JSON; returns the dict.
+
+  Open the file in ui.perfetto.dev or chrome://tracing.
+  """
+  trace = ChromeTrace(tasks, step)
+  with open(path, 'w') as f:
+    json.dump(trace, f)
+  return trace

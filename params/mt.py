@@ -24,8 +24,10 @@ T6_8192_16 408.2M; T24_8192_16 1.24B; T12_16384_32 1.09B; T32_16384_32 2.68B;
 T64_16384_32 5.23B; TransformerL 3/13/103/415/1663: 282.2M / 785.8M / 5.32B /
 21.03B / 83.88B.
 
-Before training, build the vocabulary from the training text, e.g.
-``.venv/bin/python -m tools.build_vocab --corpus=numbers --vocab_size=512``.
+``mt.NumbersSmall`` builds its missing vocabulary from the number corpus on
+first use (at tasks/mt/vocab.py's NUMBERS_VOCAB, vocabulary VOCAB_SIZE). The
+tfds configurations need theirs built from the training text before training,
+with ``.venv/bin/python -m tools.build_vocab --corpus=text ...``.
 """
 
 import os

@@ -2,7 +2,7 @@
 
 The one dense layer of the project: the toy registered model
 (``params/toy.py``), the pipeline tests (``tests/toy_layers.py``) and the
-benchmark stacks (``tools/bench_models.py``) configure it instead of each
+benchmark stacks (``tools/benchmark/models.py``) configure it instead of each
 writing its own. It has ``FPropMeta`` (so ``partition_cost='flops'`` can cut
 a stack of them), uses ``gpipe.randomness.Dropout`` (a different mask per
 micro-batch, the same one in the recomputed forward pass) and can normalize

@@ -1,4 +1,4 @@
-"""tools/benchmark.py: every subcommand at a tiny size (no speed checks)."""
+"""tools/benchmark/: every subcommand at a tiny size (no speed checks)."""
 
 from gpipe import lingvo_import  # pylint: disable=unused-import
 
@@ -10,7 +10,8 @@ import tempfile
 
 from lingvo import compat as tf
 from lingvo.core import test_utils
-from tools import benchmark
+from tools.benchmark import cli
+from tools.benchmark import memory
 
 PNG_MAGIC = b'\x89PNG'
 
@@ -23,8 +24,8 @@ class BenchmarkTest(test_utils.TestCase):
     png_path = os.path.join(out_dir, command + '.png')
     stdout = io.StringIO()
     with contextlib.redirect_stdout(stdout):
-      benchmark.main([command, '--quick', '--json', json_path, '--plot',
-                      png_path] + list(flags))
+      cli.main([command, '--quick', '--json', json_path, '--plot',
+                png_path] + list(flags))
     text = stdout.getvalue()
     with open(json_path) as f:
       result = json.load(f)
@@ -89,7 +90,7 @@ class BenchmarkTest(test_utils.TestCase):
       self.assertBetween(layers, step_size, max_layers)
       calls.append(layers)
       return cost(layers)
-    got = benchmark.LargestFitting(Measure, cap, max_layers, step_size)
+    got = memory.LargestFitting(Measure, cap, max_layers, step_size)
     self.assertEqual(len(calls), len(set(calls)), 'measured twice: %s' % calls)
     return got, calls
 
@@ -121,7 +122,7 @@ class BenchmarkTest(test_utils.TestCase):
     # Everything up to max_layers fits: no first size over the cap.
     self.assertEqual(self._Search(lambda l: l, 1000, 97, 2)[0], (96, None))
     with self.assertRaisesRegex(ValueError, 'raise --max_layers'):
-      benchmark.LargestFitting(lambda l: l, 100, 1, 2)
+      memory.LargestFitting(lambda l: l, 100, 1, 2)
 
   def testBubble(self):
     timeline_png = os.path.join(tempfile.mkdtemp(), 't.png')

@@ -1,6 +1,10 @@
 """Tests of the multilingual corpus, vocabulary tool and translation inputs."""
 
+import io
 import os
+import re
+import shutil
+from unittest import mock
 
 from gpipe import lingvo_import  # pylint: disable=unused-import
 import numpy as np
@@ -80,6 +84,84 @@ class VocabAndInputsTest(test_utils.TestCase):
   def testMissingVocabSaysHowToBuildIt(self):
     with self.assertRaisesRegex(FileNotFoundError, 'tools.build_vocab'):
       vocab.Vocab('/nonexistent/spm.model')
+    # Not the number corpus's model: the input does not build it either.
+    p = inputs.NumberTranslationInput.Params().Set(
+        name='numbers', vocab_path='/nonexistent/spm.model', languages=_LANGS,
+        max_number=200, batch_size=8)
+    with self.assertRaisesRegex(FileNotFoundError, 'tools.build_vocab'):
+      p.Instantiate().Examples()
+    self.assertFalse(os.path.exists('/nonexistent'))
+
+  def _MissingNumbersModel(self, name):
+    """A NUMBERS_VOCAB path in a new temp dir, patched in for this test."""
+    directory = os.path.join(self.get_temp_dir(), name)
+    os.makedirs(directory)
+    path = os.path.join(directory, 'numbers_spm.model')
+    patcher = mock.patch.object(vocab, 'NUMBERS_VOCAB', path)
+    patcher.start()
+    self.addCleanup(patcher.stop)
+    return path
+
+  def testMissingNumbersModelIsBuiltOnFirstUseThenUsed(self):
+    path = self._MissingNumbersModel('first_use')
+    p = inputs.NumberTranslationInput.Params().Set(
+        name='numbers', vocab_path=path, languages=_LANGS, max_number=200,
+        batch_size=8, src_len=10, tgt_len=12, max_vocab_size=300)
+    with mock.patch('sys.stderr', new_callable=io.StringIO) as stderr:
+      with self.session(graph=tf.Graph()) as sess:
+        batch = sess.run(p.Instantiate().GetPreprocessedInputBatch())
+    self.assertRegex(
+        stderr.getvalue(),
+        r'^building the sentencepiece model %s from the numbers corpus '
+        r'\(vocab 300\); once\nbuilt %s in \d+\.\d s\n$' %
+        (re.escape(path), re.escape(path)))
+    # Only the model and its .vocab are left, no scratch directory.
+    self.assertCountEqual(os.listdir(os.path.dirname(path)),
+                          ['numbers_spm.model', 'numbers_spm.vocab'])
+    v = vocab.Vocab(path)
+    self.assertLessEqual(v.size, 300)
+    self.assertNotEqual(v.PieceToId('<2ru>'), vocab.UNK_ID)
+    for i in range(8):
+      self.assertEqual(v.Decode(batch.tgt_labels[i]),
+                       batch.tgt_text[i].decode())
+    # The second use (here the test split) loads it without building.
+    mtime = os.path.getmtime(path)
+    with mock.patch('sys.stderr', new_callable=io.StringIO) as stderr:
+      test_input = p.Copy().Set(split='test').Instantiate()
+      test_input.Examples()
+    self.assertEqual(stderr.getvalue(), '')
+    self.assertEqual(os.path.getmtime(path), mtime)
+    loaded = test_input._Vocab()  # pylint: disable=protected-access
+    self.assertEqual(loaded.size, v.size)
+
+  def testConcurrentBuildKeepsTheFirstPublishedModel(self):
+    path = self._MissingNumbersModel('concurrent')
+    train = vocab.Train
+
+    def _TrainWhileAnotherProcessFinishes(*args, **kwargs):
+      built = train(*args, **kwargs)
+      # Another process publishes its model while this one trains.
+      shutil.copy(self.vocab_path, path)
+      return built
+
+    with mock.patch.object(vocab, 'Train', _TrainWhileAnotherProcessFinishes):
+      with mock.patch('sys.stderr', new_callable=io.StringIO) as stderr:
+        self.assertEqual(
+            vocab.BuildNumbersModel(path, 200, _LANGS, max_number=200), path)
+    self.assertIn('was built by another process meanwhile; using it',
+                  stderr.getvalue())
+    with open(path, 'rb') as mine, open(self.vocab_path, 'rb') as theirs:
+      self.assertEqual(mine.read(), theirs.read())  # not overwritten
+    self.assertEqual(os.listdir(os.path.dirname(path)), ['numbers_spm.model'])
+
+  def testOnlyTheNumberInputBuildsTheNumbersModel(self):
+    path = self._MissingNumbersModel('tfds')
+    p = inputs.TfdsTranslationInput.Params().Set(
+        name='wmt', dataset_name='wmt14_translate/de-en',
+        language_pairs=[('de', 'en')], vocab_path=path, batch_size=4)
+    with self.assertRaisesRegex(FileNotFoundError, 'tools.build_vocab'):
+      p.Instantiate()._Vocab()  # pylint: disable=protected-access
+    self.assertEmpty(os.listdir(os.path.dirname(path)))
 
   def testNumberInputBatches(self):
     p = inputs.NumberTranslationInput.Params().Set(

@@ -8,7 +8,7 @@ from lingvo import model_registry
 from lingvo.core import test_utils
 import params  # pylint: disable=unused-import  # registers mt.*
 from params import mt
-from tasks.mt import layers
+from tasks.mt import blocks
 from tasks.mt import stack
 
 # Paper figures: Table 1 (Transformer-L) and the multilingual section.
@@ -72,15 +72,15 @@ class MtParamsTest(test_utils.TestCase, parameterized.TestCase):
   def testT64HasOneHundredTwentyEightLayersOnSixteenStages(self):
     config = _Config('T64_16384_32')
     layer_list = config.Layers()
-    blocks = [p for p in layer_list
-              if p.cls in (layers.EncoderLayer, layers.DecoderLayer)]
-    self.assertLen(blocks, 128)
+    block_params = [p for p in layer_list
+                    if p.cls in (blocks.EncoderLayer, blocks.DecoderLayer)]
+    self.assertLen(block_params, 128)
     self.assertEqual(config.NUM_STAGES, 16)
-    self.assertEqual(blocks[0].hidden_dim, 16384)
-    self.assertEqual(blocks[0].num_heads, 32)
-    self.assertEqual(blocks[0].model_dim, 1024)
+    self.assertEqual(block_params[0].hidden_dim, 16384)
+    self.assertEqual(block_params[0].num_heads, 32)
+    self.assertEqual(block_params[0].model_dim, 1024)
     # Trainability fixes: ffn init scaled by 1/L, clipped logits.
-    self.assertAlmostEqual(blocks[0].ffn_init_scale, 1.0 / 64)
+    self.assertAlmostEqual(block_params[0].ffn_init_scale, 1.0 / 64)
     self.assertGreater(layer_list[-1].logits_abs_max, 0)
 
   @parameterized.parameters('mt.T6_8192_16', 'mt.T24_8192_16',
@@ -91,8 +91,8 @@ class MtParamsTest(test_utils.TestCase, parameterized.TestCase):
   def testRegistered(self, name):
     p = model_registry.GetParams(name, 'Train')
     network = p.task.network
-    self.assertIs(network.layers[0].cls, layers.EmbeddingLayer)
-    self.assertIs(network.layers[-1].cls, layers.SoftmaxLayer)
+    self.assertIs(network.layers[0].cls, blocks.EmbeddingLayer)
+    self.assertIs(network.layers[-1].cls, blocks.SoftmaxLayer)
     self.assertEqual(p.task.max_decode_len, p.input.tgt_len)
     self.assertEqual(p.input.batch_size % network.num_micro_batches, 0)
 

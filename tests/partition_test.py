@@ -105,5 +105,59 @@ class LayerCostsTest(test_utils.TestCase):
       self.assertIn('{:,}'.format(total), lines[3])
 
 
+
+class StageCutTest(test_utils.TestCase):
+  """partition.StageCut: the one cut that the layer and inspect_model share."""
+
+  def _Params(self, **kwargs):
+    return pipeline.PipeliningLayer.Params().Set(
+        name='pipe', num_micro_batches=2, **kwargs)
+
+  def testCutEqualsTheBuiltPipelineChildren(self):
+    p = self._Params(layers=_Layers([8, 8, 256, 8, 8]), num_stages=2,
+                     partition_cost='params',
+                     stage_devices=['/device:CPU:0'] * 2)
+    cut = partition.StageCut(p)
+    self.assertEqual(cut.sizes, [2, 2])
+    self.assertEqual(cut.child_keys,
+                     ['layer_000', 'layer_001', 'layer_002', 'layer_003'])
+    self.assertEqual(cut.cost_name, 'params')
+    self.assertEqual(cut.costs, partition.ParamsCosts(p.layers))
+    with tf.Graph().as_default():
+      net = p.Instantiate()
+      self.assertEqual(net.stage_sizes, cut.sizes)
+      self.assertEqual(sorted(net.children), cut.child_keys)
+
+  def testCellsAreOneStageEach(self):
+    cut = partition.StageCut(self._Params(cell_tpl=_Layers([4, 4, 4])))
+    self.assertEqual(cut.sizes, [1, 1])
+    self.assertEqual(cut.child_keys, ['cell_0', 'cell_1'])
+    self.assertIsNone(cut.costs)
+
+  def testExplicitSizesAndTimeWithoutRunning(self):
+    layers = _Layers([4, 4, 4, 4])
+    cut = partition.StageCut(self._Params(layers=layers, num_stages=2,
+                                          stage_sizes=[1, 2]))
+    self.assertEqual(cut.sizes, [1, 2])
+    self.assertIsNone(cut.costs)
+    cut = partition.StageCut(
+        self._Params(layers=layers, num_stages=3, partition_cost='time'),
+        measure_time=False)
+    self.assertEqual(cut.cost_name, 'params')
+    self.assertEqual(cut.sizes, [1, 1, 1])
+
+  def testErrorsSayWhatToSet(self):
+    layers = _Layers([4, 4, 4])
+    with self.assertRaisesRegex(ValueError, 'set exactly one of cell_tpl'):
+      partition.StageCut(self._Params(layers=layers, cell_tpl=layers))
+    with self.assertRaisesRegex(ValueError, '`layers` needs num_stages'):
+      partition.StageCut(self._Params(layers=layers))
+    with self.assertRaisesRegex(ValueError, 'cannot cut 2 layers into 3'):
+      partition.StageCut(self._Params(layers=layers, num_stages=3))
+    with self.assertRaisesRegex(ValueError, 'must be 2 positive numbers'):
+      partition.StageCut(self._Params(layers=layers, num_stages=2,
+                                      stage_sizes=[2, 1]))
+
+
 if __name__ == '__main__':
   tf.test.main()

@@ -1,4 +1,7 @@
-"""Timeline parsing of a traced pipeline step, bubble and PNG."""
+"""Timeline parsing of a traced pipeline step, bubble, PNG and trace file."""
+
+import json
+import os
 
 from gpipe import lingvo_import  # pylint: disable=unused-import
 
@@ -88,6 +91,109 @@ class TimelineTest(test_utils.TestCase):
     tasks = self._TracedStep('never')
     self.assertLen(tasks, 12)
     self.assertEqual(sum(timeline.StageRecomputeSeconds(tasks)), 0.0)
+
+  def testChromeTraceOfATracedStep(self):
+    tasks = self._TracedStep('always')
+    trace = timeline.ChromeTrace(tasks, step=7)
+    slices = [e for e in trace['traceEvents'] if e['ph'] == 'X']
+    backward = [t for t in tasks if t.phase == 'B']
+    recomputes = [e for e in slices if e['name'] == 'recompute']
+    self.assertLen(recomputes, len(backward))  # remat='always'
+    self.assertLen(slices, len(tasks) + len(backward))
+    names = {e['args']['name'] for e in trace['traceEvents']
+             if e['name'] == 'process_name'}
+    self.assertEqual(names, set(timeline.Devices(tasks)))
+    for e in slices:
+      if e['name'] != 'recompute':
+        # Stage k runs on CPU:k here, the first device of stage k.
+        self.assertEqual(e['pid'], e['args']['stage'] + 1)
+        self.assertEqual(e['tid'], e['args']['stage'] + 1)
+    path = os.path.join(self.get_temp_dir(), 'step7.trace.json')
+    timeline.WriteChromeTrace(tasks, path, step=7)
+    with open(path) as f:
+      self.assertEqual(json.load(f), trace)
+
+
+def _Task(stage, micro_batch, phase, device, start_ms, end_ms,
+          recompute_end_ms=None):
+  """A TaskTime from milliseconds (recompute_end defaults to no recompute)."""
+  if recompute_end_ms is None:
+    recompute_end_ms = start_ms
+  return timeline.TaskTime(stage, micro_batch, phase, device, start_ms * 1e-3,
+                           end_ms * 1e-3, recompute_end_ms * 1e-3)
+
+
+class ChromeTraceTest(test_utils.TestCase):
+
+  # Stages 0 and 2 share CPU:0 (a looped schedule); a W (weight-gradient)
+  # task checks that any phase letter becomes an event.
+  TASKS = [
+      _Task(0, 0, 'F', '/device:CPU:0', 0.0, 1.0),
+      _Task(1, 0, 'F', '/device:CPU:1', 1.0, 2.5),
+      _Task(2, 0, 'F', '/device:CPU:0', 2.5, 3.0),
+      _Task(2, 0, 'B', '/device:CPU:0', 3.0, 5.0, recompute_end_ms=4.0),
+      _Task(2, 0, 'W', '/device:CPU:0', 5.0, 5.5),
+      _Task(1, 0, 'B', '/device:CPU:1', 5.5, 7.0),
+      _Task(0, 3, 'B', '/device:CPU:0', 7.0, 9.0, recompute_end_ms=7.5),
+  ]
+
+  def _Events(self, trace, ph, name=None):
+    return [e for e in trace['traceEvents']
+            if e['ph'] == ph and (name is None or e['name'] == name)]
+
+  def testProcessPerDeviceThreadPerStage(self):
+    trace = timeline.ChromeTrace(self.TASKS)
+    self.assertEqual(trace['displayTimeUnit'], 'ms')
+    self.assertNotIn('otherData', trace)
+    processes = {e['pid']: e['args']['name']
+                 for e in self._Events(trace, 'M', 'process_name')}
+    self.assertEqual(processes, {1: '/device:CPU:0', 2: '/device:CPU:1'})
+    threads = {(e['pid'], e['tid']): e['args']['name']
+               for e in self._Events(trace, 'M', 'thread_name')}
+    self.assertEqual(threads, {(1, 1): 'stage 0', (2, 2): 'stage 1',
+                               (1, 3): 'stage 2'})
+    tasks = [e for e in self._Events(trace, 'X') if e['name'] != 'recompute']
+    self.assertEqual([e['name'] for e in tasks],
+                     ['F0', 'F0', 'F0', 'B0', 'W0', 'B0', 'B3'])
+    self.assertEqual([(e['pid'], e['tid']) for e in tasks],
+                     [(1, 1), (2, 2), (1, 3), (1, 3), (1, 3), (2, 2),
+                      (1, 1)])
+    self.assertEqual(tasks[-1]['args'],
+                     {'stage': 0, 'micro_batch': 3, 'phase': 'B'})
+    self.assertEqual(tasks[4]['args']['phase'], 'W')
+
+  def testMicrosecondTimesAndNestedRecompute(self):
+    trace = timeline.ChromeTrace(self.TASKS)
+    tasks = [e for e in self._Events(trace, 'X') if e['name'] != 'recompute']
+    self.assertEqual([(e['ts'], e['dur']) for e in tasks],
+                     [(0.0, 1000.0), (1000.0, 1500.0), (2500.0, 500.0),
+                      (3000.0, 2000.0), (5000.0, 500.0), (5500.0, 1500.0),
+                      (7000.0, 2000.0)])
+    recomputes = self._Events(trace, 'X', 'recompute')
+    # Only the two backward tasks that recompute have one.
+    self.assertEqual([(e['ts'], e['dur']) for e in recomputes],
+                     [(3000.0, 1000.0), (7000.0, 500.0)])
+    events = trace['traceEvents']
+    for r in recomputes:
+      parent = events[events.index(r) - 1]  # listed right after its task
+      self.assertEqual(parent['name'][0], 'B')
+      self.assertEqual((r['pid'], r['tid']), (parent['pid'], parent['tid']))
+      self.assertEqual(r['args'], parent['args'])
+      self.assertGreaterEqual(r['ts'], parent['ts'])
+      self.assertLessEqual(r['ts'] + r['dur'], parent['ts'] + parent['dur'])
+
+  def testWritesJsonWithTheStep(self):
+    path = os.path.join(self.get_temp_dir(), 'trace.json')
+    trace = timeline.WriteChromeTrace(self.TASKS, path, step=42)
+    with open(path) as f:
+      loaded = json.load(f)
+    self.assertEqual(loaded, trace)
+    self.assertEqual(loaded['otherData'], {'step': 42})
+    self.assertLen(self._Events(loaded, 'X'), len(self.TASKS) + 2)
+
+  def testNoTasksNoEvents(self):
+    self.assertEqual(timeline.ChromeTrace([]),
+                     {'traceEvents': [], 'displayTimeUnit': 'ms'})
 
 
 if __name__ == '__main__':

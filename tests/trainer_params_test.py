@@ -7,10 +7,10 @@ import os
 from lingvo import compat as tf
 from lingvo.core import test_utils
 from tests import trainer_testlib
-from tools import inspect_model
-from tools import model_select
-from tools import placement
-from tools import progress
+from tools.trainer import inspect_model
+from tools.trainer import model_select
+from tools.trainer import placement
+from tools.trainer import progress
 
 TOY = trainer_testlib.TOY
 # 64x64+64 (three hidden layers) + 64x10+10 (logits).

@@ -9,7 +9,7 @@ import sys
 from gpipe import lingvo_import  # pylint: disable=unused-import
 from absl import flags
 from absl.testing import flagsaver
-from tools import trainer
+from tools.trainer import cli
 
 if not flags.FLAGS.is_parsed():
   # Under pytest nobody parses the flags: use their defaults (tf.test.main
@@ -21,11 +21,11 @@ TOY = 'toy.PipelinedDigitsMlp'
 
 
 def RunInProcess(**flag_values):
-  """Runs trainer.main with these flags; returns (exit code, stdout, stderr)."""
+  """Runs the trainer in-process; returns (exit code, stdout, stderr)."""
   out, err = io.StringIO(), io.StringIO()
   with flagsaver.flagsaver(**flag_values), contextlib.redirect_stdout(
       out), contextlib.redirect_stderr(err):
-    code = trainer.main(['trainer'])
+    code = cli.main(['trainer'])
   return code, out.getvalue(), err.getvalue()
 
 

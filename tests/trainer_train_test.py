@@ -3,6 +3,7 @@
 from gpipe import lingvo_import  # pylint: disable=unused-import
 
 import glob
+import json
 import os
 import re
 
@@ -10,8 +11,9 @@ import numpy as np
 from lingvo import compat as tf
 from lingvo.core import test_utils
 from tests import trainer_testlib
-from tools import progress
-from tools import summaries
+from tools.trainer import progress
+from tools.trainer import summaries
+from tools.trainer import train_loop
 
 TOY = trainer_testlib.TOY
 RunInProcess = trainer_testlib.RunInProcess
@@ -76,6 +78,15 @@ class TrainerTrainTest(test_utils.TestCase):
       self.assertTrue(all(v > 1000 for _, v in tags[tag]))
     for _, png in tags['pipeline/timeline']:
       self.assertEqual(b'\x89PNG', png[:4])
+    # The same timelines as trace files (Perfetto, chrome://tracing): one
+    # complete event per stage task, 2 stages x 4 micro-batches x (F, B).
+    for step in (2, 3, 6):
+      with open(train_loop.TracePath(logdir, step)) as f:
+        trace = json.load(f)
+      tasks = [e for e in trace['traceEvents']
+               if e['ph'] == 'X' and e['name'] != 'recompute']
+      self.assertLen(tasks, 16)
+      self.assertEqual({'F', 'B'}, {e['args']['phase'] for e in tasks})
     eval_tags = summaries.Read(os.path.join(logdir, 'eval_test'))
     self.assertEqual([(6, accuracy)],
                      [(s, round(v, 4)) for s, v in eval_tags['accuracy']])

@@ -10,8 +10,8 @@ import time
 from lingvo import compat as tf
 from lingvo.core import test_utils
 from tests import trainer_testlib
-from tools import checkpoints
-from tools import progress
+from tools.trainer import checkpoints
+from tools.trainer import progress
 
 TOY = trainer_testlib.TOY
 

@@ -9,8 +9,8 @@ from gpipe import local_cluster
 from lingvo import compat as tf
 from lingvo.core import test_utils
 from tests import trainer_testlib
-from tools import progress
-from tools import summaries
+from tools.trainer import progress
+from tools.trainer import summaries
 
 TOY = trainer_testlib.TOY
 STEPS = 4

@@ -1,4 +1,4 @@
-"""Tests of the pipelineable Transformer layers (tasks/mt/layers.py)."""
+"""Tests of the Transformer layers: tasks/mt/blocks.py and sublayers.py."""
 
 from gpipe import lingvo_import  # pylint: disable=unused-import
 import numpy as np
@@ -7,8 +7,9 @@ from lingvo.core import cluster_factory
 from lingvo.core import py_utils
 from lingvo.core import test_utils
 from lingvo.core import tshape
-from tasks.mt import layers
+from tasks.mt import blocks
 from tasks.mt import stack
+from tasks.mt import sublayers
 
 _B, _S, _T, _V, _D = 3, 5, 6, 17, 16
 
@@ -127,7 +128,7 @@ class TransformerLayersTest(test_utils.TestCase):
     np.testing.assert_allclose(results[True][0], results[True][1])
 
   def testLogitClippingAndLabelSmoothing(self):
-    p = layers.SoftmaxLayer.Params().Set(
+    p = blocks.SoftmaxLayer.Params().Set(
         name='softmax', vocab_size=_V, model_dim=_D, logits_abs_max=0.5,
         label_smoothing=0.2, params_init=py_utils.WeightInit.Gaussian(10.0))
     with self.session(graph=tf.Graph()) as sess:
@@ -172,8 +173,8 @@ class TransformerLayersTest(test_utils.TestCase):
     self.assertEqual(separate, 2 * _V * _D)
 
   def testHeadsMustDivideModelDim(self):
-    p = layers.MultiHeadAttention.Params().Set(name='a', model_dim=10,
-                                               num_heads=4)
+    p = sublayers.MultiHeadAttention.Params().Set(name='a', model_dim=10,
+                                                  num_heads=4)
     with self.assertRaisesRegex(ValueError, 'not divisible by num_heads'):
       p.Instantiate()
 

@@ -14,6 +14,8 @@ Language pairs are mixed by temperature-based sampling
 evaluation (so BLEU can be reported per pair).
 """
 
+import os
+
 from gpipe import lingvo_import  # pylint: disable=unused-import
 import numpy as np
 from lingvo import compat as tf
@@ -73,7 +75,8 @@ class _TranslationInputBase(dataset_input.DatasetInput):
   def Params(cls):
     p = super().Params()
     p.Define('vocab_path', vocab_lib.NUMBERS_VOCAB,
-             'sentencepiece .model file (built by tools.build_vocab).')
+             'sentencepiece .model file (built by tools.build_vocab; the '
+             'number corpus input builds a missing NUMBERS_VOCAB itself).')
     p.Define('src_len', 16, 'Static source length in tokens (truncated).')
     p.Define('tgt_len', 16, 'Static target length in tokens (truncated).')
     p.Define('temperature', 5.0,
@@ -83,9 +86,13 @@ class _TranslationInputBase(dataset_input.DatasetInput):
              'refused (its ids would not fit the embedding). 0: no check.')
     return p
 
+  def _BuildMissingVocab(self):
+    """Builds a missing `vocab_path` if this input can; by default it cannot."""
+
   def _Vocab(self):
     if not hasattr(self, '_vocab'):
       p = self.params
+      self._BuildMissingVocab()
       vocab = vocab_lib.Vocab(p.vocab_path)
       if p.max_vocab_size and vocab.size > p.max_vocab_size:
         raise ValueError(
@@ -130,6 +137,16 @@ class NumberTranslationInput(_TranslationInputBase):
         keep = sorted(rng.permutation(len(examples))[:p.max_examples_per_pair])
         pairs[key] = [examples[i] for i in keep]
     return pairs
+
+  def _BuildMissingVocab(self):
+    """Trains a missing `vocab_lib.NUMBERS_VOCAB` on this corpus's text."""
+    p = self.params
+    if os.path.exists(p.vocab_path) or not vocab_lib.IsNumbersModel(
+        p.vocab_path):
+      return  # Another missing path fails in Vocab, saying how to build it.
+    vocab_lib.BuildNumbersModel(
+        p.vocab_path, p.max_vocab_size or vocab_lib.NUMBERS_VOCAB_SIZE,
+        p.languages, p.max_number, p.test_fraction, p.split_seed)
 
   def Examples(self):
     p = self.params

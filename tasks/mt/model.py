@@ -18,7 +18,7 @@ from lingvo.core import base_model
 from lingvo.core import metrics
 from lingvo.core import py_utils
 from tasks.mt import bleu
-from tasks.mt import layers as mt_layers
+from tasks.mt import blocks
 from tasks.mt import vocab as vocab_lib
 
 _NEG_INF = -1e9
@@ -87,8 +87,8 @@ class TransformerMTTask(base_model.BaseTask):
     net = self.network
     keys = ['layer_%03d' % i for i in range(len(net.params.layers))]
     pairs = [(net.children[k], theta.network[k]) for k in keys]
-    encoders = [x for x in pairs if isinstance(x[0], mt_layers.EncoderLayer)]
-    decoders = [x for x in pairs if isinstance(x[0], mt_layers.DecoderLayer)]
+    encoders = [x for x in pairs if isinstance(x[0], blocks.EncoderLayer)]
+    decoders = [x for x in pairs if isinstance(x[0], blocks.DecoderLayer)]
     return pairs[0], encoders, decoders, pairs[-1]
 
   def Encode(self, theta, src_ids, src_paddings):

@@ -15,7 +15,7 @@ import collections
 
 from gpipe import lingvo_import  # pylint: disable=unused-import
 from gpipe import param_count
-from tasks.mt import layers
+from tasks.mt import blocks
 
 
 def EncoderDecoderLayers(vocab_size,
@@ -53,17 +53,17 @@ def EncoderDecoderLayers(vocab_size,
       ffn_init_scale=(1.0 / num_layers
                       if scale_ffn_init_by_num_layers else 1.0))
   result = [
-      layers.EmbeddingLayer.Params().Set(
+      blocks.EmbeddingLayer.Params().Set(
           name='emb', vocab_size=vocab_size, model_dim=model_dim,
           shared_embedding=shared_embedding, dropout_prob=dropout_prob)
   ]
   for i in range(num_layers):
-    result.append(layers.EncoderLayer.Params().Set(
+    result.append(blocks.EncoderLayer.Params().Set(
         name='enc_%03d' % i, final_layer_norm=(i == num_layers - 1), **block))
   for i in range(num_layers):
-    result.append(layers.DecoderLayer.Params().Set(
+    result.append(blocks.DecoderLayer.Params().Set(
         name='dec_%03d' % i, **block))
-  result.append(layers.SoftmaxLayer.Params().Set(
+  result.append(blocks.SoftmaxLayer.Params().Set(
       name='softmax', vocab_size=vocab_size, model_dim=model_dim,
       label_smoothing=label_smoothing, logits_abs_max=logits_abs_max))
   return result
@@ -95,19 +95,19 @@ def DecoderOnlyLayers(vocab_size,
     A list of L + 2 layer params: embedding, L layers, softmax.
   """
   result = [
-      layers.EmbeddingLayer.Params().Set(
+      blocks.EmbeddingLayer.Params().Set(
           name='emb', vocab_size=vocab_size, model_dim=model_dim,
           has_source=False, dropout_prob=dropout_prob)
   ]
   for i in range(num_layers):
-    result.append(layers.DecoderLayer.Params().Set(
+    result.append(blocks.DecoderLayer.Params().Set(
         name='layer_%04d' % i, model_dim=model_dim, hidden_dim=hidden_dim,
         num_heads=num_heads, has_cross_attention=False,
         residual_dropout_prob=dropout_prob, atten_dropout_prob=dropout_prob,
         relu_dropout_prob=dropout_prob,
         ffn_init_scale=(1.0 / num_layers
                         if scale_ffn_init_by_num_layers else 1.0)))
-  result.append(layers.SoftmaxLayer.Params().Set(
+  result.append(blocks.SoftmaxLayer.Params().Set(
       name='softmax', vocab_size=vocab_size, model_dim=model_dim,
       label_smoothing=label_smoothing, logits_abs_max=logits_abs_max))
   return result
@@ -117,9 +117,9 @@ def _Part(layer_params, variable_name):
   """Which part of the model a variable of a layer belongs to."""
   if '_ln/' in variable_name:
     return 'layer_norm'
-  if layer_params.cls is layers.SoftmaxLayer:
+  if layer_params.cls is blocks.SoftmaxLayer:
     return 'softmax'
-  if layer_params.cls is layers.EmbeddingLayer:
+  if layer_params.cls is blocks.EmbeddingLayer:
     return 'embedding'
   if 'atten/' in variable_name:
     return 'attention'

@@ -10,7 +10,9 @@ mini-batch. The loop:
 * saves a checkpoint every N steps and when it stops (end, Ctrl-C, SIGTERM);
 * logs every step's metrics to logdir/train_steps.jsonl, prints a progress
   line and writes TensorBoard summaries every N steps, and traces a step
-  every M steps for the pipeline timeline, bubbles and peak memory;
+  every M steps for the pipeline timeline, bubbles and peak memory (and
+  writes that step's timeline to logdir/traces/step_<N>.trace.json, which
+  Perfetto and chrome://tracing open);
 * stops with a clear error, without saving, on a NaN/Inf loss, and on a dead
   worker process or a step that exceeds its timeout.
 """
@@ -25,16 +27,26 @@ import time
 
 from gpipe import lingvo_import  # pylint: disable=unused-import
 from gpipe import local_cluster
+from gpipe import timeline
 from lingvo import compat as tf
-from tools import checkpoints
-from tools import model_graph
-from tools import progress
-from tools import step_trace
-from tools import summaries
+from tools.trainer import checkpoints
+from tools.trainer import model_graph
+from tools.trainer import progress
+from tools.trainer import step_trace
+from tools.trainer import summaries
 
 
 # Sessions whose workers died: closing them would block (see _RunSession).
 _ABANDONED_SESSIONS = []
+
+# Trace files of traced steps (Trace Event Format: open them in
+# https://ui.perfetto.dev or chrome://tracing).
+TRACE_DIR = 'traces'
+
+
+def TracePath(logdir, step):
+  """The pipeline trace file of traced step `step` in `logdir`."""
+  return os.path.join(logdir, TRACE_DIR, 'step_%d.trace.json' % step)
 
 
 class NonFiniteLossError(FloatingPointError):
@@ -72,33 +84,22 @@ def LearningRate(metrics):
 class TrainLoop:
   """Trains a registered model in `logdir`, resuming where it stopped."""
 
-  def __init__(self, make_cfg, placement, logdir, max_steps=None, seed=1234,
-               checkpoint_every_n_steps=100, log_every_n_steps=10,
-               trace_every_n_steps=100, after_checkpoint=None, echo=print):
+  def __init__(self, run, after_checkpoint=None, echo=print):
     """Configures the loop (nothing runs yet).
 
     Args:
-      make_cfg: a function (dataset name) -> model params, with overrides
-        and stage devices applied.
-      placement: a tools.placement.Placement.
-      logdir: the run's directory (checkpoints, event files, step log).
-      max_steps: train until this global step (None: p.train.max_steps).
-      seed: graph-level random seed.
-      checkpoint_every_n_steps: save period.
-      log_every_n_steps: console line and summary period.
-      trace_every_n_steps: traced-step period (0: never).
+      run: the tools.trainer.run_config.RunConfig (params, placement, logdir,
+        seed and the periods).
       after_checkpoint: optional function(checkpoint path) called after
         each periodic checkpoint and the final one (e.g. an evaluation).
       echo: prints a console line.
     """
-    self._make_cfg = make_cfg
-    self._placement = placement
-    self._logdir = logdir
-    self._max_steps = max_steps
-    self._seed = seed
-    self._ckpt_every = max(1, checkpoint_every_n_steps)
-    self._log_every = max(1, log_every_n_steps)
-    self._trace_every = trace_every_n_steps
+    self._run = run
+    self._placement = run.placement
+    self._logdir = run.logdir
+    self._ckpt_every = max(1, run.checkpoint_every_n_steps)
+    self._log_every = max(1, run.log_every_n_steps)
+    self._trace_every = run.trace_every_n_steps
     self._after_checkpoint = after_checkpoint
     self._last_saved = None
     self._done_after = None
@@ -113,7 +114,7 @@ class TrainLoop:
         start_step = checkpoints.GlobalStepOf(resume)
       except (tf.errors.NotFoundError, ValueError):
         start_step = 0  # Not ours, or unreadable: CheckCompatible says so.
-    cfg = self._make_cfg('Train')
+    cfg = self._run.train.Copy()
     if start_step and 'skip_batches' in cfg.input:
       # One batch per step: resume exactly where the data left off.
       cfg.input.skip_batches = start_step
@@ -126,8 +127,8 @@ class TrainLoop:
   def Run(self):
     """Trains to max_steps; returns (global step, path of last checkpoint)."""
     cfg, resume = self._TrainParams()
-    max_steps = self._max_steps or cfg.task.train.max_steps
-    built = model_graph.Build(cfg, self._placement, 'train', self._seed)
+    max_steps = self._run.max_steps or cfg.task.train.max_steps
+    built = model_graph.Build(cfg, self._placement, 'train', self._run.seed)
     task = built.task
     for line in model_graph.Describe(built.model):
       self._echo(line)
@@ -348,11 +349,16 @@ class TrainLoop:
       raise
 
   def _WriteTrace(self, writer, step, metadata):
-    scalars, png = step_trace.Measure(
+    """Summaries of a traced step, and its trace file for Perfetto."""
+    scalars, png, tasks = step_trace.Measure(
         metadata, title='step %d' % step)
     writer.Scalars(step, scalars)
     if png:
       writer.Image(step, 'pipeline/timeline', png)
+    if tasks:
+      os.makedirs(os.path.join(self._logdir, TRACE_DIR), exist_ok=True)
+      timeline.WriteChromeTrace(tasks, TracePath(self._logdir, step),
+                                step=step)
     writer.Flush()
 
 

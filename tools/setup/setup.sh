@@ -7,7 +7,7 @@
 # import check), so a second run on a ready machine only compares it and
 # changes nothing.
 set -euo pipefail
-ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 VENV="$ROOT/.venv"
 REQ="$ROOT/third_party/requirements.txt"
 REQ_NODEPS="$ROOT/third_party/requirements-nodeps.txt"

@@ -23,7 +23,7 @@ from gpipe import partition
 from lingvo import compat as tf
 from lingvo.core import base_layer
 from lingvo.core import hyperparams
-from tools import model_select
+from tools.trainer import model_select
 
 
 class _EmptyLayer(base_layer.BaseLayer):
@@ -38,20 +38,6 @@ def _StandIn(pipeline_params):
   stand_in = pipeline_params.Copy()
   stand_in.cls = _EmptyLayer
   return stand_in
-
-
-def _StageSizes(pp):
-  """(stage sizes, per-layer costs or None, cost name) of pipeline `pp`."""
-  if pp.cell_tpl is not None:
-    return [1] * len(pp.cell_tpl), None, 'cost'
-  if pp.stage_sizes:
-    return list(pp.stage_sizes), None, 'cost'
-  method = pp.partition_cost
-  if method == 'time':
-    # Timing would run the layers (allocating weights): balance by params.
-    method = 'params'
-  costs = partition.LayerCosts(method, list(pp.layers), pp.input_shapes)
-  return partition.PartitionByCost(costs, pp.num_stages), costs, method
 
 
 def _ReplacePipelines(params):
@@ -107,8 +93,9 @@ def Inspect(cfg, echo=print):
   """
   total = 0
   for path, pp in model_select.FindPipelines(cfg):
-    layers = list(pp.cell_tpl if pp.cell_tpl is not None else pp.layers)
-    sizes, costs, cost_name = _StageSizes(pp)
+    # Timing would run the layers (allocating weights): balance by params.
+    cut = partition.StageCut(pp, measure_time=False)
+    layers, sizes = cut.layer_params, cut.sizes
     counts = [param_count.CountParams(lp) for lp in layers]
     micro = ('%d micro-batches' % pp.num_micro_batches if pp.num_micro_batches
              else 'micro-batches of %s' % pp.micro_batch_size)
@@ -121,12 +108,11 @@ def Inspect(cfg, echo=print):
       echo('  stage %d (%s): %d layers, %s params' %
            (k, device, size, '{:,}'.format(sum(counts[start:start + size]))))
       for i in range(start, start + size):
-        key = ('layer_%03d' % i) if pp.cell_tpl is None else 'cell_%d' % k
-        echo('    %s %-24s %s %s' % (key, layers[i].name or '',
+        echo('    %s %-24s %s %s' % (cut.child_keys[i], layers[i].name or '',
                                      layers[i].cls.__name__,
                                      '{:,}'.format(counts[i])))
       start += size
-    echo(partition.Report(layers, sizes, costs, cost_name))
+    echo(partition.Report(layers, sizes, cut.costs, cut.cost_name))
     total += sum(counts)
   rest = _RestOfModel(cfg)
   if rest:

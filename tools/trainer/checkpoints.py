@@ -28,6 +28,10 @@ class CheckpointCorruptError(ValueError):
   """A checkpoint's files cannot be read (truncated, overwritten, missing)."""
 
 
+class NoCheckpointError(ValueError):
+  """Evaluation or decoding needs a trained checkpoint."""
+
+
 def _Others(path):
   """The logdir's other checkpoints, newest first (from its state file)."""
   state = tf.train.get_checkpoint_state(os.path.dirname(path))
@@ -63,6 +67,20 @@ def _Corrupt(path, error):
 def Newest(logdir):
   """The path of the newest checkpoint in `logdir`, or None."""
   return tf.train.latest_checkpoint(logdir)
+
+
+def Choose(logdir, path=None):
+  """The checkpoint to evaluate or decode: `path`, else the newest in logdir.
+
+  Raises:
+    NoCheckpointError: logdir has none, with the command that makes one.
+  """
+  path = path or Newest(logdir)
+  if not path:
+    raise NoCheckpointError(
+        'no checkpoint in --logdir=%s: train first (--mode=train or '
+        'train_and_eval with the same --logdir)' % logdir)
+  return path
 
 
 def GlobalStepOf(path):

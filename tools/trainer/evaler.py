@@ -12,23 +12,8 @@ import os
 
 from gpipe import lingvo_import  # pylint: disable=unused-import
 from lingvo import compat as tf
-from tools import checkpoints
-from tools import model_graph
-from tools import summaries
-
-
-class NoCheckpointError(ValueError):
-  """Evaluation or decoding needs a trained checkpoint."""
-
-
-def CheckpointToUse(logdir, path=None):
-  """`path`, or the newest checkpoint in logdir (a clear error if none)."""
-  path = path or checkpoints.Newest(logdir)
-  if not path:
-    raise NoCheckpointError(
-        'no checkpoint in --logdir=%s: train first (--mode=train or '
-        'train_and_eval with the same --logdir)' % logdir)
-  return path
+from tools.trainer import restored
+from tools.trainer import summaries
 
 
 def _ExampleBudget(task, input_params, dataset):
@@ -42,38 +27,26 @@ def _ExampleBudget(task, input_params, dataset):
   return budget
 
 
-def Evaluate(cfg, placement, logdir, seed=1234, dataset='Test', path=None,
-             echo=print):
+def Evaluate(run, dataset='Test', path=None, echo=print):
   """Evaluates a checkpoint; returns (global step, {metric: value}).
 
   Args:
-    cfg: model params with the `dataset` input.
-    placement: a tools.placement.Placement.
-    logdir: the run's directory.
-    seed: graph-level random seed.
+    run: the RunConfig (its `test` params hold the `dataset` input).
     dataset: the input's name (for the summary directory).
-    path: checkpoint path (default: the newest in logdir).
+    path: checkpoint path (default: the newest in the run's logdir).
     echo: prints a line.
   """
-  path = CheckpointToUse(logdir, path)
-  built = model_graph.Build(cfg, placement, 'eval', seed)
-  task = built.task
-  with built.graph.as_default():
-    saver = checkpoints.Checkpointer(logdir, for_eval=True)
-    metric_tensors = dict(task.eval_metrics)
-    init = tf.group(tf.compat.v1.local_variables_initializer(),
-                    tf.compat.v1.tables_initializer())
-  budget = _ExampleBudget(task, cfg.input, dataset)
+  cfg = run.test
   totals, weights = {}, {}
   examples = 0
-  with built.graph.as_default(), placement.NewSession(built.graph) as sess:
-    sess.run(init)
-    saver.RestoreFrom(sess, path)
-    step = int(sess.run(built.global_step))
+  with restored.RestoredModel(run, cfg, 'eval', path) as model:
+    metric_tensors = dict(model.task.eval_metrics)
+    budget = _ExampleBudget(model.task, cfg.input, dataset)
     while not budget or examples < budget:
-      placement.CheckAlive()
+      run.placement.CheckAlive()
       try:
-        values = sess.run(metric_tensors, options=placement.RunOptions())
+        values = model.sess.run(metric_tensors,
+                                options=run.placement.RunOptions())
       except tf.errors.OutOfRangeError:
         break
       for name, (value, weight) in values.items():
@@ -81,13 +54,15 @@ def Evaluate(cfg, placement, logdir, seed=1234, dataset='Test', path=None,
         weights[name] = weights.get(name, 0.0) + float(weight)
       examples += int(values['num_samples_in_batch'][0]) if (
           'num_samples_in_batch' in values) else cfg.input.batch_size
+    step, path = model.step, model.path
   if not examples:
     raise ValueError('the %s input gave no batch to evaluate (is it smaller '
                      'than one batch of %d?)' % (dataset, cfg.input.batch_size))
   metrics = {k: totals[k] / weights[k] for k in totals if weights[k]}
   metrics['num_examples'] = examples
   metrics.pop('num_samples_in_batch', None)
-  writer = summaries.Writer(os.path.join(logdir, 'eval_' + dataset.lower()))
+  writer = summaries.Writer(os.path.join(run.logdir,
+                                         'eval_' + dataset.lower()))
   writer.Scalars(step, metrics)
   writer.Close()
   echo('eval %s at step %d (%s, %d examples): %s' % (

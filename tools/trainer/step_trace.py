@@ -2,7 +2,8 @@
 
 Every N steps the trainer runs a step with a full trace. From its
 ``RunMetadata.step_stats``: the pipeline's stage tasks (``gpipe.timeline``),
-each stage's busy seconds and measured bubble fraction, the timeline image,
+each stage's busy seconds and measured bubble fraction, the timeline image
+(and a trace file for Perfetto / chrome://tracing, written by the loop),
 and the peak memory of each device (``gpipe.memory``): ``peak_bytes`` is
 what the step's own ops held at once (activations, gradients, temporaries),
 ``allocator_peak_bytes`` what the device's allocator held (with variables;
@@ -26,15 +27,16 @@ def _ShortDevice(name):
 
 
 def Measure(run_metadata, title=''):
-  """Scalars and the timeline image of one traced step.
+  """Scalars, the timeline image and the stage tasks of one traced step.
 
   Args:
     run_metadata: the RunMetadata of a FULL_TRACE session run.
     title: the timeline image's title.
 
   Returns:
-    (scalars, png): scalars is {summary tag: value}; png is the timeline
-    image bytes, or None when the step ran no pipeline stage.
+    (scalars, png, tasks): scalars is {summary tag: value}; png is the
+    timeline image bytes, or None when the step ran no pipeline stage;
+    tasks are its gpipe.timeline.TaskTimes (for a trace file).
   """
   scalars = {}
   try:
@@ -50,7 +52,7 @@ def Measure(run_metadata, title=''):
       scalars['memory/allocator_peak_bytes/' + _ShortDevice(device)] = peak
   tasks = timeline.ParseStepStats(run_metadata.step_stats)
   if not tasks:
-    return scalars, None
+    return scalars, None, tasks
   busy = timeline.StageBusySeconds(tasks)
   bubbles = timeline.BubbleFractions(tasks)
   recompute = timeline.StageRecomputeSeconds(tasks)
@@ -60,4 +62,4 @@ def Measure(run_metadata, title=''):
     scalars['pipeline/stage_%d/recompute_sec' % k] = r
   scalars['pipeline/bubble_fraction'] = sum(bubbles) / len(bubbles)
   scalars['pipeline/span_sec'] = timeline.Span(tasks)
-  return scalars, timeline.RenderPNG(tasks, title=title)
+  return scalars, timeline.RenderPNG(tasks, title=title), tasks

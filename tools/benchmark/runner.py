@@ -46,7 +46,7 @@ from lingvo.core import cluster_factory
 from lingvo.core import gpipe as lingvo_gpipe
 from lingvo.core import py_utils
 import numpy as np
-from tools import bench_models
+from tools.benchmark import models
 
 IMPLS = ('gpipe', 'inline', 'lingvo', 'plain')
 
@@ -63,7 +63,8 @@ class Config(
 
   @property
   def label(self):
-    loop = ' v=%d' % self.stages_per_device if self.stages_per_device > 1 else ''
+    v = self.stages_per_device
+    loop = ' v=%d' % v if v > 1 else ''
     return '%s K=%d%s M=%d %s' % (self.impl, self.num_stages, loop,
                                   self.num_micro_batches, self.remat)
 
@@ -129,8 +130,8 @@ class Step:
     self.graph = tf.Graph()
     start = time.time()
     with self.graph.as_default():
-      layers = bench_models.ModelLayers(c.model, c.num_layers, c.width)
-      shape = bench_models.InputShape(c.model, c.batch, c.width)
+      layers = models.ModelLayers(c.model, c.num_layers, c.width)
+      shape = models.InputShape(c.model, c.batch, c.width)
       first = devices[0]
       with tf.compat.v1.variable_scope(c.scope):
         with tf.device(first):
@@ -162,7 +163,7 @@ class Step:
             py_utils.GetOrCreateGlobalStepVar()
             net = lingvo_gpipe.PipeliningLayer.Params().Set(
                 name='pipe',
-                cell_tpl=bench_models.LingvoCells(
+                cell_tpl=models.LingvoCells(
                     layers, _EvenStageSizes(c.num_layers, c.num_stages)),
                 num_micro_batches=c.num_micro_batches).Instantiate()
             out = net.FProp(net.theta, x)
@@ -171,7 +172,7 @@ class Step:
         elif c.impl == 'plain':
           with tf.device(first):
             net = _Chain(layers)
-            out = bench_models.ChainFProp(net.layers, net.thetas, x)
+            out = models.ChainFProp(net.layers, net.thetas, x)
           loss_device = first
         else:
           raise ValueError('unknown impl %r; use one of %s' % (c.impl, IMPLS))

@@ -9,7 +9,7 @@ from lingvo.core import py_utils
 from lingvo.core import test_utils
 
 
-class StackTest(test_utils.TestCase):
+class InstalledStackTest(test_utils.TestCase):
 
   def testTwoDeviceTrainingStepReducesLoss(self):
     config = tf.compat.v1.ConfigProto(device_count={'CPU': 2})
@@ -43,6 +43,18 @@ class StackTest(test_utils.TestCase):
       after = sess.run(loss)
       self.assertEqual(len(sess.list_devices()), 2)
       self.assertLess(after, before)
+
+
+class PublicNamesTest(test_utils.TestCase):
+
+  def testPackageExportsThePublicNames(self):
+    import gpipe  # pylint: disable=g-import-not-at-top
+    from gpipe import pipeline  # pylint: disable=g-import-not-at-top
+    self.assertIs(gpipe.PipeliningLayer, pipeline.PipeliningLayer)
+    for name in gpipe.__all__:
+      self.assertTrue(hasattr(gpipe, name), name)
+    p = gpipe.PipeliningLayer.Params()
+    self.assertIn('num_micro_batches', p)
 
 
 if __name__ == '__main__':

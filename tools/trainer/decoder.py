@@ -12,10 +12,8 @@ import os
 
 from gpipe import lingvo_import  # pylint: disable=unused-import
 from lingvo import compat as tf
-from tools import checkpoints
-from tools import evaler
-from tools import model_graph
-from tools import summaries
+from tools.trainer import restored
+from tools.trainer import summaries
 
 
 def _Value(metric):
@@ -23,45 +21,34 @@ def _Value(metric):
   return float(value) if value is not None else float('nan')
 
 
-def Decode(cfg, placement, logdir, seed=1234, dataset='Test', path=None,
-           max_batches=None, echo=print):
+def Decode(run, dataset='Test', path=None, echo=print):
   """Decodes a checkpoint; returns (global step, {metric: value}).
 
   Args:
-    cfg: model params with the `dataset` input.
-    placement: a tools.placement.Placement.
-    logdir: the run's directory.
-    seed: graph-level random seed.
+    run: the RunConfig (its `test` params hold the `dataset` input; its
+      decode_max_batches bounds the batches, None: until the input ends).
     dataset: the input's name (for the output directory).
-    path: checkpoint path (default: the newest in logdir).
-    max_batches: stop after this many batches (None: until the input ends).
+    path: checkpoint path (default: the newest in the run's logdir).
     echo: prints a line.
   """
-  path = evaler.CheckpointToUse(logdir, path)
-  built = model_graph.Build(cfg, placement, 'decode', seed)
-  task = built.task
-  with built.graph.as_default():
-    saver = checkpoints.Checkpointer(logdir, for_eval=True)
-    init = tf.group(tf.compat.v1.local_variables_initializer(),
-                    tf.compat.v1.tables_initializer())
-  metrics = task.CreateDecoderMetrics()
-  out_dir = os.path.join(logdir, 'decode_' + dataset.lower())
+  out_dir = os.path.join(run.logdir, 'decode_' + dataset.lower())
   os.makedirs(out_dir, exist_ok=True)
+  max_batches = run.decode_max_batches
   batches = 0
-  with built.graph.as_default(), placement.NewSession(built.graph) as sess:
-    sess.run(init)
-    saver.RestoreFrom(sess, path)
-    step = int(sess.run(built.global_step))
+  with restored.RestoredModel(run, run.test, 'decode', path) as model:
+    metrics = model.task.CreateDecoderMetrics()
+    step = model.step
     out_path = os.path.join(out_dir, 'decode_out_%d.txt' % step)
     with open(out_path, 'w') as out_file:
       while max_batches is None or batches < max_batches:
-        placement.CheckAlive()
+        run.placement.CheckAlive()
         try:
-          out = sess.run(built.decode_out, options=placement.RunOptions())
+          out = model.sess.run(model.built.decode_out,
+                               options=run.placement.RunOptions())
         except tf.errors.OutOfRangeError:
           break
         batches += 1
-        for key, value in task.PostProcessDecodeOut(out, metrics) or []:
+        for key, value in model.task.PostProcessDecodeOut(out, metrics) or []:
           out_file.write('%s\t%s\n' % (key, value))
   values = {name: _Value(m) for name, m in metrics.items()}
   writer = summaries.Writer(out_dir)

@@ -1,0 +1,47 @@
+r"""GPipe's Tables 1-3 at this machine's scale, beside Lingvo's GPipe.
+
+Usage (from the repository root; or ``bazel run //tools/benchmark -- ...``)::
+
+  .venv/bin/python -m tools.benchmark throughput --json t.json --plot t.png
+  .venv/bin/python -m tools.benchmark memory --json m.json --plot m.png
+  .venv/bin/python -m tools.benchmark bubble --json b.json --plot b.png
+  .venv/bin/python -m tools.benchmark graph --json g.json --plot g.png
+
+Subcommands:
+
+  throughput  Training steps/s of a Transformer stack and an AmoebaNet-D-like
+              stack for K in {1, 2} stages (one pinned one-core worker
+              process each) and M micro-batches, normalized to K=1, M=1 with
+              the same remat mode (like the paper's Table 2); beside it, on
+              the same layers, K, M and cores, Lingvo's GPipe (one process
+              with K virtual CPUs, all cores' threads) and plain TensorFlow
+              (no pipeline, all cores). Also ours with v > 1 stages per
+              device (2v stages looped over the 2 workers, breadth-first).
+              All configurations are timed interleaved in one run.
+  memory      Table 1: under one per-device memory cap, the most layers of
+              each model that take a training step as naive-1 (no pipeline,
+              no remat), pipeline-1 (remat, M micro-batches) and pipeline-2,
+              from the measured peak memory of traced steps.
+  bubble      Measured idle fraction of each stage (execution traces) vs the
+              fill-drain model (K-1)/(M+K-1), and a timeline picture.
+  graph       Graph build time and op count as M and L grow (no session).
+
+Every subcommand prints a markdown table, the machine and the settings, and
+writes ``--json`` and ``--plot`` if given. ``--quick`` runs a tiny version
+(for tests). ``--priority N`` raises the worker processes' scheduling
+priority (Linux autogroup niceness -N; root): on a machine shared with other
+work, pipelined stages otherwise get only part of their cores.
+
+Modules: ``cli`` (flags and dispatch), one per subcommand (``throughput``,
+``memory``, ``bubble``, ``graph``), ``report`` (their tables, header, JSON and
+plots), ``runner`` (configurations, worker clusters, timed steps) and
+``models`` (the benchmark layer stacks).
+"""
+
+from gpipe import lingvo_import  # pylint: disable=unused-import  # must be first
+from tools.benchmark.bubble import Bubble
+from tools.benchmark.cli import main
+from tools.benchmark.graph import Graph
+from tools.benchmark.memory import LargestFitting
+from tools.benchmark.memory import Memory
+from tools.benchmark.throughput import Throughput

@@ -1,0 +1,119 @@
+"""The benchmark's command line: flags, ``--quick`` sizes and dispatch.
+
+``main`` parses the subcommand and its flags (``--help`` lists them), shrinks
+the defaults for ``--quick`` and runs one of ``throughput.Throughput``,
+``memory.Memory``, ``bubble.Bubble`` or ``graph.Graph``.
+"""
+
+import argparse
+import os
+import sys
+
+from gpipe import pipeline
+from tools.benchmark import bubble
+from tools.benchmark import graph
+from tools.benchmark import memory
+from tools.benchmark import throughput
+
+
+def _Parser():
+  """The parser of the subcommands and their flags."""
+  # The description is the first line of the package's docstring.
+  parser = argparse.ArgumentParser(
+      prog='python -m tools.benchmark',
+      description=sys.modules[__package__].__doc__.split('\n')[0],
+      formatter_class=argparse.RawDescriptionHelpFormatter)
+  sub = parser.add_subparsers(dest='command', required=True)
+
+  def Common(p):
+    p.add_argument('--json', help='write the results to this JSON file')
+    p.add_argument('--plot', help='write a PNG plot to this file')
+    p.add_argument('--quick', action='store_true',
+                   help='tiny sizes and few steps (for tests)')
+    p.add_argument('--priority', type=int, default=0,
+                   help='raise worker priority by N (Linux autogroup '
+                   'niceness -N, needs root); 0 leaves it alone')
+
+  p = sub.add_parser('throughput', help=throughput.Throughput.__doc__)
+  Common(p)
+  p.add_argument('--models', default='',
+                 help='comma-separated subset of transformer,amoeba')
+  p.add_argument('--micro_batches', default='1,4,8,32')
+  p.add_argument('--lingvo_micro_batches', default='',
+                 help="M values for Lingvo's GPipe (default: --micro_batches)")
+  p.add_argument('--stages_per_device', default='1,2,4',
+                 help='v values for ours at K=2: v > 1 puts 2v stages on the '
+                 'two devices in a loop (run at --loop_micro_batches)')
+  p.add_argument('--loop_micro_batches', default='8')
+  p.add_argument('--remat', default='always', choices=pipeline.REMAT_MODES)
+  p.add_argument('--steps', type=int, default=5, help='timed rounds')
+  p.add_argument('--warmup', type=int, default=2)
+
+  p = sub.add_parser('memory', help=memory.Memory.__doc__)
+  Common(p)
+  p.add_argument('--models', default='')
+  p.add_argument('--cap_mib', type=float, default=256.0,
+                 help='per-device memory cap (MiB)')
+  p.add_argument('--max_layers', type=int, default=96)
+  p.add_argument('--micro_batches', type=int, default=8,
+                 help='M of pipeline-1 and pipeline-2')
+
+  p = sub.add_parser('bubble', help=bubble.Bubble.__doc__)
+  Common(p)
+  p.add_argument('--model', default='transformer',
+                 choices=sorted(throughput.THROUGHPUT_MODELS))
+  p.add_argument('--micro_batches', default='1,2,4,8,16,32')
+  p.add_argument('--remat', default='always', choices=pipeline.REMAT_MODES)
+  p.add_argument('--steps', type=int, default=3,
+                 help='traced steps per M (the median is reported)')
+  p.add_argument('--warmup', type=int, default=2)
+  p.add_argument('--stages_per_device', type=int, default=1,
+                 help='v: 2v stages looped over the 2 workers (bubble per '
+                 'device then)')
+  p.add_argument('--timeline', help='write the timeline PNG of one M here')
+  p.add_argument('--timeline_m', type=int, default=8)
+
+  p = sub.add_parser('graph', help=graph.Graph.__doc__)
+  Common(p)
+  return parser
+
+
+def _ApplyQuick(args):
+  """Shrinks the parsed defaults of ``--quick`` runs to tiny sizes."""
+  for name, value in (('steps', 1), ('warmup', 1)):
+    if hasattr(args, name):
+      setattr(args, name, value)
+  if args.command == 'throughput' and args.micro_batches == '1,4,8,32':
+    args.micro_batches = '1,2'
+    if args.loop_micro_batches == '8':
+      args.loop_micro_batches = '2'
+    if args.stages_per_device == '1,2,4':
+      args.stages_per_device = '1,2'
+  if args.command == 'bubble' and args.micro_batches == '1,2,4,8,16,32':
+    args.micro_batches = '1,2'
+    args.timeline_m = 2
+  if args.command == 'memory':
+    args.cap_mib = min(args.cap_mib, 4.0)
+    args.micro_batches = 2
+    args.max_layers = min(args.max_layers, 12)
+
+
+def main(argv=None):
+  """Runs one subcommand.
+
+  Args:
+    argv: the arguments after the program name (default: ``sys.argv[1:]``).
+
+  Returns:
+    The exit status, 0.
+  """
+  # `bazel run` starts in the runfiles tree: resolve paths where it was run.
+  if os.environ.get('BUILD_WORKING_DIRECTORY'):
+    os.chdir(os.environ['BUILD_WORKING_DIRECTORY'])
+  args = _Parser().parse_args(argv)
+  if args.quick:
+    _ApplyQuick(args)
+  commands = dict(throughput=throughput.Throughput, memory=memory.Memory,
+                  bubble=bubble.Bubble, graph=graph.Graph)
+  commands[args.command](args)
+  return 0

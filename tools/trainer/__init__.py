@@ -1,0 +1,18 @@
+"""The trainer binary: ``python -m tools.trainer`` (or ``//tools:trainer``).
+
+Its parts, in the order a run meets them:
+
+* ``cli``: the flags and the mode dispatch (``main``);
+* ``model_select``: registered models, ``--model_params_override``, and the
+  pipelines inside a model's params (stages, micro-batches, devices);
+* ``placement``: virtual CPUs, local worker processes or a cluster spec, and
+  the session that drives them;
+* ``run_config``: the run settled once from the two above, passed on as data;
+* ``model_graph``: the model's graph for training, evaluation or decoding;
+* ``train_loop`` (with ``progress``, ``summaries``, ``step_trace``): the
+  resumable training loop, its console lines, TensorBoard events and traced
+  steps;
+* ``checkpoints`` and ``restored``: saving, choosing and restoring
+  checkpoints; the one restore set-up of ``evaler`` and ``decoder``;
+* ``inspect_model``: layers, stages and parameter counts without weights.
+"""

@@ -1,0 +1,196 @@
+"""Trains, evaluates, decodes or inspects a registered GPipe model.
+
+Run from the repository root::
+
+  .venv/bin/python -m tools.trainer --model=image.AmoebaNetD_Digits \\
+      --logdir=/tmp/digits --mode=train
+
+or ``bazel run //tools:trainer -- --model=... --logdir=...``. This module
+holds the flags and the mode dispatch; the run is settled once by
+``run_config.Settle`` and handed to the loop, evaluation or decoding.
+
+Modes:
+
+* ``train``: trains to --max_steps (default: the params' p.train.max_steps),
+  resuming from the newest checkpoint in --logdir; then evaluates on the
+  model's Test() input and prints the test metrics (e.g. accuracy).
+* ``train_and_eval``: like train, evaluating on Test() after every checkpoint.
+* ``eval`` / ``decode``: evaluates / decodes the newest checkpoint on Test().
+* ``inspect_model``: prints every layer and stage with its parameter count,
+  ending with ``total params: N``, without allocating weights.
+
+Where the stages run: by default K virtual CPU devices in this process;
+``--worker_processes=K`` starts K local TensorFlow worker processes, one
+stage each; ``--cluster_spec=worker=host:port,...`` uses running servers
+(``python -m gpipe.worker``).
+"""
+
+import faulthandler
+import functools
+import os
+import signal
+import sys
+
+os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
+
+# pylint: disable=g-import-not-at-top,wrong-import-position
+from gpipe import lingvo_import  # pylint: disable=unused-import
+from absl import app
+from absl import flags
+from absl import logging
+from gpipe import local_cluster
+from lingvo import compat as tf
+# Defines --model_params_override, used below.
+from lingvo import model_registry  # pylint: disable=unused-import
+from tools.trainer import checkpoints
+from tools.trainer import decoder
+from tools.trainer import evaler
+from tools.trainer import inspect_model
+from tools.trainer import model_select
+from tools.trainer import run_config
+from tools.trainer import train_loop
+# pylint: enable=g-import-not-at-top,wrong-import-position
+
+MODES = ('train', 'eval', 'decode', 'train_and_eval', 'inspect_model')
+DEFAULT_MODEL = 'image.AmoebaNetD_Digits'
+
+flags.DEFINE_string(
+    'model', DEFAULT_MODEL,
+    'The registered model: family.ClassName (params/family.py).')
+flags.DEFINE_string('logdir', None,
+                    'The run directory: checkpoints, event files, logs.')
+flags.DEFINE_enum('mode', 'train', MODES, 'What to do.')
+flags.DEFINE_integer('max_steps', None,
+                     'Train to this global step (default: p.train.max_steps).')
+flags.DEFINE_integer('num_stages', None,
+                     'Override K, the pipeline stages of the model.')
+flags.DEFINE_integer('num_micro_batches', None,
+                     'Override M, the micro-batches per mini-batch.')
+flags.DEFINE_integer(
+    'worker_processes', 0,
+    'Start this many local TensorFlow worker processes, one stage on each.')
+flags.DEFINE_bool(
+    'loop_stages', False,
+    'With fewer workers/devices than stages: place stage k on worker k mod '
+    'D, several stages per worker, run breadth-first (smaller bubble).')
+flags.DEFINE_bool('pin_cores', False,
+                  'With --worker_processes: pin worker i to core i.')
+flags.DEFINE_string(
+    'cluster_spec', '',
+    "Existing TensorFlow servers, 'worker=host:port,host:port': stage k on "
+    'worker k.')
+flags.DEFINE_integer('checkpoint_every_n_steps', 100, 'Checkpoint period.')
+flags.DEFINE_integer('log_every_n_steps', 10,
+                     'Console progress line and summary period.')
+flags.DEFINE_integer(
+    'trace_every_n_steps', 100,
+    'Trace a step this often for the timeline, bubbles and peak memory '
+    '(also the 2nd step of each run); 0: never.')
+flags.DEFINE_integer('seed', 1234,
+                     'Random seed (graph; and the input order when given).')
+flags.DEFINE_integer('step_timeout_secs', 300,
+                     'A session run longer than this fails (lost workers).')
+flags.DEFINE_bool('eval_after_train', True,
+                  'In train mode, evaluate on Test() at the end.')
+flags.DEFINE_integer('decode_max_batches', None,
+                     'Decode at most this many batches (default: all).')
+
+FLAGS = flags.FLAGS
+
+
+# The errors a user can cause; they are printed without a traceback.
+USER_ERRORS = (model_select.UnknownModelError, run_config.LogdirError,
+               checkpoints.CheckpointMismatchError,
+               checkpoints.CheckpointCorruptError,
+               checkpoints.NoCheckpointError,
+               train_loop.NonFiniteLossError, train_loop.WorkerLostError,
+               local_cluster.WorkerDiedError, ValueError)
+
+
+def SettleFromFlags():
+  """The RunConfig of the command line (run_config.Settle)."""
+  return run_config.Settle(
+      FLAGS.model, FLAGS.mode, logdir=FLAGS.logdir,
+      override=FLAGS.model_params_override, num_stages=FLAGS.num_stages,
+      num_micro_batches=FLAGS.num_micro_batches,
+      input_seed=FLAGS.seed if FLAGS['seed'].present else None,
+      worker_processes=FLAGS.worker_processes,
+      cluster_spec=FLAGS.cluster_spec, pin_cores=FLAGS.pin_cores,
+      loop_stages=FLAGS.loop_stages,
+      step_timeout_secs=FLAGS.step_timeout_secs, seed=FLAGS.seed,
+      max_steps=FLAGS.max_steps,
+      checkpoint_every_n_steps=FLAGS.checkpoint_every_n_steps,
+      log_every_n_steps=FLAGS.log_every_n_steps,
+      trace_every_n_steps=FLAGS.trace_every_n_steps,
+      eval_after_train=FLAGS.eval_after_train,
+      decode_max_batches=FLAGS.decode_max_batches)
+
+
+def Main(run, echo):
+  """Runs run.mode; returns the process exit code.
+
+  Args:
+    run: the settled RunConfig (its local workers, if any, are stopped
+      before returning).
+    echo: prints a console line.
+  """
+  if run.mode == 'inspect_model':
+    inspect_model.Inspect(run.train, echo=echo)
+    return 0
+  placement = run.placement
+  try:
+    if placement.cluster is not None:
+      echo('started %d worker processes (pids %s) serving %s' %
+           (len(placement.cluster.pids), placement.cluster.pids,
+            ', '.join(placement.cluster.ClusterSpecDict()['worker'])))
+    if run.mode == 'eval':
+      evaler.Evaluate(run, echo=echo)
+    elif run.mode == 'decode':
+      decoder.Decode(run, echo=echo)
+    else:
+      _Train(run, echo)
+    return 0
+  finally:
+    placement.Stop()
+
+
+def _Train(run, echo):
+  """Modes train and train_and_eval."""
+  evaluate = lambda path: evaler.Evaluate(run, path=path, echo=echo)
+  loop = train_loop.TrainLoop(
+      run, after_checkpoint=evaluate if run.mode == 'train_and_eval' else None,
+      echo=echo)
+  step, path = loop.Run()
+  if run.mode == 'train' and run.eval_after_train and path:
+    _, metrics = evaluate(path)
+    for name in ('accuracy', 'top5_accuracy', 'bleu'):
+      if name in metrics:
+        echo('final test %s: %.4f (step %d, %d test examples)' %
+             (name, metrics[name], step, metrics['num_examples']))
+  echo('TensorBoard: .venv/bin/tensorboard --logdir %s' % run.logdir)
+
+
+def main(argv):
+  # `kill -USR1 <pid>` prints every thread's Python stack (a stuck run).
+  faulthandler.register(signal.SIGUSR1, file=sys.__stderr__)
+  if len(argv) > 1:
+    raise app.UsageError('unexpected arguments: %s' % ' '.join(argv[1:]))
+  if not FLAGS['verbosity'].present:
+    logging.set_verbosity(logging.WARNING)
+    tf.get_logger().setLevel('WARNING')
+  # Flushed: progress must show up at once when stdout is a file or pipe.
+  echo = functools.partial(print, flush=True)
+  try:
+    return Main(SettleFromFlags(), echo)
+  except train_loop.WorkerLostError as e:
+    print('trainer: error: %s' % e, file=sys.stderr, flush=True)
+    sys.stdout.flush()
+    # The session to the lost worker cannot be closed (it would wait for the
+    # worker forever), so skip the interpreter's cleanup. The workers are
+    # already stopped and every file is closed.
+    os._exit(1)  # pylint: disable=protected-access
+  except USER_ERRORS as e:
+    print('trainer: error: %s' % e, file=sys.stderr, flush=True)
+    return 1
+
+

@@ -1,0 +1,140 @@
+"""The trainer's run configuration, settled once and passed on as data.
+
+A run is decided in one place, in this order:
+
+1. the registered model's params for each dataset ('Train', 'Test'), with
+   ``--model_params_override`` and the pipeline shape (``--num_stages``,
+   ``--num_micro_batches``) applied;
+2. the placement (virtual CPUs, local worker processes or a cluster spec),
+   sized by the pipeline's stages;
+3. the stage devices written into those params.
+
+Everything after that (the training loop, evaluation, decoding) reads the
+resulting ``RunConfig``; nothing rebuilds the params or goes back to the flags.
+"""
+
+import dataclasses
+import os
+from typing import Optional
+
+from gpipe import lingvo_import  # pylint: disable=unused-import
+from lingvo.core import hyperparams
+from tools.trainer import model_select
+from tools.trainer import placement as placement_lib
+
+
+class LogdirError(ValueError):
+  """--logdir is missing or cannot be written."""
+
+
+@dataclasses.dataclass(frozen=True)
+class RunConfig:
+  """What one trainer invocation does, where, and with which params.
+
+  Attributes:
+    model: the registered model name, 'family.ClassName'.
+    mode: 'train', 'eval', 'decode', 'train_and_eval' or 'inspect_model'.
+    logdir: the absolute run directory (None for inspect_model).
+    placement: a placement.Placement (None for inspect_model): stage
+      devices, the session target and worker liveness.
+    train: the model params with the Train() input, stage devices set.
+    test: the model params with the Test() input, stage devices set.
+    seed: the graph-level random seed.
+    max_steps: train to this global step (None: p.train.max_steps).
+    checkpoint_every_n_steps: checkpoint period.
+    log_every_n_steps: console line and summary period.
+    trace_every_n_steps: traced-step period (0: never).
+    eval_after_train: in train mode, evaluate on Test() at the end.
+    decode_max_batches: decode at most this many batches (None: all).
+  """
+  model: str
+  mode: str
+  logdir: Optional[str]
+  placement: Optional[placement_lib.Placement]
+  train: hyperparams.Params
+  test: Optional[hyperparams.Params]
+  seed: int = 1234
+  max_steps: Optional[int] = None
+  checkpoint_every_n_steps: int = 100
+  log_every_n_steps: int = 10
+  trace_every_n_steps: int = 100
+  eval_after_train: bool = True
+  decode_max_batches: Optional[int] = None
+
+
+def PrepareLogdir(logdir, mode):
+  """Creates logdir, checks that files can be written; its absolute path."""
+  if not logdir:
+    raise LogdirError('--logdir is required for --mode=%s' % mode)
+  if not os.path.isabs(logdir) and os.environ.get('BUILD_WORKING_DIRECTORY'):
+    # `bazel run` starts binaries in their runfiles: relative paths mean the
+    # user's directory.
+    logdir = os.path.join(os.environ['BUILD_WORKING_DIRECTORY'], logdir)
+  probe = os.path.join(logdir, '.write_test_%d' % os.getpid())
+  try:
+    os.makedirs(logdir, exist_ok=True)
+    with open(probe, 'w') as f:
+      f.write('ok')
+    os.remove(probe)
+  except OSError as e:
+    raise LogdirError(
+        '--logdir=%s is not writable (%s: %s): choose a directory you can '
+        'create and write to' % (logdir, type(e).__name__, e.strerror or e))
+  return os.path.abspath(logdir)
+
+
+def _ModelParams(model, dataset, override, num_stages, num_micro_batches,
+                 input_seed):
+  cfg = model_select.ModelParams(model, dataset, override)
+  model_select.SetPipelineShape(cfg, num_stages, num_micro_batches)
+  if input_seed is not None and cfg.input is not None and 'seed' in cfg.input:
+    cfg.input.seed = input_seed
+  return cfg
+
+
+def Settle(model, mode, logdir=None, override='', num_stages=None,
+           num_micro_batches=None, input_seed=None, worker_processes=0,
+           cluster_spec='', pin_cores=False, loop_stages=False,
+           step_timeout_secs=300, **settings):
+  """Decides the run: params, placement, stage devices (see module doc).
+
+  Args:
+    model: the registered model name.
+    mode: the trainer mode.
+    logdir: the run directory (created; not needed for inspect_model).
+    override: --model_params_override text.
+    num_stages: override K of every pipeline (None: keep).
+    num_micro_batches: override M (None: keep).
+    input_seed: the input order seed, when given on the command line.
+    worker_processes: start this many local worker processes (0: none).
+    cluster_spec: existing servers, 'worker=host:port,...' ('' for none).
+    pin_cores: pin local worker i to core i.
+    loop_stages: with fewer workers than stages, stage k on worker k mod D.
+    step_timeout_secs: the longest a session run may take.
+    **settings: the other RunConfig fields (seed, max_steps, periods...).
+
+  Returns:
+    A RunConfig. With worker_processes the workers are running: the caller
+    stops them with ``run.placement.Stop()``.
+  """
+  shape = (override, num_stages, num_micro_batches, input_seed)
+  train = _ModelParams(model, 'Train', *shape)
+  if mode == 'inspect_model':
+    return RunConfig(model=model, mode=mode, logdir=None, placement=None,
+                     train=train, test=None, **settings)
+  logdir = PrepareLogdir(logdir, mode)
+  test = _ModelParams(model, 'Test', *shape)
+  placement = placement_lib.Placement(
+      model_select.MaxStages(train), worker_processes=worker_processes,
+      cluster_spec=cluster_spec, step_timeout_secs=step_timeout_secs,
+      log_dir=os.path.join(logdir, 'workers'), pin_cores=pin_cores)
+  try:
+    for cfg in (train, test):
+      model_select.SetStageDevices(
+          cfg, placement.devices, keep_explicit=not placement.distributed,
+          loop=loop_stages and placement.distributed)
+  except BaseException:
+    placement.Stop()
+    raise
+  return RunConfig(model=model, mode=mode, logdir=logdir, placement=placement,
+                   train=train, test=test, **settings)
