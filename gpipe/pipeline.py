@@ -3,14 +3,21 @@
 from gpipe import lingvo_import  # pylint: disable=unused-import
 from gpipe import micro_batch
 from gpipe import partition
+from gpipe import pipeline_tasks
 from gpipe import randomness
 from gpipe import schedule
+from gpipe import separability
+from gpipe import split_backward
 from gpipe import stage as stage_lib
 from lingvo import compat as tf
 from lingvo.core import base_layer
 from lingvo.core import py_utils
 
 REMAT_MODES = ('always', 'except_last', 'never')
+
+# The child (and variable scope) name of the loss layer (p.loss_tpl).
+LOSS_KEY = 'loss'
+
 
 
 class PipeliningLayer(base_layer.BaseLayer):
@@ -113,8 +120,23 @@ class PipeliningLayer(base_layer.BaseLayer):
     p.Define('remat', 'always',
              "Re-materialization: 'always', 'except_last' or 'never' (see the "
              'class docstring).')
-    p.Define('schedule', 'gpipe',
-             'The pipeline schedule, a name in gpipe.schedule.SCHEDULES.')
+    p.Define(
+        'schedule', 'gpipe',
+        "The pipeline schedule, a name in gpipe.schedule.SCHEDULES: 'gpipe' "
+        "(fill-drain), '1f1b', 'interleaved_1f1b' (stage_devices round-robin, "
+        "e.g. [d0, d1, d0, d1]), 'zb_h1' (zero bubble, split backward) or "
+        "'zb_v' (zero bubble, stage_devices in a V: [d0, d1, d1, d0]). All "
+        "but 'gpipe' need loss_tpl (see the class docstring).")
+    p.Define(
+        'loss_tpl', None,
+        'Optional loss layer run at the end of the last stage on each '
+        'micro-batch: FProp(theta, *last_layer_outputs, targets) returning '
+        'per-example (or per-micro-batch) losses, with anything else the '
+        'caller needs (e.g. a NestedMap(loss=..., logits=...)). The targets '
+        'are FProp\'s `targets` argument, split like the inputs. The caller '
+        'reduces the merged output (tf.reduce_mean, tf.reduce_sum). With it, '
+        "micro-batch m's backward can start right after its forward: every "
+        "schedule but 'gpipe' needs it.")
     p.Define('seed', 0, 'Mixed into every micro-batch seed.')
     return p
 
@@ -149,6 +171,12 @@ class PipeliningLayer(base_layer.BaseLayer):
             lp.name = self._keys[i]
           self.CreateChild(self._keys[i], lp)
       start += size
+    if p.loss_tpl is not None:
+      with tf.device(self._devices[-1]):
+        lp = p.loss_tpl.Copy()
+        if not lp.name:
+          lp.name = LOSS_KEY
+        self.CreateChild(LOSS_KEY, lp)
     # Traced stage functions per (eval mode, micro-batch input signature):
     # training and eval graphs, or another batch size, need their own traces.
     self._stage_fns = {}
@@ -204,13 +232,19 @@ class PipeliningLayer(base_layer.BaseLayer):
            str(tf.nest.map_structure(lambda _: 0, micro_batch_inputs)))
     if key not in self._stage_fns:
       p = self.params
+      split = schedule.Spec(p.schedule).split_backward
+      cls = (split_backward.SplitStageFunctions if split else
+             stage_lib.StageFunctions)
       fns = []
       for k in range(self.num_stages):
         keys, layers = self._StageLayers(k)
         remat = p.remat == 'always' or (p.remat == 'except_last' and
                                         k < self.num_stages - 1)
+        last = k == self.num_stages - 1 and p.loss_tpl is not None
         fns.append(
-            stage_lib.StageFunctions(k, layers, keys, self._devices[k], remat))
+            cls(k, layers, keys, self._devices[k], remat,
+                loss_layer=self.children[LOSS_KEY] if last else None,
+                loss_key=LOSS_KEY if last else None))
       self._stage_fns[key] = fns
     return self._stage_fns[key]
 
@@ -232,41 +266,76 @@ class PipeliningLayer(base_layer.BaseLayer):
   def _Unwrap(outputs):
     return outputs[0] if len(outputs) == 1 else outputs
 
-  def FProp(self, theta, *inputs):
+  def _CheckTargets(self, targets):
+    p = self.params
+    if (p.loss_tpl is None) != (targets is None):
+      raise ValueError(
+          '%s: %s' % (p.name, 'pass the loss layer\'s targets: FProp(theta, '
+                      '*inputs, targets=...)' if targets is None else
+                      'FProp got targets but p.loss_tpl is not set: set a '
+                      'loss layer to consume them'))
+
+  def FProp(self, theta, *inputs, targets=None):
     """Runs the pipeline on a full mini-batch.
 
     Args:
       theta: this layer's theta.
       *inputs: the first layer's inputs (tensors and/or NestedMaps) with a
         static batch size along batch_dim.
+      targets: with p.loss_tpl: the loss layer's targets (a tensor or nest,
+        same batch size), split into micro-batches like the inputs.
 
     Returns:
-      The last layer's full-batch output (a tuple if it returns several).
+      The last layer's full-batch output (a tuple if it returns several);
+      with p.loss_tpl, the loss layer's.
+
+    Raises:
+      ValueError: a schedule that cannot run this placement or number of
+        micro-batches, or (when gradients are taken) a loss that is not
+        computed per micro-batch under a schedule that needs it.
     """
     p = self.params
-    num_mb = self._NumMicroBatches(inputs)
-    ticks = schedule.ClockCycles(p.schedule, self.num_stages, num_mb)
-    orders = schedule.StageOrders(ticks, self.num_stages)
-    registry = _TaskRegistry(
-        schedule.DeviceOrders(ticks, [_Canonical(d) for d in self._devices])[1])
+    self._CheckTargets(targets)
+    num_mb = self._NumMicroBatches(inputs + ((targets,) if targets is not None
+                                             else ()))
+    spec = schedule.Spec(p.schedule)
+    try:
+      _, orders = schedule.Orders(p.schedule,
+                                  [_Canonical(d) for d in self._devices],
+                                  num_mb)
+    except ValueError as e:
+      raise ValueError('%s: %s' % (p.name, e)) from None
+    registry = pipeline_tasks.TaskRegistry(orders)
+    weight_phase = (pipeline_tasks.WEIGHT if spec.split_backward else
+                    pipeline_tasks.BACKWARD)
+    check = None
+    if spec.per_micro_batch_loss:
+      check = separability.Checker(p.name, p.schedule, registry,
+                                   self.num_stages, num_mb,
+                                   p.loss_tpl is not None)
     seeds = self._Seeds(num_mb)
     with tf.device(self._devices[0]):
       current = micro_batch.Split(tuple(inputs), num_mb, p.batch_dim)
+    split_targets = [None] * num_mb
+    if targets is not None:
+      with tf.device(self._devices[-1]):
+        split_targets = micro_batch.Split(targets, num_mb, p.batch_dim)
     bn_stats = []
     for fns in self._StageFns(current[0]):
       theta_k = stage_lib.ReadTheta(stage_lib.NestedTheta(theta, fns.keys),
                                     fns.device)
-      backward_order = [
-          t.micro_batch
-          for t in orders[fns.index]
-          if t.phase == schedule.BACKWARD
+      weight_order = [
+          t.micro_batch for order in orders for t in order
+          if t.stage == fns.index and t.phase == weight_phase
       ]
-      thetas = stage_lib.AccumulationViews(theta_k, backward_order,
-                                           fns.device)
+      thetas = stage_lib.AccumulationViews(theta_k, weight_order, fns.device)
+      last = fns.index == self.num_stages - 1
       outs, stats = [], []
       for m in range(num_mb):
-        out, st = fns.Call(thetas[m], current[m], seeds[m], m,
-                           registry.Callback(fns.index))
+        out, st = fns.Call(
+            thetas[m], current[m], seeds[m], m, registry,
+            targets=split_targets[m] if last else None,
+            check_d_outputs=check.Check if (check and last) else None)
         outs.append(out)
         stats.append(st)
       bn_stats += self._ApplyBatchNormUpdates(fns.stats_layers, stats,
@@ -276,7 +345,7 @@ class PipeliningLayer(base_layer.BaseLayer):
       return self._Unwrap(
           self._DependOn(micro_batch.Merge(current, p.batch_dim), bn_stats))
 
-  def FPropUnpipelined(self, theta, *inputs):
+  def FPropUnpipelined(self, theta, *inputs, targets=None):
     """The reference: the same layers, micro-batches and randomness, inline.
 
     Runs every micro-batch through all layers in the current device scope,
@@ -286,23 +355,34 @@ class PipeliningLayer(base_layer.BaseLayer):
     Args:
       theta: this layer's theta.
       *inputs: as for FProp.
+      targets: as for FProp.
 
     Returns:
       As FProp.
     """
     from gpipe import batch_norm  # pylint: disable=g-import-not-at-top
     p = self.params
-    num_mb = self._NumMicroBatches(inputs)
+    self._CheckTargets(targets)
+    num_mb = self._NumMicroBatches(inputs + ((targets,) if targets is not None
+                                             else ()))
     seeds = self._Seeds(num_mb)
     layers = [self.children[key] for key in self._keys]
     thetas = [theta[key] for key in self._keys]
+    split_targets = [None] * num_mb
+    if targets is not None:
+      split_targets = micro_batch.Split(targets, num_mb, p.batch_dim)
     outs, stats = [], []
     layers_with_stats = []
     for m, args in enumerate(micro_batch.Split(tuple(inputs), num_mb,
                                                p.batch_dim)):
       with randomness.MicroBatchSeedScope(seeds[m]):
         with batch_norm.CollectStats() as collector:
-          outs.append(stage_lib.ChainFProp(layers, thetas, args))
+          out = stage_lib.ChainFProp(layers, thetas, args)
+          if targets is not None:
+            out = stage_lib.ChainFProp([self.children[LOSS_KEY]],
+                                       [theta[LOSS_KEY]],
+                                       tuple(out) + (split_targets[m],))
+          outs.append(out)
       layers_with_stats = [layer for layer, _ in collector.reports]
       stats.append([s for _, group in collector.reports for s in group])
     bn_stats = self._ApplyBatchNormUpdates(layers_with_stats, stats, None)
@@ -358,54 +438,3 @@ class PipeliningLayer(base_layer.BaseLayer):
 def _Canonical(device):
   """One spelling per device, so repeated stage devices compare equal."""
   return tf.DeviceSpec.from_string(device or '').to_string()
-
-
-class _TaskRegistry:
-  """Orders the ops of each device's tasks as the schedule says.
-
-  The tasks on each device (forward or backward of one micro-batch of one of
-  its stages) are chained by control dependencies in the order of
-  ``schedule.DeviceOrders``, so a device never starts a later task first. Forward ops exist before backward ones are created (by
-  tf.gradients, in an order of its choosing), so each new task's ops are
-  linked to whichever neighbours in its stage's order already exist.
-  """
-
-  def __init__(self, orders):
-    """Constructor.
-
-    Args:
-      orders: per device, its Tasks in run order.
-    """
-    self._position = {}
-    self._orders = orders
-    for lane, order in enumerate(orders):
-      for i, task in enumerate(order):
-        self._position[(task.stage, task.phase, task.micro_batch)] = (lane, i)
-    self._ops = {}
-
-  def Callback(self, stage):
-
-    def Register(phase, micro_batch_index, ops):
-      key = (stage, phase, micro_batch_index)
-      if key in self._ops:
-        # A second tf.gradients call over the same pipeline: leave its ops
-        # unordered rather than chain them to the first call's.
-        return
-      ops = [op for op in ops if op is not None]
-      self._ops[key] = ops
-      lane, i = self._position[key]
-      order = self._orders[lane]
-      if i > 0:
-        prev = order[i - 1]
-        for prev_op in self._ops.get(
-            (prev.stage, prev.phase, prev.micro_batch), []):
-          for op in ops:
-            op._add_control_input(prev_op)  # pylint: disable=protected-access
-      if i + 1 < len(order):
-        nxt = order[i + 1]
-        for next_op in self._ops.get(
-            (nxt.stage, nxt.phase, nxt.micro_batch), []):
-          for op in ops:
-            next_op._add_control_input(op)  # pylint: disable=protected-access
-
-    return Register

@@ -20,6 +20,7 @@ the forward call keep every intermediate activation).
 
 from gpipe import lingvo_import  # pylint: disable=unused-import
 from gpipe import batch_norm
+from gpipe import pipeline_tasks
 from gpipe import randomness
 from lingvo import compat as tf
 from lingvo.core import py_utils
@@ -30,7 +31,7 @@ from tensorflow.python.framework import ops as tf_ops  # pylint: disable=g-direc
 # inlined ops of micro-batch m+1 could then start before those of micro-batch m
 # finish (e.g. all recomputations first), breaking the schedule's order and
 # the memory bound of re-materialization. Each call stays one unit of work.
-_NO_INLINE = {'_noinline': True}
+NO_INLINE = {'_noinline': True}
 
 # Ops of the recomputed forward pass inside a backward function.
 RECOMPUTE_SCOPE = 'recompute'
@@ -54,14 +55,19 @@ def ChainFProp(layers, thetas, args):
   return args
 
 
-def _Specs(tensors):
+def Specs(tensors):
+  """TensorSpecs of `tensors` (shape and dtype)."""
   return [tf.TensorSpec(t.shape, t.dtype) for t in tensors]
 
 
 class StageFunctions:
   """The traced forward/backward functions of one stage and their calls."""
 
-  def __init__(self, index, layers, keys, device, remat):
+  # Subclasses that make their own backward tasks set this to False.
+  BUILD_BACKWARD = True
+
+  def __init__(self, index, layers, keys, device, remat, loss_layer=None,
+               loss_key=None):
     """Constructor.
 
     Args:
@@ -70,12 +76,19 @@ class StageFunctions:
       keys: the theta keys of those layers in the pipeline's theta.
       device: the device string of this stage.
       remat: whether the backward pass recomputes the forward pass.
+      loss_layer: the last stage's loss layer (FProp(theta, *outputs,
+        targets)), or None.
+      loss_key: its theta key.
     """
     self.index = index
     self.layers = layers
-    self.keys = keys
+    self.keys = keys + ([loss_key] if loss_layer is not None else [])
     self.device = device
     self.remat = remat
+    self.loss_layer = loss_layer
+    self._layer_keys = keys
+    self._loss_key = loss_key
+    self._num_diff_args = None
     self._forward = None
     self._backward = None
     self._theta_struct = None
@@ -89,7 +102,14 @@ class StageFunctions:
     args = tf.nest.pack_sequence_as(self._arg_struct, list(args_flat))
     with tf.device(self.device), randomness.MicroBatchSeedScope(seed):
       with batch_norm.CollectStats() as collector:
-        outs = ChainFProp(self.layers, [theta[k] for k in self.keys], args)
+        if self.loss_layer is None:
+          outs = ChainFProp(self.layers, [theta[k] for k in self.keys], args)
+        else:
+          args, targets = args
+          outs = ChainFProp(self.layers,
+                            [theta[k] for k in self._layer_keys], args)
+          outs = ChainFProp([self.loss_layer], [theta[self._loss_key]],
+                            tuple(outs) + (targets,))
     if collect_stats:
       self._out_struct = outs
       self.stats_layers = [layer for layer, _ in collector.reports]
@@ -98,8 +118,8 @@ class StageFunctions:
 
   def _Build(self, theta_flat, args_flat):
     """Traces the forward (and recomputing backward) function once."""
-    theta_specs = _Specs(theta_flat)
-    arg_specs = _Specs(args_flat)
+    theta_specs = Specs(theta_flat)
+    arg_specs = Specs(args_flat)
     seed_spec = tf.TensorSpec([2], tf.int64)
 
     def Forward(theta_flat, args_flat, seed):
@@ -108,14 +128,16 @@ class StageFunctions:
 
     self._forward = tf.function(
         Forward, autograph=False,
-        experimental_attributes=_NO_INLINE).get_concrete_function(
+        experimental_attributes=NO_INLINE).get_concrete_function(
         theta_specs, arg_specs, seed_spec)
     out_flat = tf.nest.flatten(self._out_struct)
     self._float_outs = [i for i, t in enumerate(out_flat) if t.dtype.is_floating]
+    # Only the stage inputs are differentiated, not a loss layer's targets.
     self._float_args = [
-        i for i, t in enumerate(args_flat) if t.dtype.is_floating
+        i for i, t in enumerate(args_flat[:self._num_diff_args])
+        if t.dtype.is_floating
     ]
-    if not self.remat:
+    if not self.remat or not self.BUILD_BACKWARD:
       return
 
     def Backward(theta_flat, args_flat, seed, d_outs):
@@ -134,10 +156,33 @@ class StageFunctions:
     ]
     self._backward = tf.function(
         Backward, autograph=False,
-        experimental_attributes=_NO_INLINE).get_concrete_function(
+        experimental_attributes=NO_INLINE).get_concrete_function(
             theta_specs, arg_specs, seed_spec, d_out_specs)
 
-  def Call(self, theta, args, seed, micro_batch, on_op_created):
+  def _Prepare(self, theta, args, targets):
+    """Flat theta and args of one call; traces the functions on first use."""
+    theta_flat = theta.Flatten()
+    if self.loss_layer is not None:
+      if targets is None:
+        raise ValueError(
+            'stage %d ends with the loss layer %s: FProp needs its targets '
+            '(PipeliningLayer.FProp(theta, *inputs, targets=...))' %
+            (self.index, self.loss_layer.path))
+      args = (args, targets)
+    elif targets is not None:
+      raise ValueError('targets were given but the pipeline has no loss_tpl '
+                       'to consume them')
+    args_flat = tf.nest.flatten(args)
+    if self._num_diff_args is None:
+      self._num_diff_args = len(tf.nest.flatten(
+          args[0] if self.loss_layer is not None else args))
+      self._theta_struct = theta
+      self._arg_struct = args
+      self._Build(theta_flat, args_flat)
+    return theta_flat, args_flat
+
+  def Call(self, theta, args, seed, micro_batch, registry, targets=None,
+           check_d_outputs=None):
     """Runs the stage on one micro-batch.
 
     Args:
@@ -145,29 +190,30 @@ class StageFunctions:
       args: the micro-batch inputs (a tuple nest of tensors).
       seed: the micro-batch seed, an int64 [2] tensor.
       micro_batch: the micro-batch index m (for op names and ordering).
-      on_op_created: callback(phase, micro_batch, ops) registering the ops of
-        the forward ('F') or backward ('B') task for scheduling.
+      registry: the pipeline_tasks.TaskRegistry that orders the ops of this
+        stage's forward (F) and backward (B, W) tasks.
+      targets: the loss layer's micro-batch targets (last stage with a loss
+        layer only).
+      check_d_outputs: optional function(micro_batch, d_outputs) called with
+        the gradients of the outputs before the backward task is built.
 
     Returns:
       (outputs, stats): the stage outputs (a tuple nest) and the flat list of
       batch-norm statistics (count, sum, sum_sq per reporting layer).
     """
-    theta_flat = theta.Flatten()
-    args_flat = tf.nest.flatten(args)
-    if self._forward is None:
-      self._theta_struct = theta
-      self._arg_struct = args
-      self._Build(theta_flat, args_flat)
+    theta_flat, args_flat = self._Prepare(theta, args, targets)
     num_theta, num_args = len(theta_flat), len(args_flat)
     num_outs = len(tf.nest.flatten(self._out_struct))
-    with tf.name_scope('stage%d_F%d' % (self.index, micro_batch)):
+    with tf.name_scope(pipeline_tasks.OpScope(self.index, 'F', micro_batch)):
       with tf.device(self.device):
         results = self._forward(theta_flat, args_flat, seed)
     results = list(results) if isinstance(results, (list, tuple)) else [
         results
     ]
     call_op = results[0].op
-    on_op_created('F', micro_batch, [call_op])
+    registry.Register(
+        pipeline_tasks.Task(self.index, micro_batch, pipeline_tasks.FORWARD),
+        [call_op])
     # TensorFlow's own gradient of the call (used without remat): it rewrites
     # the forward call to also output the intermediates the backward needs.
     tf_gradient = tf_ops.get_gradient_function(call_op)
@@ -175,7 +221,9 @@ class StageFunctions:
     def Gradient(op, *d_results):
       """The backward task of this stage and micro-batch."""
       d_outs = [d_results[i] for i in self._float_outs]
-      with tf.name_scope('stage%d_B%d' % (self.index, micro_batch)):
+      if check_d_outputs is not None:
+        check_d_outputs(micro_batch, d_outs)
+      with tf.name_scope(pipeline_tasks.OpScope(self.index, 'B', micro_batch)):
         with tf.device(self.device):
           if self.remat:
             grads = self._backward(theta_flat, args_flat, seed, d_outs)
@@ -187,7 +235,9 @@ class StageFunctions:
             grads = list(all_grads[:num_theta]) + [
                 all_grads[num_theta + i] for i in self._float_args
             ]
-      on_op_created('B', micro_batch, ops)
+      registry.Register(
+          pipeline_tasks.Task(self.index, micro_batch,
+                              pipeline_tasks.BACKWARD), ops)
       d_args = [None] * num_args
       for j, i in enumerate(self._float_args):
         d_args[i] = grads[num_theta + j]

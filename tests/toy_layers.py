@@ -57,3 +57,31 @@ class NoMeta(base_layer.BaseLayer):
 
   def FProp(self, theta, x):
     return x
+
+
+class SquaredErrorLoss(base_layer.BaseLayer):
+  """A per-example loss layer for pipelines: scale * |h - target|^2 + sum h.
+
+  FProp(theta, h, targets) returns NestedMap(per_example=[batch] losses,
+  h=h): a pipeline's ``loss_tpl``. The learned `scale` makes the loss layer
+  a parameter of the last stage; `h` passes through (the caller may read it,
+  its gradient is not needed).
+  """
+
+  def __init__(self, params):
+    super().__init__(params)
+    self.CreateVariable(
+        'scale', py_utils.WeightParams([], py_utils.WeightInit.Constant(1.5),
+                                       self.params.dtype))
+
+  def FProp(self, theta, h, targets):
+    err = tf.reduce_sum(tf.square(h - targets), axis=-1)
+    per_example = theta.scale * err + tf.reduce_sum(h, axis=-1)
+    return py_utils.NestedMap(per_example=per_example, h=h)
+
+
+class NestedLoss(SquaredErrorLoss):
+  """``SquaredErrorLoss`` of field `h` of a NestedMap (NestedDense's output)."""
+
+  def FProp(self, theta, inputs, targets):
+    return super().FProp(theta, inputs.h, targets)

@@ -1,0 +1,272 @@
+"""Every schedule on the executor: exact gradients, task order, errors."""
+
+from gpipe import lingvo_import  # pylint: disable=unused-import
+
+import itertools
+
+from absl.testing import parameterized
+from gpipe import pipeline
+from gpipe import pipeline_tasks
+from gpipe import schedule
+import numpy as np
+from lingvo import compat as tf
+from lingvo.core import py_utils
+from lingvo.core import test_utils
+from tests import toy_layers
+
+CONFIG = tf.compat.v1.ConfigProto(device_count={'CPU': 4})
+NUM_LAYERS = 6
+# Layers per stage: uneven wherever the stage count allows it.
+UNEVEN_SIZES = {1: [6], 2: [2, 4], 4: [1, 2, 2, 1]}
+
+
+def Placement(name, k):
+  """Stage devices (indices) for schedule `name` with K stages, or None."""
+  if name == 'interleaved_1f1b':
+    d = max(1, k // 2)  # v = 2 stages per device where K allows.
+    return [s % d for s in range(k)] if k > 1 else [0]
+  if name == 'zb_v':
+    return [min(s, k - 1 - s) for s in range(k)] if k % 2 == 0 else None
+  return list(range(k))
+
+
+def Allowed(name, k, m):
+  """Whether `name` runs K stages and M micro-batches."""
+  devices = Placement(name, k)
+  if devices is None:
+    return False
+  try:
+    schedule.Orders(name, devices, m)
+  except ValueError:
+    return False
+  return True
+
+
+def _Layers(use_bn=False, keep_prob=0.8):
+  return [
+      toy_layers.DenseDropout.Params().Set(
+          name='dense%d' % i, keep_prob=keep_prob, use_bn=use_bn,
+          dtype=tf.float64,
+          params_init=py_utils.WeightInit.Gaussian(0.5, seed=100 + i))
+      for i in range(NUM_LAYERS)
+  ]
+
+
+def _Net(name, k, m, remat, layers=None, **kwargs):
+  p = pipeline.PipeliningLayer.Params().Set(
+      name='pipe', layers=layers or _Layers(), num_stages=k,
+      num_micro_batches=m, stage_sizes=UNEVEN_SIZES[k], remat=remat,
+      schedule=name, dtype=tf.float64,
+      stage_devices=['/device:CPU:%d' % d for d in Placement(name, k)],
+      loss_tpl=toy_layers.SquaredErrorLoss.Params().Set(dtype=tf.float64))
+  p.Set(**kwargs)
+  return p.Instantiate()
+
+
+def _LossAndGrads(net, inputs, targets, pipelined):
+  fprop = net.FProp if pipelined else net.FPropUnpipelined
+  out = fprop(net.theta, *inputs, targets=targets)
+  loss = tf.reduce_mean(out.per_example)
+  xs = _Trainable(net) + [
+      x for x in tf.nest.flatten(inputs) if x.dtype.is_floating]
+  grads = tf.gradients(loss, xs, colocate_gradients_with_ops=True)
+  return loss, grads
+
+
+def _Trainable(net):
+  return [v for v in net.vars.Flatten() if v.trainable]
+
+
+def _Cases():
+  """(schedule, K, M, remat): every allowed M for each schedule and K.
+
+  The remat mode cycles with M, so every (schedule, K) runs every mode.
+  """
+  for name in schedule.SCHEDULES:
+    for k in (1, 2, 4):
+      for m in range(1, 9):
+        if Allowed(name, k, m):
+          yield name, k, m, pipeline.REMAT_MODES[m % 3]
+
+
+class ScheduleGradientTest(test_utils.TestCase, parameterized.TestCase):
+  """Loss and every gradient equal the unpipelined model's (float64)."""
+
+  def _AssertMatches(self, net, inputs, targets, sess):
+    loss, grads = _LossAndGrads(net, inputs, targets, pipelined=True)
+    ref_loss, ref_grads = _LossAndGrads(net, inputs, targets, pipelined=False)
+    sess.run(tf.global_variables_initializer())
+    values, refs = sess.run([[loss] + grads, [ref_loss] + ref_grads])
+    num_float_inputs = len(
+        [x for x in tf.nest.flatten(inputs) if x.dtype.is_floating])
+    self.assertLen(values, 1 + len(_Trainable(net)) + num_float_inputs)
+    for v, r in zip(values, refs):
+      self.assertAllClose(r, v, rtol=1e-10, atol=1e-12)
+
+  @parameterized.named_parameters(
+      ('%s_K%d_M%d_%s' % case, *case) for case in _Cases())
+  def testUnevenStagesWithDropoutMatchUnpipelined(self, name, k, m, remat):
+    with self.session(graph=tf.Graph(), config=CONFIG) as sess:
+      net = _Net(name, k, m, remat)
+      rng = np.random.RandomState(k * 10 + m)
+      x = tf.constant(rng.randn(2 * m, 8))
+      targets = tf.constant(rng.randn(2 * m, 8))
+      self._AssertMatches(net, (x,), targets, sess)
+
+  @parameterized.named_parameters(
+      (name, name) for name in schedule.SCHEDULES)
+  def testMicroBatchBatchNormMatchesAndUpdatesOnce(self, name):
+    with self.session(graph=tf.Graph(), config=CONFIG) as sess:
+      net = _Net(name, 4, 4, 'always', layers=_Layers(use_bn=True))
+      x = tf.constant(np.random.RandomState(5).randn(16, 8))
+      targets = tf.constant(np.random.RandomState(6).randn(16, 8))
+      n = len(tf.get_collection(py_utils.BATCH_NORM_UPDATES))
+      self._AssertMatches(net, (x,), targets, sess)
+      # One update per moving average (6 layers x mean/variance) for each of
+      # the two graphs, pipelined and unpipelined, equal to each other.
+      updates = tf.get_collection(py_utils.BATCH_NORM_UPDATES)[n:]
+      self.assertLen(updates, 2 * 2 * NUM_LAYERS)
+      moving = [v for v in net.vars.Flatten() if 'moving' in v.name]
+      reset = tf.variables_initializer(moving)
+      results = []
+      for half in (updates[:len(updates) // 2], updates[len(updates) // 2:]):
+        sess.run(reset)
+        sess.run(half)
+        results.append(sess.run(moving))
+      self.assertAllClose(results[0], results[1])
+      self.assertNotAllClose(results[0][0], np.zeros(8))
+
+  @parameterized.named_parameters(
+      (name, name) for name in schedule.SCHEDULES)
+  def testNestedMapInputsMatch(self, name):
+    with self.session(graph=tf.Graph(), config=CONFIG) as sess:
+      layers = [
+          toy_layers.NestedDense.Params().Set(
+              name='nd%d' % i, dtype=tf.float64,
+              params_init=py_utils.WeightInit.Gaussian(0.5, seed=i))
+          for i in range(4)
+      ]
+      p = pipeline.PipeliningLayer.Params().Set(
+          name='pipe', layers=layers, num_stages=2, num_micro_batches=4,
+          schedule=name, dtype=tf.float64, partition_cost='uniform',
+          stage_devices=['/device:CPU:%d' % d for d in Placement(name, 2)],
+          loss_tpl=toy_layers.NestedLoss.Params().Set(dtype=tf.float64))
+      net = p.Instantiate()
+      rng = np.random.RandomState(2)
+      inputs = py_utils.NestedMap(
+          h=tf.constant(rng.randn(8, 8)),
+          context=tf.constant(rng.rand(8, 8) + 0.5),
+          ids=tf.constant(rng.randint(0, 3, size=[8]), tf.int32))
+      self._AssertMatches(net, (inputs,), tf.constant(rng.randn(8, 8)), sess)
+
+
+def _CallOps(graph):
+  """{Task: call op} of every stage task in `graph`."""
+  found = {}
+  for op in graph.get_operations():
+    task = pipeline_tasks.ParseOpName(op.name)
+    if task is not None:
+      found[task] = op
+  return found
+
+
+class ScheduleOrderTest(test_utils.TestCase, parameterized.TestCase):
+  """The graph chains each device's tasks in the schedule's order."""
+
+  @parameterized.named_parameters(
+      ('%s_K%d_M%d' % (name, k, m), name, k, m)
+      for name, k, m in [('gpipe', 2, 3), ('1f1b', 4, 6),
+                         ('interleaved_1f1b', 4, 4), ('zb_h1', 4, 5),
+                         ('zb_v', 4, 4)])
+  def testControlDependenciesFollowTheSchedule(self, name, k, m):
+    with tf.Graph().as_default() as graph:
+      net = _Net(name, k, m, 'always')
+      x = tf.constant(np.random.RandomState(1).randn(2 * m, 8))
+      _LossAndGrads(net, (x,), tf.zeros([2 * m, 8], tf.float64), True)
+      calls = _CallOps(graph)
+    _, orders = schedule.Orders(name, Placement(name, k), m)
+    phases = {t.phase for order in orders for t in order}
+    self.assertEqual(phases, {'F', 'B', 'W'} if schedule.Spec(
+        name).split_backward else {'F', 'B'})
+    self.assertCountEqual(calls, [t for order in orders for t in order])
+    for order in orders:
+      for prev, nxt in zip(order, order[1:]):
+        self.assertIn(calls[prev], calls[nxt].control_inputs,
+                      '%s before %s' % (pipeline_tasks.Label(prev),
+                                        pipeline_tasks.Label(nxt)))
+
+
+class ScheduleErrorTest(test_utils.TestCase):
+  """Inputs a schedule cannot run get errors that say what to change."""
+
+  def _Build(self, name, devices, m, loss=True, batch=8):
+    p = pipeline.PipeliningLayer.Params().Set(
+        name='pipe', layers=_Layers(), num_stages=len(devices),
+        num_micro_batches=m, schedule=name, dtype=tf.float64,
+        partition_cost='uniform',
+        stage_devices=['/device:CPU:%d' % d for d in devices])
+    if loss:
+      p.loss_tpl = toy_layers.SquaredErrorLoss.Params().Set(dtype=tf.float64)
+    net = p.Instantiate()
+    x = tf.zeros([batch, 8], tf.float64)
+    if loss:
+      out = net.FProp(net.theta, x, targets=x)
+      return tf.reduce_mean(out.per_example), net
+    return tf.reduce_sum(tf.square(net.FProp(net.theta, x))), net
+
+  def testFewerMicroBatchesThanStages(self):
+    for name in ('1f1b', 'zb_h1'):
+      with tf.Graph().as_default(), self.assertRaisesRegex(
+          ValueError, r"pipe: schedule '%s' needs at least as many "
+          r'micro-batches as stages: M=2 < K=4. Use num_micro_batches >= 4'
+          % name):
+        self._Build(name, [0, 1, 2, 3], 2)
+
+  def testInterleavedNeedsAMultipleOfTheDevices(self):
+    with tf.Graph().as_default():
+      with self.assertRaisesRegex(ValueError,
+                                  'needs M a multiple of the 2 devices.*got '
+                                  'M=3: use 2 or 4'):
+        self._Build('interleaved_1f1b', [0, 1, 0, 1], 3, batch=6)
+
+  def testPlacementsThatDoNotFit(self):
+    cases = [
+        ('zb_v', [0, 1, 0, 1], 4, "'zb_v' needs two stages per device in a V"),
+        ('zb_v', [0, 1, 2], 3, "'zb_v' needs two stages"),
+        ('interleaved_1f1b', [0, 1, 1, 0], 4,
+         "'interleaved_1f1b' needs the stages round-robin"),
+        ('1f1b', [0, 1, 0, 1], 4,
+         "schedule '1f1b' runs one stage per device.*'interleaved_1f1b'"),
+    ]
+    for name, devices, m, message in cases:
+      with tf.Graph().as_default(), self.assertRaisesRegex(ValueError,
+                                                           message):
+        self._Build(name, devices, m, batch=2 * m)
+
+  def testLossOutsideThePipelineIsRefusedNotHung(self):
+    for name in ('1f1b', 'zb_h1'):
+      with tf.Graph().as_default():
+        loss, net = self._Build(name, [0, 1], 4, loss=False)
+        with self.assertRaisesRegex(
+            ValueError, r"schedule '%s' starts the backward of micro-batch 0 "
+            r'at the last stage right after its forward, but the gradient of '
+            r'its output depends on the forward of micro-batch\(es\) 1, 2, 3: '
+            r'the loss is not separable per micro-batch. Compute each '
+            r"micro-batch's loss inside the pipeline: set loss_tpl" % name):
+          tf.gradients(loss, net.vars.Flatten())
+
+  def testLossLayerNeedsTargets(self):
+    with tf.Graph().as_default():
+      p = pipeline.PipeliningLayer.Params().Set(
+          name='pipe', layers=_Layers()[:2], num_stages=2,
+          num_micro_batches=2, stage_devices=['/device:CPU:0'] * 2,
+          loss_tpl=toy_layers.SquaredErrorLoss.Params())
+      net = p.Instantiate()
+      with self.assertRaisesRegex(ValueError, 'pass the loss layer'):
+        net.FProp(net.theta, tf.zeros([4, 8]))
+      with self.assertRaisesRegex(ValueError, 'unknown schedule .fifo.'):
+        p.Copy().Set(name='p2', schedule='fifo').Instantiate()
+
+
+if __name__ == '__main__':
+  tf.test.main()
