@@ -2,22 +2,23 @@
 
 Run a training step with ``RunOptions(trace_level=FULL_TRACE)`` and pass its
 ``RunMetadata.step_stats`` to ``ParseStepStats``: every stage task is one call
-op named ``stage<k>_F<m>`` (forward) or ``.../stage<k>_B<m>`` (backward), so
-its device, start and end are in the trace. The ops inside a re-materializing
+op named by ``gpipe.pipeline_tasks.OpScope`` (``stage<k>_F<m>`` forward,
+``.../stage<k>_B<m>`` backward, ``.../stage<k>_W<m>`` weight gradient of a
+split backward), so its device, start and end are in the trace. The ops inside a re-materializing
 backward call are traced too: those under the ``recompute/`` name scope are
 the recomputed forward pass.
 
 From the tasks: per-stage busy time, the measured bubble (idle) fraction of
 each stage over the pipeline's span, a PNG of stages x time with forward,
-recompute and backward in different colours, and a trace file for Perfetto
+recompute, backward and weight-gradient tasks in different colours, and a trace file for Perfetto
 (ui.perfetto.dev) or chrome://tracing to zoom into (`WriteChromeTrace`).
 """
 
 import collections
 import io
 import json
-import re
 
+from gpipe import pipeline_tasks
 from gpipe import stage
 
 TaskTime = collections.namedtuple(
@@ -25,7 +26,6 @@ TaskTime = collections.namedtuple(
     ['stage', 'micro_batch', 'phase', 'device', 'start', 'end',
      'recompute_end'])
 
-_CALL = re.compile(r'(?:^|/)stage(\d+)_([FB])(\d+)/(?:Stateful)?PartitionedCall$')
 
 
 _RECOMPUTE_PREFIX = stage.RECOMPUTE_SCOPE + '/'
@@ -48,13 +48,13 @@ def ParseStepStats(step_stats):
     for node in dev.node_stats:
       start = node.all_start_micros
       end = start + max(node.all_end_rel_micros, 1)
-      match = _CALL.search(node.node_name)
-      if not match:
+      task = pipeline_tasks.ParseOpName(node.node_name)
+      if task is None:
         pending.append((start, end, node.node_name))
         continue
-      phase = match.group(2)
+      phase = task.phase
       recompute_end = start
-      if phase == 'B':
+      if phase == pipeline_tasks.BACKWARD:
         # A re-materializing backward first recomputes the forward pass,
         # under the name scope "recompute/" (see gpipe.stage).
         recomputed = [
@@ -64,7 +64,7 @@ def ParseStepStats(step_stats):
         if recomputed:
           recompute_end = max(recomputed)
       pending = []
-      raw.append((int(match.group(1)), int(match.group(3)), phase, dev.device,
+      raw.append((task.stage, task.micro_batch, phase, dev.device,
                   start, end, recompute_end))
   if not raw:
     return []
@@ -141,7 +141,7 @@ def BubbleFractions(tasks, by='stage'):
   return [1.0 - busy / span for busy in StageBusySeconds(tasks, by)]
 
 
-COLORS = {'F': '#4C72B0', 'R': '#8C8C8C', 'B': '#DD8452'}
+COLORS = {'F': '#4C72B0', 'R': '#8C8C8C', 'B': '#DD8452', 'W': '#55A868'}
 
 
 def RenderPNG(tasks, title='', path=None, by='stage'):
@@ -166,8 +166,8 @@ def RenderPNG(tasks, title='', path=None, by='stage'):
   scale = 1e3  # milliseconds
   for t in tasks:
     y = num_lanes - 1 - lane(t)
-    if t.phase == 'F':
-      spans = [(t.start, t.end, 'F')]
+    if t.phase != 'B':
+      spans = [(t.start, t.end, t.phase)]
     else:
       spans = [(t.start, t.recompute_end, 'R'), (t.recompute_end, t.end, 'B')]
     for start, end, kind in spans:
@@ -190,8 +190,9 @@ def RenderPNG(tasks, title='', path=None, by='stage'):
   ax.legend(handles=[
       Patch(color=COLORS['F'], label='forward'),
       Patch(color=COLORS['R'], label='recompute'),
-      Patch(color=COLORS['B'], label='backward')
-  ], loc='upper right', fontsize=7, ncol=3)
+      Patch(color=COLORS['B'], label='backward'),
+      Patch(color=COLORS['W'], label='weight gradient'),
+  ], loc='upper right', fontsize=7, ncol=4)
   fig.tight_layout()
   buf = io.BytesIO()
   fig.savefig(buf, format='png', dpi=100)

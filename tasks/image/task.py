@@ -5,10 +5,19 @@ The network child (usually a gpipe PipeliningLayer over
 ``(logits, aux_logits)`` when the network has an auxiliary head. The loss is
 the label-smoothed softmax cross entropy of the logits plus
 ``aux_loss_weight`` times that of the auxiliary logits.
+
+When the network is a PipeliningLayer, the task ends it with
+``ImageLossLayer`` (its ``loss_tpl``): each micro-batch's per-example loss is
+computed in the last stage, from the labels the pipeline carries there, so
+every schedule (1F1B, interleaved, zero bubble) can start a micro-batch's
+backward right after its forward. The task averages the merged per-example
+losses. The loss layer has no variables: checkpoints are unchanged.
 """
 
 from gpipe import lingvo_import  # pylint: disable=unused-import
+from gpipe import pipeline
 from lingvo import compat as tf
+from lingvo.core import base_layer
 from lingvo.core import base_model
 from lingvo.core import metrics as metrics_lib
 from lingvo.core import py_utils
@@ -33,6 +42,42 @@ def SmoothedCrossEntropy(logits, labels, num_classes, label_smoothing):
       labels=tf.stop_gradient(targets), logits=logits)
 
 
+class ImageLossLayer(base_layer.BaseLayer):
+  """Per-example classification losses at the end of a pipeline.
+
+  FProp(theta, logits[, aux_logits], targets) with targets a NestedMap with
+  'label' [batch] returns NestedMap(logits, per_example_loss, xent) (and
+  aux_logits, aux_xent with an auxiliary head): per_example_loss is xent +
+  aux_loss_weight * aux_xent, so its mean is the task's loss.
+  """
+
+  @classmethod
+  def Params(cls):
+    p = super().Params()
+    p.Define('num_classes', 1000, 'Classes.')
+    p.Define('label_smoothing', 0.1, 'Label smoothing of the loss.')
+    p.Define('aux_loss_weight', 0.4, 'Weight of the auxiliary head loss.')
+    return p
+
+  def FProp(self, theta, *args):
+    p = self.params
+    *logits, targets = args
+    labels = tf.cast(targets.label, tf.int32)
+    out = py_utils.NestedMap(logits=logits[0])
+    out.xent = SmoothedCrossEntropy(logits[0], labels, p.num_classes,
+                                    p.label_smoothing)
+    out.per_example_loss = out.xent
+    if len(logits) == 2:
+      out.aux_logits = logits[1]
+      out.aux_xent = SmoothedCrossEntropy(logits[1], labels, p.num_classes,
+                                          p.label_smoothing)
+      out.per_example_loss = out.xent + p.aux_loss_weight * out.aux_xent
+    elif len(logits) != 1:
+      raise ValueError('The network must return logits or (logits, '
+                       'aux_logits); got %d outputs' % len(logits))
+    return out
+
+
 class ImageClassificationTask(base_model.BaseTask):
   """Classifies `input_batch.image` into `input_batch.label`."""
 
@@ -55,7 +100,14 @@ class ImageClassificationTask(base_model.BaseTask):
       raise ValueError('ImageClassificationTask %s needs p.network (e.g. a '
                        'PipeliningLayer over tasks.image.network.LayerParams)'
                        % p.name)
-    self.CreateChild('network', p.network)
+    network = p.network.Copy()
+    if (isinstance(network.cls, type) and
+        issubclass(network.cls, pipeline.PipeliningLayer) and
+        network.loss_tpl is None):
+      network.loss_tpl = ImageLossLayer.Params().Set(
+          num_classes=p.num_classes, label_smoothing=p.label_smoothing,
+          aux_loss_weight=p.aux_loss_weight)
+    self.CreateChild('network', network)
 
   def ComputePredictions(self, theta, input_batch):
     """Runs the network on `input_batch.image`.
@@ -68,6 +120,11 @@ class ImageClassificationTask(base_model.BaseTask):
       NestedMap(logits=[batch, num_classes]) with 'aux_logits' as well when
       the network has an auxiliary head.
     """
+    if isinstance(self.network, pipeline.PipeliningLayer) and (
+        self.network.params.loss_tpl is not None):
+      return self.network.FProp(
+          theta.network, input_batch.image,
+          targets=py_utils.NestedMap(label=input_batch.label))
     out = self.network.FProp(theta.network, input_batch.image)
     if isinstance(out, (tuple, list)):
       if len(out) != 2:
@@ -90,16 +147,23 @@ class ImageClassificationTask(base_model.BaseTask):
     p = self.params
     labels = tf.cast(input_batch.label, tf.int32)
     batch = tf.cast(tf.shape(labels)[0], tf.float32)
-    xent = SmoothedCrossEntropy(predictions.logits, labels, p.num_classes,
-                                p.label_smoothing)
-    loss = tf.reduce_mean(xent)
-    metrics = {'classifier_loss': (loss, batch)}
-    if 'aux_logits' in predictions:
-      aux = tf.reduce_mean(
-          SmoothedCrossEntropy(predictions.aux_logits, labels, p.num_classes,
-                               p.label_smoothing))
-      metrics['aux_loss'] = (aux, batch)
-      loss += p.aux_loss_weight * aux
+    if 'per_example_loss' in predictions:
+      # Computed per micro-batch inside the pipeline (ImageLossLayer).
+      loss = tf.reduce_mean(predictions.per_example_loss)
+      metrics = {'classifier_loss': (tf.reduce_mean(predictions.xent), batch)}
+      if 'aux_xent' in predictions:
+        metrics['aux_loss'] = (tf.reduce_mean(predictions.aux_xent), batch)
+    else:
+      xent = SmoothedCrossEntropy(predictions.logits, labels, p.num_classes,
+                                  p.label_smoothing)
+      loss = tf.reduce_mean(xent)
+      metrics = {'classifier_loss': (loss, batch)}
+      if 'aux_logits' in predictions:
+        aux = tf.reduce_mean(
+            SmoothedCrossEntropy(predictions.aux_logits, labels,
+                                 p.num_classes, p.label_smoothing))
+        metrics['aux_loss'] = (aux, batch)
+        loss += p.aux_loss_weight * aux
     correct = tf.cast(
         tf.equal(tf.argmax(predictions.logits, -1, output_type=tf.int32),
                  labels), tf.float32)

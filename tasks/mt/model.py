@@ -13,6 +13,7 @@ and values from the start, so a step costs one position, not the whole prefix
 """
 
 from gpipe import lingvo_import  # pylint: disable=unused-import
+from gpipe import partition
 from lingvo import compat as tf
 from lingvo.core import base_model
 from lingvo.core import metrics
@@ -69,7 +70,11 @@ class TransformerMTTask(base_model.BaseTask):
 
   def ComputeLoss(self, theta, predictions, input_batch):
     """Token-averaged label-smoothed loss, log-perplexity and accuracy."""
-    weight = tf.reduce_sum(predictions.weight)
+    # The token count comes from the input, not from the pipeline's output:
+    # so the gradient of micro-batch m's loss needs only micro-batch m's
+    # forward, and every schedule (1F1B, zero bubble) can run it.
+    weight = tf.reduce_sum(tf.cast(input_batch.tgt_weights,
+                                   predictions.xent.dtype))
     safe = tf.maximum(weight, 1.0)
     metric = {
         'loss': (tf.reduce_sum(predictions.xent) / safe, weight),
@@ -85,7 +90,7 @@ class TransformerMTTask(base_model.BaseTask):
   def _Layers(self, theta):
     """(embedding, encoders, decoders, softmax) as (layer, theta) pairs."""
     net = self.network
-    keys = ['layer_%03d' % i for i in range(len(net.params.layers))]
+    keys = [partition.LayerKey(i) for i in range(len(net.params.layers))]
     pairs = [(net.children[k], theta.network[k]) for k in keys]
     encoders = [x for x in pairs if isinstance(x[0], blocks.EncoderLayer)]
     decoders = [x for x in pairs if isinstance(x[0], blocks.DecoderLayer)]

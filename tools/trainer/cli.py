@@ -39,6 +39,7 @@ from absl import app
 from absl import flags
 from absl import logging
 from gpipe import local_cluster
+from gpipe import schedule as gpipe_schedule
 from lingvo import compat as tf
 # Defines --model_params_override, used below.
 from lingvo import model_registry  # pylint: disable=unused-import
@@ -66,6 +67,12 @@ flags.DEFINE_integer('num_stages', None,
                      'Override K, the pipeline stages of the model.')
 flags.DEFINE_integer('num_micro_batches', None,
                      'Override M, the micro-batches per mini-batch.')
+flags.DEFINE_enum(
+    'schedule', None, list(gpipe_schedule.SCHEDULES),
+    "Override the pipeline schedule: 'gpipe' (fill-drain), '1f1b', "
+    "'interleaved_1f1b' (several stages per worker, round-robin), 'zb_h1' "
+    "or 'zb_v' (zero bubble; zb_v puts 2 stages per worker in a V). See "
+    'gpipe/schedule.py.')
 flags.DEFINE_integer(
     'worker_processes', 0,
     'Start this many local TensorFlow worker processes, one stage on each.')
@@ -112,7 +119,7 @@ def SettleFromFlags():
   return run_config.Settle(
       FLAGS.model, FLAGS.mode, logdir=FLAGS.logdir,
       override=FLAGS.model_params_override, num_stages=FLAGS.num_stages,
-      num_micro_batches=FLAGS.num_micro_batches,
+      num_micro_batches=FLAGS.num_micro_batches, schedule=FLAGS.schedule,
       input_seed=FLAGS.seed if FLAGS['seed'].present else None,
       worker_processes=FLAGS.worker_processes,
       cluster_spec=FLAGS.cluster_spec, pin_cores=FLAGS.pin_cores,

@@ -67,8 +67,9 @@ def Describe(layer):
     p = pipe.params
     micro = ('%d micro-batches' % p.num_micro_batches if p.num_micro_batches
              else 'micro-batches of %d' % p.micro_batch_size)
-    lines.append('pipeline %s: %d stages, %s, remat=%s, devices %s' %
-                 (pipe.path, pipe.num_stages, micro, p.remat,
-                  ', '.join(pipe.stage_devices)))
+    lines.append('pipeline %s: %d stages, %s, schedule %s, remat=%s, '
+                 'devices %s' % (pipe.path, pipe.num_stages, micro,
+                                 p.schedule, p.remat,
+                                 ', '.join(pipe.stage_devices)))
     lines.append(pipe.PartitionReport())
   return lines

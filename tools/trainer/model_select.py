@@ -14,6 +14,7 @@ import pkgutil
 
 from gpipe import lingvo_import  # pylint: disable=unused-import
 from gpipe import pipeline
+from gpipe import schedule as gpipe_schedule
 from lingvo import model_registry
 from lingvo.core import hyperparams
 
@@ -182,13 +183,15 @@ def NumStages(pipeline_params):
   return pipeline_params.num_stages
 
 
-def SetPipelineShape(cfg, num_stages=None, num_micro_batches=None):
-  """Overrides K and M of every pipeline in `cfg`.
+def SetPipelineShape(cfg, num_stages=None, num_micro_batches=None,
+                     schedule=None):
+  """Overrides K, M and the schedule of every pipeline in `cfg`.
 
   Args:
     cfg: model params (changed in place).
     num_stages: new K, or None to keep.
     num_micro_batches: new M, or None to keep (clears micro_batch_size).
+    schedule: a gpipe.schedule.SCHEDULES name, or None to keep.
 
   Returns:
     The list of (path, pipeline params) found.
@@ -198,10 +201,13 @@ def SetPipelineShape(cfg, num_stages=None, num_micro_batches=None):
       a cell_tpl pipeline's stage count cannot change.
   """
   found = FindPipelines(cfg)
-  if (num_stages or num_micro_batches) and not found:
+  if (num_stages or num_micro_batches or schedule) and not found:
     raise ValueError(
-        '--num_stages/--num_micro_batches: this model has no gpipe '
-        'PipeliningLayer in its params, so there is nothing to pipeline')
+        '--num_stages/--num_micro_batches/--schedule: this model has no '
+        'gpipe PipeliningLayer in its params, so there is nothing to '
+        'pipeline')
+  if schedule:
+    gpipe_schedule.Spec(schedule)  # A clear error for an unknown name.
   for path, pp in found:
     if num_stages:
       if pp.cell_tpl is not None and len(pp.cell_tpl) != num_stages:
@@ -215,6 +221,8 @@ def SetPipelineShape(cfg, num_stages=None, num_micro_batches=None):
     if num_micro_batches:
       pp.num_micro_batches = num_micro_batches
       pp.micro_batch_size = None
+    if schedule:
+      pp.schedule = schedule
   return found
 
 
@@ -228,6 +236,11 @@ def SetStageDevices(cfg, devices, keep_explicit=False, loop=False):
     loop: place stage k on devices[k % D]: with fewer devices than stages a
       device holds several stages (run breadth-first, a smaller bubble).
 
+  A pipeline whose schedule places several stages per device gets its
+  placement: 'zb_v' a V over K/2 devices (stage s on device min(s, K-1-s)),
+  'interleaved_1f1b' stages round-robin when there are fewer devices than
+  stages.
+
   Raises:
     ValueError: fewer devices than stages (without `loop`).
   """
@@ -235,7 +248,16 @@ def SetStageDevices(cfg, devices, keep_explicit=False, loop=False):
     if keep_explicit and pp.stage_devices:
       continue
     k = NumStages(pp)
-    if loop:
+    if pp.schedule == 'zb_v':
+      if k % 2 or len(devices) < k // 2:
+        raise ValueError(
+            "the pipeline at %s runs schedule 'zb_v' (two stages per device "
+            'in a V) but has %d stages for %d devices/workers: use an even '
+            '--num_stages of at most %d' % (path, k, len(devices),
+                                            2 * len(devices)))
+      pp.stage_devices = [devices[min(s, k - 1 - s)] for s in range(k)]
+      continue
+    if loop or (pp.schedule == 'interleaved_1f1b' and len(devices) < k):
       pp.stage_devices = [devices[s % len(devices)] for s in range(k)]
       continue
     if len(devices) < k:

@@ -4,7 +4,7 @@ A run is decided in one place, in this order:
 
 1. the registered model's params for each dataset ('Train', 'Test'), with
    ``--model_params_override`` and the pipeline shape (``--num_stages``,
-   ``--num_micro_batches``) applied;
+   ``--num_micro_batches``, ``--schedule``) applied;
 2. the placement (virtual CPUs, local worker processes or a cluster spec),
    sized by the pipeline's stages;
 3. the stage devices written into those params.
@@ -84,16 +84,17 @@ def PrepareLogdir(logdir, mode):
 
 
 def _ModelParams(model, dataset, override, num_stages, num_micro_batches,
-                 input_seed):
+                 schedule, input_seed):
   cfg = model_select.ModelParams(model, dataset, override)
-  model_select.SetPipelineShape(cfg, num_stages, num_micro_batches)
+  model_select.SetPipelineShape(cfg, num_stages, num_micro_batches, schedule)
   if input_seed is not None and cfg.input is not None and 'seed' in cfg.input:
     cfg.input.seed = input_seed
   return cfg
 
 
 def Settle(model, mode, logdir=None, override='', num_stages=None,
-           num_micro_batches=None, input_seed=None, worker_processes=0,
+           num_micro_batches=None, schedule=None, input_seed=None,
+           worker_processes=0,
            cluster_spec='', pin_cores=False, loop_stages=False,
            step_timeout_secs=300, **settings):
   """Decides the run: params, placement, stage devices (see module doc).
@@ -105,6 +106,7 @@ def Settle(model, mode, logdir=None, override='', num_stages=None,
     override: --model_params_override text.
     num_stages: override K of every pipeline (None: keep).
     num_micro_batches: override M (None: keep).
+    schedule: override the pipeline schedule (None: keep).
     input_seed: the input order seed, when given on the command line.
     worker_processes: start this many local worker processes (0: none).
     cluster_spec: existing servers, 'worker=host:port,...' ('' for none).
@@ -117,7 +119,7 @@ def Settle(model, mode, logdir=None, override='', num_stages=None,
     A RunConfig. With worker_processes the workers are running: the caller
     stops them with ``run.placement.Stop()``.
   """
-  shape = (override, num_stages, num_micro_batches, input_seed)
+  shape = (override, num_stages, num_micro_batches, schedule, input_seed)
   train = _ModelParams(model, 'Train', *shape)
   if mode == 'inspect_model':
     return RunConfig(model=model, mode=mode, logdir=None, placement=None,
