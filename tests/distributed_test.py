@@ -8,6 +8,8 @@ import time
 
 from gpipe import local_cluster
 from gpipe import pipeline
+from gpipe import pipeline_tasks
+from gpipe import schedule
 from gpipe import timeline
 import numpy as np
 from lingvo import compat as tf
@@ -71,6 +73,50 @@ class DistributedPipelineTest(test_utils.TestCase):
       self.assertLen(tasks, 2 * 2 * 4)
       for t in tasks:
         self.assertIn('/job:worker/replica:0/task:%d/' % t.stage, t.device)
+
+  def testEachWorkerRunsItsTasksInTheScheduleOrder(self):
+    x_np = np.random.RandomState(1).randn(16, 8)
+    d0, d1 = self.cluster.devices
+    placements = {
+        '1f1b': [d0, d1],
+        'zb_h1': [d0, d1],
+        'interleaved_1f1b': [d0, d1, d0, d1],
+        'zb_v': [d0, d1, d1, d0],
+    }
+    for name, devices in placements.items():
+      with tf.Graph().as_default():
+        net = pipeline.PipeliningLayer.Params().Set(
+            name='pipe_' + name, layers=_Layers(), num_stages=len(devices),
+            num_micro_batches=4, stage_devices=devices, schedule=name,
+            partition_cost='uniform', dtype=tf.float64,
+            loss_tpl=toy_layers.SquaredErrorLoss.Params().Set(
+                dtype=tf.float64)).Instantiate()
+        x = tf.constant(x_np)
+        losses = []
+        for fprop in (net.FProp, net.FPropUnpipelined):
+          loss = tf.reduce_mean(fprop(net.theta, x, targets=x * 0.5)
+                                .per_example)
+          losses.append([loss] + tf.gradients(
+              loss, net.vars.Flatten(), colocate_gradients_with_ops=True))
+        with tf.compat.v1.Session(self.cluster.target) as sess:
+          sess.run(tf.compat.v1.global_variables_initializer())
+          metadata = tf.compat.v1.RunMetadata()
+          values = sess.run(
+              losses[0], options=tf.compat.v1.RunOptions(
+                  trace_level=tf.compat.v1.RunOptions.FULL_TRACE),
+              run_metadata=metadata)
+          refs = sess.run(losses[1])
+        for v, r in zip(values, refs):
+          self.assertAllClose(r, v, rtol=1e-10, atol=1e-12)
+        _, orders = schedule.Orders(name, devices, 4)
+        tasks = timeline.ParseStepStats(metadata.step_stats)
+        for device, order in zip((d0, d1), orders):
+          ran = [pipeline_tasks.Task(t.stage, t.micro_batch, t.phase)
+                 for t in sorted(tasks, key=lambda t: t.start)
+                 if t.device.startswith(device.rsplit('/device', 1)[0])]
+          self.assertEqual(
+              [pipeline_tasks.Label(t) for t in order],
+              [pipeline_tasks.Label(t) for t in ran], (name, device))
 
   def testDeadWorkerIsReported(self):
     cluster = local_cluster.LocalCluster(1)
