@@ -60,16 +60,36 @@ class PipeliningLayer(base_layer.BaseLayer):
 
   Several stages may share a device (a loop): with ``stage_devices`` =
   [d0, d1, d0, d1] each device holds v=2 stages of half the size and runs
-  its tasks breadth-first (``schedule.DeviceOrders``), here for M=4
-  (cells: phase, micro-batch, stage; each cell half a stage of the K=2
-  drawing above)::
+  its tasks breadth-first (``schedule.DeviceOrders``). The bubble shrinks to
+  (D-1)/(vM+D-1) for D devices, at the price of 2(v-1)D more hand-overs per
+  micro-batch; stored activations grow with the number of stage boundaries.
 
-      d0 | F0s0 F1s0 F2s0 F3s0 F0s2 F1s2 F2s2 F3s2 .    .    B3s2 ... B0s0
-      d1 | .    F0s1 F1s1 F2s1 F3s1 F0s3 F1s3 F2s3 F3s3 B3s3 ...  B0s1 .
+  Other schedules (``schedule``; each drawn in ``gpipe/schedule.py``):
 
-  The bubble shrinks to (D-1)/(vM+D-1) for D devices, at the price of
-  2(v-1)D more hand-overs per micro-batch; stored activations grow with the
-  number of stage boundaries.
+  * ``'1f1b'``: stage s starts micro-batch m's backward after K-1-s more
+    forwards, so it holds at most K-s micro-batches' activations (GPipe: M),
+    with GPipe's bubble. ``'interleaved_1f1b'``: the same with v stages per
+    device (round-robin ``stage_devices``), bubble (D-1)/(vM+D-1).
+  * ``'zb_h1'`` and ``'zb_v'`` (zero bubble): each backward is two tasks, B
+    (the input gradient, which the previous stage waits for) and W (the
+    weight gradient, which fills bubbles). With remat B recomputes the
+    forward once and keeps what W needs until W runs
+    (``gpipe.split_backward``). ``'zb_v'`` puts two stages per device in a V,
+    ``stage_devices`` [d0, d1, ..., d1, d0].
+
+  All but ``'gpipe'`` start a micro-batch's backward at the last stage right
+  after its forward, so the loss of each micro-batch must be computed inside
+  the pipeline: set ``loss_tpl`` to a layer returning per-example losses and
+  call ``FProp(theta, *inputs, targets=labels)``::
+
+      p.loss_tpl = MyLoss.Params()   # FProp(theta, logits, targets) -> [N]
+      p.schedule = '1f1b'
+      per_example = net.FProp(net.theta, images, targets=labels)
+      loss = tf.reduce_mean(per_example)   # tf.gradients as usual
+
+  A loss whose gradient for one micro-batch needs other micro-batches'
+  forwards (e.g. computed on the merged logits) is refused with an error
+  when gradients are built (``gpipe.separability``), never a hang.
 
   Each stage is traced once into graph functions, and each micro-batch is one
   call: the graph holds K x M calls, not L x M copies of the layers.

@@ -7,8 +7,8 @@ stage on one micro-batch) each device runs, in which order. The executor in
 the dataflow between stages does the rest. A new schedule is a new function
 here, not a change to the layer.
 
-The schedules (``SCHEDULES``), drawn for K=4 stages and M=8 micro-batches by
-``Render`` (unit-cost tasks; '.' is idle, the bubble):
+The schedules (``SCHEDULES``), each drawn in its function's docstring by
+``Render`` (devices x ticks, unit-cost tasks; '.' is idle, the bubble):
 
 * ``'gpipe'``: fill-drain (GPipe). All forwards, then all backwards. Holds
   all M micro-batches' activations; bubble (K-1)/(M+K-1). With several
@@ -16,7 +16,7 @@ The schedules (``SCHEDULES``), drawn for K=4 stages and M=8 micro-batches by
 * ``'1f1b'``: one forward, one backward (PipeDream-flush). Same bubble, but
   stage s holds at most K-s micro-batches. See ``OneFOneBOrders``.
 * ``'interleaved_1f1b'``: v stages per device, round-robin (Megatron-LM).
-  Bubble (K/v-1)/(vM+K/v-1). See ``InterleavedOrders``.
+  Bubble (D-1)/(vM+D-1) on D devices. See ``InterleavedOrders``.
 * ``'zb_h1'``: zero bubble H1. The backward split into B (input gradient)
   and W (weight gradient); W waits to fill bubbles. 1F1B's memory, about a
   third of its bubble. See ``ZeroBubbleH1Orders``.
@@ -250,14 +250,18 @@ def SimulatedBubble(orders, num_stages, num_micro_batches,
 def RenderDevices(lanes, devices=None):
   """An ASCII timeline (devices x ticks) of ``Simulate``'s result.
 
-  Each cell is phase, micro-batch and stage, e.g. ``F3s2``.
+  Each cell is phase, micro-batch and stage, e.g. ``F3s2``; just ``F3``
+  when every device holds one stage.
   """
   names = devices or ['device %d' % d for d in range(len(lanes))]
-  cells = [[pipeline_tasks.Label(t) if t else '.' for t in lane]
-           for lane in lanes]
+  one_stage = all(len({t.stage for t in lane if t}) <= 1 for lane in lanes)
+  # One stage per device: 'B3' says it all; else 'B3s2' (stage 2).
+  label = (lambda t: '%s%d' % (t.phase, t.micro_batch)) if one_stage else (
+      pipeline_tasks.Label)
+  cells = [[label(t) if t else '.' for t in lane] for lane in lanes]
   width = max(len(c) for row in cells for c in row)
-  label = max(len(str(n)) for n in names)
-  return '\n'.join('%s | %s' % (str(n).ljust(label),
+  name_width = max(len(str(n)) for n in names)
+  return '\n'.join('%s | %s' % (str(n).ljust(name_width),
                                  ' '.join(c.ljust(width) for c in row).rstrip())
                     for n, row in zip(names, cells))
 
@@ -336,13 +340,12 @@ def OneFOneBOrders(num_stages, num_micro_batches):
   forward and one backward, then drains the remaining backwards. A
   micro-batch's backward starts as soon as its forward reached the loss, so
   stage s never holds more than K-s micro-batches' activations (GPipe holds
-  M); the bubble is GPipe's, (K-1)/(M+K-1). K=4, M=8 (``Render``; B costs
-  2 ticks, forward and weight gradient)::
+  M); the bubble is GPipe's, (K-1)/(M+K-1). K=3, M=6 (``Render('1f1b', 3,
+  6)``; a B draws 2 ticks, input and weight gradient)::
 
-    device 0 | F0 F1 F2 F3 .  .  .  B0 B0 F4 B1 B1 F5 B2 B2 F6 B3 B3 F7 ...
-    device 1 | .  F0 F1 F2 .  .  B0 B0 F3 B1 B1 F4 B2 B2 F5 B3 B3 F6 ...
-    device 2 | .  .  F0 F1 .  B0 B0 F2 B1 B1 F3 B2 B2 F4 B3 B3 F5 ...
-    device 3 | .  .  .  F0 B0 B0 F1 B1 B1 F2 B2 B2 F3 B3 B3 F4 ...
+    d0 | F0 F1 F2 .  .  .  .  B0 B0 F3 B1 B1 F4 B2 B2 F5 B3 B3 .  B4 B4 .  B5 B5
+    d1 | .  F0 F1 .  .  B0 B0 F2 B1 B1 F3 B2 B2 F4 B3 B3 F5 B4 B4 .  B5 B5 .  .
+    d2 | .  .  F0 B0 B0 F1 B1 B1 F2 B2 B2 F3 B3 B3 F4 B4 B4 F5 B5 B5 .  .  .  .
 
   Args:
     num_stages: K, one per device.
@@ -373,10 +376,11 @@ def InterleavedOrders(num_devices, stages_per_device, num_micro_batches):
   forwards, then it alternates one forward and one backward (backwards
   visit its stages in reverse). Each task is 1/v of a stage-per-device
   task, so the bubble shrinks v times, to (D-1)/(vM+D-1), for v times the
-  hand-overs. D=2, v=2 (stages 0,2 on d0; 1,3 on d1), M=4, B costing 2::
+  hand-overs. D=2, v=2 (stages 0,2 on d0; 1,3 on d1), M=2 (``Render(
+  'interleaved_1f1b', [0, 1, 0, 1], 2)``; a B draws 2 ticks)::
 
-    d0 | F0s0 F1s0 F0s2 F1s2 F2s0 .    F3s0 B0s2 B0s2 F2s2 B1s2 ...
-    d1 | .    F0s1 F1s1 F0s3 B0s3 B0s3 F1s3 ...
+    d0 | F0s0 F1s0 F0s2 F1s2 .    .    B0s2 B0s2 .    B1s2 B1s2 B0s0 B0s0 B1s0 B1s0
+    d1 | .    F0s1 F1s1 F0s3 B0s3 B0s3 F1s3 B1s3 B1s3 B0s1 B0s1 B1s1 B1s1 .    .
 
   Args:
     num_devices: D.
@@ -491,14 +495,11 @@ def ZeroBubbleH1Orders(num_stages, num_micro_batches):
   it shrinks from (K-1)(T_F+T_B+T_W) to (K-1)(T_F+T_B-T_W) per device, a
   third. Stage s holds at most K-s micro-batches' activations (F done, B
   not yet): 1F1B's memory; a pending W keeps only its weight ops' inputs
-  and output gradients. K=4, M=8::
+  and output gradients. K=3, M=6 (``Render('zb_h1', 3, 6)``)::
 
-    device 0 | F0 F1 F2 F3 .  .  B0 F4 B1 F5 B2 F6 B3 F7 B4 W0 B5 W1 ...
-    device 1 | .  F0 F1 F2 .  B0 F3 B1 F4 B2 F5 B3 F6 B4 F7 B5 W0 ...
-    device 2 | .  .  F0 F1 B0 F2 B1 F3 B2 F4 B3 F5 B4 F6 B5 F7 ...
-    device 3 | .  .  .  F0 B0 F1 B1 F2 B2 F3 B3 F4 B4 F5 B5 F6 ...
-
-  (``Render('zb_h1', 4, 8)`` draws the exact one.)
+    d0 | F0 F1 F2 .  .  B0 F3 B1 F4 B2 F5 B3 W0 B4 W1 B5 W2 W3 W4 W5
+    d1 | .  F0 F1 .  B0 F2 B1 F3 B2 F4 B3 F5 B4 W0 B5 W1 W2 W3 W4 W5
+    d2 | .  .  F0 B0 F1 B1 F2 B2 F3 B3 F4 B4 F5 B5 W0 W1 W2 W3 W4 W5
 
   Args:
     num_stages: K, one per device.
@@ -520,17 +521,15 @@ def ZeroBubbleVOrders(num_devices, num_micro_batches):
   back up, and its loss and backward start where its input came in. With
   the split backward (B, then W whenever the device would idle) and each
   device holding at most K half-size stage activations (1F1B's memory), the
-  bubble is about zero once M >= K. D=2 (stages 0,3 on d0; 1,2 on d1),
-  M=4::
+  bubble is only the fill of the first forward. D=2 (stages 0,3 on d0;
+  1,2 on d1), M=2 (``Render('zb_v', [0, 1, 1, 0], 2)``)::
 
-    d0 | F0s0 F1s0 F2s0 F0s3 B0s3 F1s3 B1s3 F3s0 B0s0 F2s3 ...
-    d1 | .    F0s1 F1s1 F0s2 F1s2 B0s2 F2s1 B0s1 B1s2 ...
-
-  (``Render('zb_v', [0, 1, 1, 0], 4)`` draws the exact one.)
+    d0 | F0s0 F1s0 .    F0s3 B0s3 F1s3 B1s3 B0s0 W0s3 B1s0 W0s0 W1s3 W1s0
+    d1 | .    F0s1 F0s2 F1s1 F1s2 B0s2 B0s1 B1s2 B1s1 W0s2 W0s1 W1s2 W1s1
 
   Args:
     num_devices: D (K = 2D stages).
-    num_micro_batches: M >= D... (see ``CheckSchedule``).
+    num_micro_batches: M.
 
   Returns:
     Per device, its Tasks in run order.

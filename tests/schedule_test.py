@@ -128,5 +128,99 @@ class GPipeScheduleTest(test_utils.TestCase, parameterized.TestCase):
       schedule.GPipeClockCycles(2, 0)
 
 
+
+def _Placement(name, num_devices):
+  """Stage devices of `name` on D devices (2 stages per device if looped)."""
+  if name == 'zb_v':
+    k = 2 * num_devices
+    return [min(s, k - 1 - s) for s in range(k)]
+  if name == 'interleaved_1f1b':
+    return [s % num_devices for s in range(2 * num_devices)]
+  return list(range(num_devices))
+
+
+class SchedulesSinceGPipeTest(test_utils.TestCase, parameterized.TestCase):
+  """1F1B, interleaved 1F1B, ZB-H1, ZB-V: pure task orders."""
+
+  @parameterized.parameters(itertools.product(
+      list(schedule.SCHEDULES), [1, 2, 4], [4, 8, 12]))
+  def testEveryTaskOnceAndTheOrdersRun(self, name, d, m):
+    if name == 'interleaved_1f1b' and m % d:
+      return
+    devices = _Placement(name, d)
+    k = len(devices)
+    _, orders = schedule.Orders(name, devices, m)
+    phases = 'FBW' if schedule.Spec(name).split_backward else 'FB'
+    tasks = [t for order in orders for t in order]
+    self.assertCountEqual(
+        tasks, [schedule.Task(s, i, p) for s in range(k) for i in range(m)
+                for p in phases])
+    for lane, order in enumerate(orders):
+      self.assertTrue(all(devices[t.stage] == lane for t in order))
+    # TaskTimes raises if the orders deadlock; each task after its inputs.
+    times = schedule.TaskTimes(orders, k, m,
+                               schedule.Spec(name).per_micro_batch_loss)
+    end = {t: e for lane in times for t, _, e in lane}
+    start = {t: b for lane in times for t, b, _ in lane}
+    for t in tasks:
+      if t.phase == 'F' and t.stage:
+        self.assertLessEqual(end[schedule.Task(t.stage - 1, t.micro_batch,
+                                               'F')], start[t])
+      if t.phase == 'W':
+        self.assertLessEqual(end[schedule.Task(t.stage, t.micro_batch, 'B')],
+                             start[t])
+
+  @parameterized.parameters(itertools.product(['1f1b', 'zb_h1'], [2, 3, 4],
+                                              [4, 8, 16]))
+  def testStageSHoldsAtMostKMinusSMicroBatches(self, name, k, m):
+    _, orders = schedule.Orders(name, k, m)
+    for s, order in enumerate(orders):
+      held = peak = 0
+      for t in order:
+        held += {'F': 1, 'B': -1, 'W': 0}[t.phase]
+        peak = max(peak, held)
+      self.assertEqual(peak, min(k - s, m))
+
+  @parameterized.parameters(itertools.product(
+      list(schedule.SCHEDULES), [2, 4], [4, 8, 16, 32]))
+  def testSimulatedBubbleIsTheFormula(self, name, d, m):
+    devices = _Placement(name, d)
+    _, orders = schedule.Orders(name, devices, m)
+    k = len(devices)
+    simulated = schedule.SimulatedBubble(
+        orders, k, m, schedule.Spec(name).per_micro_batch_loss,
+        schedule.CostsOf(name))
+    self.assertAlmostEqual(
+        simulated, schedule.BubbleFormula(name, d, k // d, m), places=9)
+
+  def testZeroBubbleBeatsOneFOneB(self):
+    for m in (4, 8, 16):
+      one_f_one_b = schedule.BubbleFormula('1f1b', 4, 1, m)
+      self.assertAlmostEqual(
+          schedule.BubbleFormula('zb_h1', 4, 1, m),
+          one_f_one_b / (3 - 2 * one_f_one_b))  # A third of the idle ticks.
+      self.assertLess(schedule.BubbleFormula('zb_v', 2, 2, m),
+                      schedule.BubbleFormula('zb_h1', 4, 1, m))
+
+  def testDocstringDrawingsAreTheRenderedSchedules(self):
+    for fn, args in ((schedule.OneFOneBOrders, ('1f1b', 3, 6)),
+                     (schedule.ZeroBubbleH1Orders, ('zb_h1', 3, 6)),
+                     (schedule.InterleavedOrders,
+                      ('interleaved_1f1b', [0, 1, 0, 1], 2)),
+                     (schedule.ZeroBubbleVOrders, ('zb_v', [0, 1, 1, 0], 2))):
+      drawing = '\n'.join(line.strip() for line in
+                          schedule.Render(*args).splitlines())
+      doc = '\n'.join(line.strip() for line in fn.__doc__.splitlines())
+      self.assertIn(drawing, doc, fn.__name__)
+
+  def testPlacementErrors(self):
+    with self.assertRaisesRegex(ValueError, "'zb_v' needs two stages"):
+      schedule.Orders('zb_v', 3, 4)
+    with self.assertRaisesRegex(ValueError, 'M=3 < K=4'):
+      schedule.Orders('1f1b', 4, 3)
+    with self.assertRaisesRegex(ValueError, 'multiple of the 2 devices'):
+      schedule.Orders('interleaved_1f1b', ['a', 'b', 'a', 'b'], 5)
+
+
 if __name__ == '__main__':
   tf.test.main()
