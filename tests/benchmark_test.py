@@ -39,6 +39,24 @@ class BenchmarkTest(test_utils.TestCase):
     self.assertEqual(result['machine']['cpus'], os.cpu_count())
     return result, text, out_dir
 
+  def testSchedules(self):
+    result, text, _ = self._Run('schedules', '--models', 'transformer',
+                                '--micro_batches', '2', '--memory_m', '2')
+    model = result['models']['transformer']
+    got = {(c['schedule'], c['K'], c['v'], c['M']) for c in model['configs']}
+    self.assertEqual(got, {('gpipe', 1, 1, 1), ('gpipe', 2, 1, 2),
+                           ('1f1b', 2, 1, 2), ('interleaved_1f1b', 2, 2, 2),
+                           ('zb_h1', 2, 1, 2), ('zb_v', 2, 2, 2)})
+    for c in model['configs']:
+      self.assertGreater(c['seconds'], 0)
+      if c['K'] == 2:
+        self.assertLen(c['measured_bubbles'], 2)
+        self.assertTrue(all(0 <= b < 1 for b in c['measured_bubbles']))
+    self.assertLen(model['memory'], 5)
+    for m in model['memory']:
+      self.assertTrue(all(p > 0 for p in m['peak_bytes']), m)
+    self.assertIn('| zb_v | 2 | 2 |', text)
+
   def testThroughput(self):
     result, text, _ = self._Run('throughput', '--models', 'transformer')
     configs = result['models']['transformer']['configs']

@@ -2,7 +2,8 @@
 
 ``main`` parses the subcommand and its flags (``--help`` lists them), shrinks
 the defaults for ``--quick`` and runs one of ``throughput.Throughput``,
-``memory.Memory``, ``bubble.Bubble`` or ``graph.Graph``.
+``memory.Memory``, ``bubble.Bubble``, ``schedules.Schedules`` or
+``graph.Graph``.
 """
 
 import argparse
@@ -13,6 +14,7 @@ from gpipe import pipeline
 from tools.benchmark import bubble
 from tools.benchmark import graph
 from tools.benchmark import memory
+from tools.benchmark import schedules
 from tools.benchmark import throughput
 
 
@@ -73,6 +75,22 @@ def _Parser():
   p.add_argument('--timeline', help='write the timeline PNG of one M here')
   p.add_argument('--timeline_m', type=int, default=8)
 
+  p = sub.add_parser('schedules', help=schedules.Schedules.__doc__)
+  Common(p)
+  p.add_argument('--models', default='',
+                 help='comma-separated subset of transformer,amoeba')
+  p.add_argument('--micro_batches', default='1,2,4,8,16,32')
+  p.add_argument('--remat', default='always', choices=pipeline.REMAT_MODES)
+  p.add_argument('--steps', type=int, default=5, help='timed rounds')
+  p.add_argument('--warmup', type=int, default=2)
+  p.add_argument('--trace_steps', type=int, default=3,
+                 help='traced steps per configuration (median bubble)')
+  p.add_argument('--memory_m', type=int, default=16,
+                 help='M of the remat=never memory comparison (0: skip)')
+  p.add_argument('--timeline_dir',
+                 help='write one timeline PNG per schedule and model here')
+  p.add_argument('--timeline_m', type=int, default=8)
+
   p = sub.add_parser('graph', help=graph.Graph.__doc__)
   Common(p)
   return parser
@@ -91,6 +109,12 @@ def _ApplyQuick(args):
       args.stages_per_device = '1,2'
   if args.command == 'bubble' and args.micro_batches == '1,2,4,8,16,32':
     args.micro_batches = '1,2'
+    args.timeline_m = 2
+  if args.command == 'schedules':
+    if args.micro_batches == '1,2,4,8,16,32':
+      args.micro_batches = '2,4'
+    args.memory_m = 4 if args.memory_m == 16 else args.memory_m
+    args.trace_steps = 1
     args.timeline_m = 2
   if args.command == 'memory':
     args.cap_mib = min(args.cap_mib, 4.0)
@@ -114,6 +138,7 @@ def main(argv=None):
   if args.quick:
     _ApplyQuick(args)
   commands = dict(throughput=throughput.Throughput, memory=memory.Memory,
-                  bubble=bubble.Bubble, graph=graph.Graph)
+                  bubble=bubble.Bubble, graph=graph.Graph,
+                  schedules=schedules.Schedules)
   commands[args.command](args)
   return 0

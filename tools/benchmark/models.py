@@ -135,6 +135,19 @@ class AmoebaCell(base_layer.BaseLayer):
     return x + sep + conv + pool
 
 
+class MeanSquareLoss(base_layer.BaseLayer):
+  """The benchmarks' loss per example, as a pipeline's loss layer.
+
+  FProp(theta, out, targets) returns mean(out^2) over all but the batch
+  axis, [batch]: its mean is the loss the benchmark steps train on
+  (mean(out^2)); `targets` only carries the batch size.
+  """
+
+  def FProp(self, theta, out, targets):
+    del targets
+    return tf.reduce_mean(tf.square(out), axis=list(range(1, out.shape.rank)))
+
+
 def ModelLayers(model, num_layers, width=None, dtype=tf.float32):
   """A flat list of `num_layers` benchmark layer params.
 

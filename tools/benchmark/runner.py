@@ -57,23 +57,32 @@ ALL_CORES = os.cpu_count() or 1
 class Config(
     collections.namedtuple('Config', [
         'impl', 'model', 'num_layers', 'batch', 'num_stages',
-        'num_micro_batches', 'remat', 'width', 'stages_per_device'
-    ], defaults=(1,))):
-  """One benchmark configuration (see the module docstring)."""
+        'num_micro_batches', 'remat', 'width', 'stages_per_device',
+        'schedule'
+    ], defaults=(1, None))):
+  """One benchmark configuration (see the module docstring).
+
+  `schedule` (impl 'gpipe' only): None trains with the loss on the merged
+  output (fill-drain, as before schedules existed); a name of
+  gpipe.schedule.SCHEDULES ends the pipeline with a per-example loss layer
+  and runs that schedule ('zb_v' places the 2v stages in a V).
+  """
 
   @property
   def label(self):
     v = self.stages_per_device
     loop = ' v=%d' % v if v > 1 else ''
-    return '%s K=%d%s M=%d %s' % (self.impl, self.num_stages, loop,
-                                  self.num_micro_batches, self.remat)
+    sched = ' ' + self.schedule if self.schedule else ''
+    return '%s%s K=%d%s M=%d %s' % (self.impl, sched, self.num_stages, loop,
+                                    self.num_micro_batches, self.remat)
 
   @property
   def scope(self):
     """A unique variable scope: configurations share worker processes."""
-    return '%s_%s_L%d_B%d_K%d_V%d_M%d_%s' % (
+    return '%s_%s_L%d_B%d_K%d_V%d_M%d_%s%s' % (
         self.impl, self.model, self.num_layers, self.batch, self.num_stages,
-        self.stages_per_device, self.num_micro_batches, self.remat)
+        self.stages_per_device, self.num_micro_batches, self.remat,
+        '_' + self.schedule if self.schedule else '')
 
 
 def MachineInfo():
@@ -140,16 +149,29 @@ class Step:
               initializer=tf.compat.v1.random_normal_initializer(seed=1),
               trainable=False)
         if c.impl == 'gpipe':
-          # With v stages per device, stage s runs on device s % K (a loop).
+          # With v stages per device, stage s runs on device s % K (a loop),
+          # or, for zb_v, on device min(s, 2K-1-s) (a V).
           num_stages = c.num_stages * c.stages_per_device
-          net = pipeline.PipeliningLayer.Params().Set(
+          if c.schedule == 'zb_v':
+            where = [min(s, num_stages - 1 - s) for s in range(num_stages)]
+          else:
+            where = [s % c.num_stages for s in range(num_stages)]
+          p = pipeline.PipeliningLayer.Params().Set(
               name='pipe', layers=layers, num_stages=num_stages,
               stage_sizes=_EvenStageSizes(c.num_layers, num_stages),
               num_micro_batches=c.num_micro_batches, remat=c.remat,
-              stage_devices=[devices[s % c.num_stages]
-                             for s in range(num_stages)]).Instantiate()
-          out = net.FProp(net.theta, x)
-          loss_device = devices[c.num_stages - 1]
+              stage_devices=[devices[d] for d in where])
+          loss_device = devices[where[-1]]
+          if c.schedule:
+            p.Set(schedule=c.schedule,
+                  loss_tpl=models.MeanSquareLoss.Params())
+            net = p.Instantiate()
+            with tf.device(loss_device):
+              targets = tf.zeros([c.batch])
+            out = net.FProp(net.theta, x, targets=targets)
+          else:
+            net = p.Instantiate()
+            out = net.FProp(net.theta, x)
         elif c.impl == 'inline':
           with tf.device(first):
             net = pipeline.PipeliningLayer.Params().Set(
@@ -177,7 +199,9 @@ class Step:
         else:
           raise ValueError('unknown impl %r; use one of %s' % (c.impl, IMPLS))
         with tf.device(loss_device):
-          self.loss = tf.reduce_mean(tf.square(out))
+          # With a schedule the pipeline already returns per-example losses.
+          self.loss = tf.reduce_mean(
+              out if c.impl == 'gpipe' and c.schedule else tf.square(out))
         self.variables = net.vars.Flatten()
         self.train_op = _TrainOp(self.loss, self.variables)
       self.build_seconds = time.time() - start
