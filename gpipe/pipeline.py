@@ -89,7 +89,10 @@ class PipeliningLayer(base_layer.BaseLayer):
 
   A loss whose gradient for one micro-batch needs other micro-batches'
   forwards (e.g. computed on the merged logits) is refused with an error
-  when gradients are built (``gpipe.separability``), never a hang.
+  when gradients are built (``gpipe.separability``), never a hang. The
+  schedule's order ties later forwards to earlier backward tasks: once
+  gradients are built, fetching only the outputs still runs those backward
+  tasks (build evaluation in its own graph, as the trainer does).
 
   Each stage is traced once into graph functions, and each micro-batch is one
   call: the graph holds K x M calls, not L x M copies of the layers.
@@ -151,7 +154,8 @@ class PipeliningLayer(base_layer.BaseLayer):
         'loss_tpl', None,
         'Optional loss layer run at the end of the last stage on each '
         'micro-batch: FProp(theta, *last_layer_outputs, targets) returning '
-        'per-example (or per-micro-batch) losses, with anything else the '
+        'per-example losses [batch] (or one per micro-batch, shape [1]), '
+        'with anything else the '
         'caller needs (e.g. a NestedMap(loss=..., logits=...)). The targets '
         'are FProp\'s `targets` argument, split like the inputs. The caller '
         'reduces the merged output (tf.reduce_mean, tf.reduce_sum). With it, '
@@ -322,7 +326,8 @@ class PipeliningLayer(base_layer.BaseLayer):
     try:
       _, orders = schedule.Orders(p.schedule,
                                   [_Canonical(d) for d in self._devices],
-                                  num_mb)
+                                  num_mb, schedule.RematCosts(
+                                      p.remat != 'never'))
     except ValueError as e:
       raise ValueError('%s: %s' % (p.name, e)) from None
     registry = pipeline_tasks.TaskRegistry(orders)

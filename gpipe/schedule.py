@@ -18,15 +18,16 @@ The schedules (``SCHEDULES``), each drawn in its function's docstring by
 * ``'interleaved_1f1b'``: v stages per device, round-robin (Megatron-LM).
   Bubble (D-1)/(vM+D-1) on D devices. See ``InterleavedOrders``.
 * ``'zb_h1'``: zero bubble H1. The backward split into B (input gradient)
-  and W (weight gradient); W waits to fill bubbles. 1F1B's memory, about a
-  third of its bubble. See ``ZeroBubbleH1Orders``.
+  and W (weight gradient); W waits to fill bubbles. 1F1B's activations
+  between F and B, about a third of its bubble. See ``ZeroBubbleH1Orders``.
 * ``'zb_v'``: zero bubble V. Two stages per device in a V (device d holds
-  stages d and K-1-d), split backward: about no bubble at 1F1B's memory.
-  See ``ZeroBubbleVOrders``.
+  stages d and K-1-d), split backward: about no bubble. See
+  ``ZeroBubbleVOrders``.
 
 Every schedule except ``'gpipe'`` starts micro-batch m's backward on the
 last stage right after its forward, so it needs each micro-batch's loss
-computed inside the pipeline (``PipeliningLayer``'s ``loss_tpl``).
+computed inside the pipeline (``PipeliningLayer``'s ``loss_tpl``, or a last
+layer that returns per-example losses).
 """
 
 import collections
@@ -419,27 +420,35 @@ def InterleavedOrders(num_devices, stages_per_device, num_micro_batches):
   return orders
 
 
-def _GreedyOrders(stage_devices, num_micro_batches, limits):
+def _GreedyOrders(stage_devices, num_micro_batches, limits, w_limits,
+                  costs=None):
   """Task orders of a split-backward schedule, by list scheduling.
 
-  Runs a unit-cost simulation in which each device, whenever it is free,
-  starts the first ready task by priority: a B (the critical path; oldest
-  micro-batch first), else an F if the device holds fewer than its limit of
-  micro-batch activations (later stages first, to finish micro-batches),
-  else the oldest pending W (weight gradients fill what would be bubbles). The loss is inside the pipeline.
+  Runs a simulation in which each device, whenever it is free, starts the
+  first ready task by priority: a B (the critical path; oldest micro-batch
+  first), else an F if the device is under both its memory limits (later
+  stages first, to finish micro-batches), else the oldest pending W (weight
+  gradients fill what would be bubbles). The loss is inside the pipeline.
 
-  A device "holds" a micro-batch's activations of a stage from its F to its
-  B: after B only what W needs stays (the inputs of the weights' ops and
-  their output gradients), so pending W's are not counted.
+  Two memory counts bound the forwards: micro-batches between F and B hold
+  a stage's full activations (``limits``); between F and W they hold what W
+  needs, the inputs of the weights' ops and their output gradients
+  (``w_limits``).
 
   Args:
     stage_devices: the device (an index) of each stage.
     num_micro_batches: M.
-    limits: per device, the most stage activations it may hold (F done, B
-      not yet).
+    limits: per device, the most micro-batch stages between F and B.
+    w_limits: per device, the most micro-batch stages between F and W.
+    costs: ticks per phase (default 1 each). With re-materialization a B
+      also recomputes the forward: {'F': 1, 'B': 2, 'W': 1} places the W's
+      where the real devices would idle.
 
   Returns:
     Per device, its Tasks in run order.
+
+  Raises:
+    ValueError: if the limits leave every device without a runnable task.
   """
   num_stages = len(stage_devices)
   m = num_micro_batches
@@ -450,8 +459,10 @@ def _GreedyOrders(stage_devices, num_micro_batches, limits):
       pending[d].update(Task(s, i, p) for p in (FORWARD, BACKWARD, WEIGHT))
   finish = {}
   free = {d: 0 for d in devices}
-  held = {d: 0 for d in devices}
+  held = {d: 0 for d in devices}  # Between F and B.
+  held_w = {d: 0 for d in devices}  # Between F and W.
   orders = {d: [] for d in devices}
+  costs = dict({FORWARD: 1, BACKWARD: 1, WEIGHT: 1}, **(costs or {}))
 
   def Ready(task, t):
     deps = _Dependencies(task, num_stages, m, True)
@@ -459,6 +470,7 @@ def _GreedyOrders(stage_devices, num_micro_batches, limits):
 
   while any(pending.values()):
     t = min(free[d] for d in devices if pending[d])
+    idle = []
     for d in devices:
       if free[d] > t or not pending[d]:
         continue
@@ -471,21 +483,34 @@ def _GreedyOrders(stage_devices, num_micro_batches, limits):
                  key=lambda x: (x.micro_batch, -x.stage))
       if b:
         task = b[0]
-      elif f and held[d] < limits[d]:
+      elif f and held[d] < limits[d] and held_w[d] < w_limits[d]:
         task = f[0]
       elif w:
         task = w[0]
       else:
-        free[d] = t + 1  # Idle for a tick.
+        idle.append(d)
         continue
       pending[d].discard(task)
       orders[d].append(task)
-      finish[task] = free[d] = t + 1
-      held[d] += {FORWARD: 1, BACKWARD: -1, WEIGHT: 0}[task.phase]
+      finish[task] = free[d] = t + costs[task.phase]
+      if task.phase == FORWARD:
+        held[d] += 1
+        held_w[d] += 1
+      elif task.phase == BACKWARD:
+        held[d] -= 1
+      else:
+        held_w[d] -= 1
+    # Idle devices wait for the next task anywhere to finish.
+    later = [x for x in finish.values() if x > t]
+    if idle and not later:
+      raise ValueError('the memory limits %s / %s leave no task to run at '
+                       'tick %d' % (limits, w_limits, t))
+    for d in idle:
+      free[d] = min(later)
   return [orders[d] for d in devices]
 
 
-def ZeroBubbleH1Orders(num_stages, num_micro_batches):
+def ZeroBubbleH1Orders(num_stages, num_micro_batches, costs=None):
   """ZB-H1 (zero bubble, arXiv 2401.10241): 1F1B with a split backward.
 
   Each stage's backward is two tasks: B, the gradient of its input (which
@@ -493,35 +518,41 @@ def ZeroBubbleH1Orders(num_stages, num_micro_batches):
   nothing waits for). B runs as soon as it can, W when the device would
   otherwise idle, so W fills most of 1F1B's bubble: with equal task costs
   it shrinks from (K-1)(T_F+T_B+T_W) to (K-1)(T_F+T_B-T_W) per device, a
-  third. Stage s holds at most K-s micro-batches' activations (F done, B
-  not yet): 1F1B's memory; a pending W keeps only its weight ops' inputs
-  and output gradients. K=3, M=6 (``Render('zb_h1', 3, 6)``)::
+  third. Stage s holds at most K-s micro-batches' full activations (F done,
+  B not yet), as in 1F1B, and at most 2K-s micro-batches awaiting their W
+  (which keeps the inputs of the weights' ops and their output gradients:
+  with remat, more than the boundary input GPipe keeps). K=3, M=6
+  (``Render('zb_h1', 3, 6)``)::
 
-    d0 | F0 F1 F2 .  .  B0 F3 B1 F4 B2 F5 B3 W0 B4 W1 B5 W2 W3 W4 W5
-    d1 | .  F0 F1 .  B0 F2 B1 F3 B2 F4 B3 F5 B4 W0 B5 W1 W2 W3 W4 W5
-    d2 | .  .  F0 B0 F1 B1 F2 B2 F3 B3 F4 B4 F5 B5 W0 W1 W2 W3 W4 W5
+    d0 | F0 F1 F2 .  .  B0 F3 B1 F4 B2 F5 B3 W0 W1 B4 W2 W3 B5 W4 W5
+    d1 | .  F0 F1 .  B0 F2 B1 F3 B2 F4 B3 W0 F5 B4 W1 W2 B5 W3 W4 W5
+    d2 | .  .  F0 B0 F1 B1 F2 B2 F3 B3 W0 F4 B4 W1 F5 B5 W2 W3 W4 W5
 
   Args:
     num_stages: K, one per device.
     num_micro_batches: M >= K.
+    costs: ticks per phase for placing the W's (see ``_GreedyOrders``).
 
   Returns:
     Per stage (= device), its Tasks in run order.
   """
   _CheckSizes(num_stages, num_micro_batches)
-  return _GreedyOrders(list(range(num_stages)), num_micro_batches,
-                       {s: num_stages - s for s in range(num_stages)})
+  k = num_stages
+  return _GreedyOrders(list(range(k)), num_micro_batches,
+                       {s: k - s for s in range(k)},
+                       {s: 2 * k - s for s in range(k)}, costs)
 
 
-def ZeroBubbleVOrders(num_devices, num_micro_batches):
+def ZeroBubbleVOrders(num_devices, num_micro_batches, costs=None):
   """ZB-V (zero bubble, arXiv 2401.10241): two stages per device in a V.
 
   K = 2D stages; device d holds stage d and stage K-1-d, so the first and
   the last stage share device 0: a micro-batch goes down the devices and
   back up, and its loss and backward start where its input came in. With
-  the split backward (B, then W whenever the device would idle) and each
-  device holding at most K half-size stage activations (1F1B's memory), the
-  bubble is only the fill of the first forward. D=2 (stages 0,3 on d0;
+  the split backward (B, then W whenever the device would idle), each device
+  holding at most K half-size stage activations between F and B (1F1B's
+  memory) and 2K awaiting their W, the bubble is only the fill of the first
+  forward. D=2 (stages 0,3 on d0;
   1,2 on d1), M=2 (``Render('zb_v', [0, 1, 1, 0], 2)``)::
 
     d0 | F0s0 F1s0 .    F0s3 B0s3 F1s3 B1s3 B0s0 W0s3 B1s0 W0s0 W1s3 W1s0
@@ -530,6 +561,7 @@ def ZeroBubbleVOrders(num_devices, num_micro_batches):
   Args:
     num_devices: D (K = 2D stages).
     num_micro_batches: M.
+    costs: ticks per phase for placing the W's (see ``_GreedyOrders``).
 
   Returns:
     Per device, its Tasks in run order.
@@ -538,7 +570,8 @@ def ZeroBubbleVOrders(num_devices, num_micro_batches):
   _CheckSizes(k, num_micro_batches)
   devices = [min(s, k - 1 - s) for s in range(k)]
   return _GreedyOrders(devices, num_micro_batches,
-                       {d: k for d in range(num_devices)})
+                       {d: k for d in range(num_devices)},
+                       {d: 2 * k for d in range(num_devices)}, costs)
 
 
 ScheduleSpec = collections.namedtuple(
@@ -569,7 +602,7 @@ def _Placement(stage_devices):
   return devices, [index[d] for d in stage_devices]
 
 
-def Orders(name, stage_devices, num_micro_batches):
+def Orders(name, stage_devices, num_micro_batches, costs=None):
   """The task order of every device under schedule `name`.
 
   Args:
@@ -577,6 +610,9 @@ def Orders(name, stage_devices, num_micro_batches):
     stage_devices: the device (any hashable name) of each stage, K entries;
       or an int K for one stage per device.
     num_micro_batches: M.
+    costs: the zero-bubble schedules' relative task costs, {'F': 1, 'B': 1,
+      'W': 1} by default (``RematCosts`` with re-materialization); they
+      decide where the W tasks go.
 
   Returns:
     (devices, orders): the distinct devices in order of first use, and for
@@ -608,8 +644,9 @@ def Orders(name, stage_devices, num_micro_batches):
           'schedule %r needs at least as many micro-batches as stages: M=%d '
           '< K=%d. Use num_micro_batches >= %d (or schedule gpipe)' %
           (name, m, k, k))
-    fn = OneFOneBOrders if name == '1f1b' else ZeroBubbleH1Orders
-    return devices, fn(k, m)
+    if name == '1f1b':
+      return devices, OneFOneBOrders(k, m)
+    return devices, ZeroBubbleH1Orders(k, m, costs)
   if name == 'interleaved_1f1b':
     v = k // d
     if k % d or where != [s % d for s in range(k)]:
@@ -637,7 +674,12 @@ def Orders(name, stage_devices, num_micro_batches):
         'D devices, stage_devices [d0, d1, ..., d(D-1), d(D-1), ..., d1, d0] '
         '(device d holds stages d and K-1-d); got %s. With one stage per '
         "device use 'zb_h1'" % list(stage_devices))
-  return devices, ZeroBubbleVOrders(d, m)
+  return devices, ZeroBubbleVOrders(d, m, costs)
+
+
+def RematCosts(remat):
+  """Relative task costs: with re-materialization B recomputes the forward."""
+  return {FORWARD: 1, BACKWARD: 2 if remat else 1, WEIGHT: 1}
 
 
 def CostsOf(name, forward=1, backward=1, weight=1):

@@ -22,7 +22,11 @@ Without re-materialization (``remat='never'``) F also returns the forward
 activations B and W read, and B does not recompute.
 
 Gradients are exactly those of the unsplit backward: the copied ops are G's
-ops, only cut into three functions.
+ops, only cut into three functions. The pieces are cut along data edges: an
+op that only a control dependency reaches (e.g. an assertion attached with
+``py_utils.with_dependencies``) is not run under these schedules, and an op
+whose gradient computes the input and weight gradients together (a While
+loop's) stays whole in B.
 """
 
 from gpipe import lingvo_import  # pylint: disable=unused-import
@@ -125,8 +129,12 @@ class _Piece:
     """Calls the function on env[feed]s; adds its outputs to env.
 
     Returns:
-      The call op.
+      The op that stands for the task in the schedule's order: the call op,
+      or a no-op when the piece has nothing to compute (e.g. W of a stage
+      without weights), so the device's chain of tasks stays unbroken.
     """
+    if not self.outputs:
+      return tf.no_op()
     results = self.fn(*[env[t.ref()] for t in self.feeds])
     if isinstance(results, tf.Operation):
       return results
@@ -134,9 +142,7 @@ class _Piece:
         results]
     for t, r in zip(self.outputs, results):
       env[t.ref()] = r
-    if results:
-      return results[0].op
-    return None
+    return results[0].op
 
 
 class SplitStageFunctions(stage_lib.StageFunctions):
@@ -160,6 +166,9 @@ class SplitStageFunctions(stage_lib.StageFunctions):
       xs = list(theta_ph) + [args_ph[i] for i in self._float_args]
       grads = tf.gradients(ys, xs, grad_ys=list(d_outs_ph),
                            unconnected_gradients=tf.UnconnectedGradients.ZERO)
+      # A gather's weight gradient is IndexedSlices: densify it inside W.
+      grads = [tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices)
+               else g for g in grads]
       g.update(theta=list(theta_ph), args=list(args_ph), seed=seed_ph,
                d_outs=list(d_outs_ph), outs=outs, stats=stats,
                d_theta=grads[:len(theta_ph)], d_args=grads[len(theta_ph):])

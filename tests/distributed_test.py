@@ -108,7 +108,8 @@ class DistributedPipelineTest(test_utils.TestCase):
           refs = sess.run(losses[1])
         for v, r in zip(values, refs):
           self.assertAllClose(r, v, rtol=1e-10, atol=1e-12)
-        _, orders = schedule.Orders(name, devices, 4)
+        _, orders = schedule.Orders(name, devices, 4,
+                                    schedule.RematCosts(True))
         tasks = timeline.ParseStepStats(metadata.step_stats)
         for device, order in zip((d0, d1), orders):
           ran = [pipeline_tasks.Task(t.stage, t.micro_batch, t.phase)

@@ -160,6 +160,38 @@ class ScheduleGradientTest(test_utils.TestCase, parameterized.TestCase):
       self._AssertMatches(net, (inputs,), tf.constant(rng.randn(8, 8)), sess)
 
 
+class SplitBackwardTest(test_utils.TestCase, parameterized.TestCase):
+  """Stages whose weight gradients are sparse, and stages without weights."""
+
+  @parameterized.named_parameters(('zb_h1', 'zb_h1'), ('zb_v', 'zb_v'))
+  def testEmbeddingTableGradientMatches(self, name):
+    with self.session(graph=tf.Graph(), config=CONFIG) as sess:
+      layers = [toy_layers.Embedding.Params().Set(
+          name='emb', dtype=tf.float64,
+          params_init=py_utils.WeightInit.Gaussian(0.5, seed=1))]
+      layers += _Layers()[:3]
+      k = 2
+      p = pipeline.PipeliningLayer.Params().Set(
+          name='pipe', layers=layers, num_stages=k, num_micro_batches=4,
+          schedule=name, dtype=tf.float64, stage_sizes=[1, 3],
+          stage_devices=['/device:CPU:%d' % d for d in Placement(name, k)],
+          loss_tpl=toy_layers.SquaredErrorLoss.Params().Set(dtype=tf.float64))
+      net = p.Instantiate()
+      rng = np.random.RandomState(4)
+      ids = tf.constant(rng.randint(0, 10, size=[8]), tf.int32)
+      targets = tf.constant(rng.randn(8, 8))
+      results = []
+      for fprop in (net.FProp, net.FPropUnpipelined):
+        loss = tf.reduce_mean(fprop(net.theta, ids,
+                                    targets=targets).per_example)
+        grads = tf.gradients(loss, _Trainable(net))
+        results.append([loss] + [tf.convert_to_tensor(g) for g in grads])
+      sess.run(tf.global_variables_initializer())
+      values, refs = sess.run(results)
+      for v, r in zip(values, refs):
+        self.assertAllClose(r, v, rtol=1e-10, atol=1e-12)
+
+
 def _CallOps(graph):
   """{Task: call op} of every stage task in `graph`."""
   found = {}
@@ -184,7 +216,8 @@ class ScheduleOrderTest(test_utils.TestCase, parameterized.TestCase):
       x = tf.constant(np.random.RandomState(1).randn(2 * m, 8))
       _LossAndGrads(net, (x,), tf.zeros([2 * m, 8], tf.float64), True)
       calls = _CallOps(graph)
-    _, orders = schedule.Orders(name, Placement(name, k), m)
+    _, orders = schedule.Orders(name, Placement(name, k), m,
+                                schedule.RematCosts(True))
     phases = {t.phase for order in orders for t in order}
     self.assertEqual(phases, {'F', 'B', 'W'} if schedule.Spec(
         name).split_backward else {'F', 'B'})

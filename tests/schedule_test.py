@@ -173,13 +173,17 @@ class SchedulesSinceGPipeTest(test_utils.TestCase, parameterized.TestCase):
   @parameterized.parameters(itertools.product(['1f1b', 'zb_h1'], [2, 3, 4],
                                               [4, 8, 16]))
   def testStageSHoldsAtMostKMinusSMicroBatches(self, name, k, m):
-    _, orders = schedule.Orders(name, k, m)
-    for s, order in enumerate(orders):
-      held = peak = 0
-      for t in order:
-        held += {'F': 1, 'B': -1, 'W': 0}[t.phase]
-        peak = max(peak, held)
-      self.assertEqual(peak, min(k - s, m))
+    for costs in (None, schedule.RematCosts(True)):
+      _, orders = schedule.Orders(name, k, m, costs)
+      for s, order in enumerate(orders):
+        held = peak = held_w = peak_w = 0
+        for t in order:
+          held += {'F': 1, 'B': -1, 'W': 0}[t.phase]
+          held_w += {'F': 1, 'B': 0, 'W': -1}[t.phase]
+          peak, peak_w = max(peak, held), max(peak_w, held_w)
+        self.assertEqual(peak, min(k - s, m))  # Full activations: 1F1B's.
+        if name == 'zb_h1':  # Awaiting W: what the weight gradients need.
+          self.assertLessEqual(peak_w, 2 * k - s)
 
   @parameterized.parameters(itertools.product(
       list(schedule.SCHEDULES), [2, 4], [4, 8, 16, 32]))

@@ -85,3 +85,25 @@ class NestedLoss(SquaredErrorLoss):
 
   def FProp(self, theta, inputs, targets):
     return super().FProp(theta, inputs.h, targets)
+
+
+class Embedding(base_layer.BaseLayer):
+  """Looks up int ids in a table: a weight whose gradient is IndexedSlices."""
+
+  @classmethod
+  def Params(cls):
+    p = super().Params()
+    p.Define('vocab_size', 10, 'Rows of the table.')
+    p.Define('dim', 8, 'Columns of the table.')
+    return p
+
+  def __init__(self, params):
+    super().__init__(params)
+    p = self.params
+    self.CreateVariable(
+        'table', py_utils.WeightParams([p.vocab_size, p.dim],
+                                       py_utils.WeightInit.Gaussian(0.5),
+                                       p.dtype))
+
+  def FProp(self, theta, ids):
+    return tf.nn.embedding_lookup(theta.table, ids)

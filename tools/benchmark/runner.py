@@ -25,8 +25,8 @@ that much less niceness (Linux autogroups; needs root), so other processes
 on a shared machine disturb the measurement less.
 
 A training step is loss = mean(out^2), gradients colocated with their ops,
-and an SGD update of every variable; the input is a variable on the first
-stage's device, so no feeding from this process. ``Runner`` builds each
+and an SGD update of every variable, fetched with the loss; the input is a
+variable on the first stage's device, so no feeding from this process. ``Runner`` builds each
 configuration in its own graph and session and times steps of several
 configurations interleaved (a step of each in turn, repeated), so the load of
 other processes on this shared machine hits them alike.
@@ -203,6 +203,9 @@ class Step:
           self.loss = tf.reduce_mean(
               out if c.impl == 'gpipe' and c.schedule else tf.square(out))
         self.variables = net.vars.Flatten()
+        # Run() fetches the loss with the update, as a trainer does: a
+        # loss only grouped with the update would be pruned by Grappler, and
+        # with a loss layer the last stage's forwards with it.
         self.train_op = _TrainOp(self.loss, self.variables)
       self.build_seconds = time.time() - start
       self.num_ops = len(self.graph.get_operations())
@@ -217,10 +220,11 @@ class Step:
       options = tf.compat.v1.RunOptions(
           trace_level=tf.compat.v1.RunOptions.FULL_TRACE)
       start = time.time()
-      self.session.run(self.train_op, options=options, run_metadata=metadata)
+      self.session.run([self.train_op, self.loss], options=options,
+                       run_metadata=metadata)
       return time.time() - start, metadata
     start = time.time()
-    self.session.run(self.train_op)
+    self.session.run([self.train_op, self.loss])
     return time.time() - start
 
   def Close(self):
