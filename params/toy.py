@@ -20,6 +20,7 @@ from lingvo.core import py_utils
 from lingvo.core import schedule
 from tasks import dataset_input
 from tasks import dense
+from tasks.image import task as image_task
 
 
 class FlatDigitsInput(dataset_input.DatasetInput):
@@ -62,18 +63,22 @@ class ToyClassificationTask(base_model.BaseTask):
 
   def __init__(self, params):
     super().__init__(params)
-    self.CreateChild('network', self.params.network)
+    network = self.params.network.Copy()
+    # Each micro-batch's loss in the last stage: every schedule can run.
+    network.loss_tpl = image_task.ImageLossLayer.Params().Set(
+        num_classes=self.params.num_classes, label_smoothing=0.0)
+    self.CreateChild('network', network)
 
   def ComputePredictions(self, theta, input_batch):
-    """NestedMap(logits=[batch, num_classes])."""
-    return py_utils.NestedMap(
-        logits=self.network.FProp(theta.network, input_batch.features))
+    """NestedMap(logits=[batch, num_classes], xent=[batch], ...)."""
+    return self.network.FProp(
+        theta.network, input_batch.features,
+        targets=py_utils.NestedMap(label=input_batch.label))
 
   def ComputeLoss(self, theta, predictions, input_batch):
     """Mean cross entropy and accuracy, as Lingvo (value, weight) pairs."""
     labels = tf.cast(input_batch.label, tf.int32)
-    xent = tf.nn.sparse_softmax_cross_entropy_with_logits(
-        labels=labels, logits=predictions.logits)
+    xent = predictions.per_example_loss
     correct = tf.cast(
         tf.equal(tf.argmax(predictions.logits, -1, output_type=tf.int32),
                  labels), tf.float32)

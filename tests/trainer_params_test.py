@@ -64,6 +64,28 @@ class ModelSelectTest(test_utils.TestCase):
     model_select.SetStageDevices(cfg, workers, loop=True)
     self.assertEqual(workers * 2, pp.stage_devices)
 
+  def testScheduleOverridePlacesStagesForIt(self):
+    workers = ['/job:worker/replica:0/task:%d/device:CPU:0' % i
+               for i in range(2)]
+    cfg = model_select.ModelParams(TOY, 'Train')
+    model_select.SetPipelineShape(cfg, num_stages=4, schedule='zb_v')
+    model_select.SetStageDevices(cfg, workers)
+    # A V: stages 0 and 3 on worker 0, 1 and 2 on worker 1.
+    self.assertEqual([workers[i] for i in (0, 1, 1, 0)],
+                     cfg.task.network.stage_devices)
+    cfg = model_select.ModelParams(TOY, 'Train')
+    model_select.SetPipelineShape(cfg, num_stages=4,
+                                  schedule='interleaved_1f1b')
+    model_select.SetStageDevices(cfg, workers)
+    self.assertEqual(workers * 2, cfg.task.network.stage_devices)
+    cfg = model_select.ModelParams(TOY, 'Train')
+    model_select.SetPipelineShape(cfg, num_stages=3, schedule='zb_v')
+    with self.assertRaisesRegex(ValueError, "runs schedule 'zb_v'.*use an "
+                                'even --num_stages of at most 4'):
+      model_select.SetStageDevices(cfg, workers)
+    with self.assertRaisesRegex(ValueError, "unknown schedule 'fifo'"):
+      model_select.SetPipelineShape(cfg, schedule='fifo')
+
   def testTestInputIsAFinitePass(self):
     cfg = model_select.ModelParams(TOY, 'Test')
     self.assertFalse(cfg.input.repeat)

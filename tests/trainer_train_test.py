@@ -112,6 +112,27 @@ class TrainerTrainTest(test_utils.TestCase):
     self.assertIn('resumed from %s/ckpt-6 at step 6' % logdir, out)
     self.assertIn('eval Test at step 8 (ckpt-8, 360 examples)', out)
 
+  def testScheduleFlagRunsTheSameTrainingWithWTasks(self):
+    losses = {}
+    for schedule in ('gpipe', 'zb_h1'):
+      logdir = self.create_tempdir().full_path
+      code, out, err = RunInProcess(
+          model=TOY, logdir=logdir, max_steps=3, schedule=schedule,
+          log_every_n_steps=1, trace_every_n_steps=3, eval_after_train=False)
+      self.assertEqual(0, code, err)
+      self.assertIn('schedule %s' % schedule, out)
+      losses[schedule] = [r['loss'] for r in progress.ReadStepLog(
+          os.path.join(logdir, progress.STEP_LOG))]
+      with open(train_loop.TracePath(logdir, 3)) as f:
+        phases = {e['args']['phase'] for e in json.load(f)['traceEvents']
+                  if e['ph'] == 'X' and e['name'] != 'recompute'}
+      self.assertEqual(phases, {'F', 'B', 'W'} if schedule == 'zb_h1' else
+                       {'F', 'B'})
+      tags = summaries.Read(logdir)
+      self.assertIn('pipeline/bubble_fraction', tags)
+    # The same updates: only the order of the tasks differs.
+    self.assertAllClose(losses['gpipe'], losses['zb_h1'], rtol=1e-5)
+
   def testNonFiniteLossStopsAndKeepsLastGoodCheckpoint(self):
     for check_numerics in (True, False):
       logdir = self.create_tempdir().full_path
