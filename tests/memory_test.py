@@ -1,6 +1,9 @@
 """gpipe.memory: peak memory per device from a traced step."""
 
+import json
 import os
+import subprocess
+import sys
 
 # TensorFlow's default CPU allocator keeps no byte counts; its BFC allocator
 # does. Read when the process creates its first session, so set before any.
@@ -14,6 +17,7 @@ from gpipe import pipeline
 from lingvo import compat as tf
 from lingvo.core import py_utils
 from lingvo.core import test_utils
+from tests import schedule_memory_probe
 from tests import toy_layers
 
 CONFIG = tf.compat.v1.ConfigProto(device_count={'CPU': 2})
@@ -98,43 +102,28 @@ class MemoryTest(test_utils.TestCase):
   def testOneFOneBHoldsAtMostKMicroBatchesOnStageZero(self):
     # remat='never': each forward keeps its stage's activations until its
     # backward. GPipe runs all M forwards first; 1F1B starts micro-batch m's
-    # backward after K-1 more forwards, so stage 0 holds at most K.
-    k, m, rows, width, layers = 2, 8, 4096, 256, 8
-    per_micro_batch = (layers // k) * (rows // m) * width * 4  # 2 MiB
-    inputs = rows * width * 4
+    # backward after K-1 more forwards, so stage 0 holds at most K. Each
+    # schedule is measured in a fresh process (schedule_memory_probe).
+    probe = schedule_memory_probe
+    per_micro_batch = (probe.LAYERS // probe.K) * (
+        probe.ROWS // probe.M) * probe.WIDTH * 4  # 2 MiB
+    inputs = probe.ROWS * probe.WIDTH * 4
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, PYTHONPATH=root, TF_CPP_MIN_LOG_LEVEL='2')
     peaks = {}
-    # 1F1B first: a step traced after another session in this process can
-    # count more (never less); the bound under test is 1F1B's upper one.
-    for name in ('1f1b', 'gpipe'):
-      # A plain session: the test session turns graph rewrites off, which
-      # keeps extra buffers alive.
-      with tf.Graph().as_default(), tf.compat.v1.Session(
-          config=CONFIG) as sess:
-        net = pipeline.PipeliningLayer.Params().Set(
-            name='pipe_' + name, num_stages=k, num_micro_batches=m,
-            remat='never', schedule=name, stage_devices=DEVICES,
-            partition_cost='uniform',
-            loss_tpl=toy_layers.SquaredErrorLoss.Params(),
-            layers=[
-                toy_layers.DenseDropout.Params().Set(
-                    name='d%d' % i, input_dim=width, output_dim=width,
-                    keep_prob=1.0,
-                    params_init=py_utils.WeightInit.Gaussian(0.05, seed=i))
-                for i in range(layers)
-            ]).Instantiate()
-        x = tf.random.stateless_normal([rows, width], seed=[1, 2])
-        out = net.FProp(net.theta, x, targets=tf.zeros_like(x))
-        loss = tf.reduce_mean(out.per_example)
-        grads = tf.gradients(loss, net.vars.Flatten(),
-                             colocate_gradients_with_ops=True)
-        sess.run(tf.compat.v1.global_variables_initializer())
-        step = memory.PeakBytesPerDevice(_TracedStep(sess, grads))
-        (cpu0,) = [d for d in step if _Device(d, 0)]
-        peaks[name] = step[cpu0]
+    for name in ('gpipe', '1f1b'):
+      result = subprocess.run(
+          [sys.executable, '-m', 'tests.schedule_memory_probe', name],
+          cwd=root, env=env, capture_output=True, text=True, timeout=300,
+          check=False)
+      self.assertEqual(0, result.returncode, result.stderr[-2000:])
+      peaks[name] = json.loads(result.stdout.strip().splitlines()[-1])[
+          'peak_bytes']
     # GPipe: the input plus (nearly) all M micro-batches' activations.
-    self.assertGreater(peaks['gpipe'], inputs + (m - 2) * per_micro_batch)
+    self.assertGreater(peaks['gpipe'],
+                       inputs + (probe.M - 2) * per_micro_batch)
     # 1F1B: the input plus at most K (and one in-flight temporary).
-    self.assertLess(peaks['1f1b'], inputs + (k + 1) * per_micro_batch)
+    self.assertLess(peaks['1f1b'], inputs + (probe.K + 1) * per_micro_batch)
     self.assertLess(peaks['1f1b'], 0.5 * peaks['gpipe'])
 
   def testAllocatorWithoutCountsReportsNoTotal(self):

@@ -1,0 +1,58 @@
+"""Prints stage 0's peak step memory of a K=2, M=8 pipeline (one schedule).
+
+Run in a fresh process by memory_test: a step traced after other sessions in
+the same process can be counted larger, so each schedule is measured alone.
+Usage: python -m tests.schedule_memory_probe SCHEDULE
+"""
+
+import json
+import os
+import sys
+
+# TensorFlow's BFC allocator keeps the byte counts; set before any session.
+os.environ['TF_CPU_ALLOCATOR_USE_BFC'] = 'true'
+
+# pylint: disable=g-import-not-at-top,wrong-import-position
+from gpipe import lingvo_import  # pylint: disable=unused-import
+from gpipe import memory
+from gpipe import pipeline
+from lingvo import compat as tf
+from lingvo.core import py_utils
+from tests import toy_layers
+
+K, M, ROWS, WIDTH, LAYERS = 2, 8, 4096, 256, 8
+
+
+def Measure(name):
+  """Peak step bytes of CPU:0 (stage 0) with remat='never'."""
+  tf.compat.v1.disable_eager_execution()
+  config = tf.compat.v1.ConfigProto(device_count={'CPU': 2})
+  devices = ['/device:CPU:0', '/device:CPU:1']
+  with tf.Graph().as_default(), tf.compat.v1.Session(config=config) as sess:
+    net = pipeline.PipeliningLayer.Params().Set(
+        name='pipe', num_stages=K, num_micro_batches=M, remat='never',
+        schedule=name, stage_devices=devices, partition_cost='uniform',
+        loss_tpl=toy_layers.SquaredErrorLoss.Params(),
+        layers=[
+            toy_layers.DenseDropout.Params().Set(
+                name='d%d' % i, input_dim=WIDTH, output_dim=WIDTH,
+                keep_prob=1.0,
+                params_init=py_utils.WeightInit.Gaussian(0.05, seed=i))
+            for i in range(LAYERS)
+        ]).Instantiate()
+    x = tf.random.stateless_normal([ROWS, WIDTH], seed=[1, 2])
+    out = net.FProp(net.theta, x, targets=tf.zeros_like(x))
+    loss = tf.reduce_mean(out.per_example)
+    grads = tf.gradients(loss, net.vars.Flatten(),
+                         colocate_gradients_with_ops=True)
+    sess.run(tf.compat.v1.global_variables_initializer())
+    metadata = tf.compat.v1.RunMetadata()
+    sess.run([grads, loss], options=tf.compat.v1.RunOptions(
+        trace_level=tf.compat.v1.RunOptions.FULL_TRACE),
+             run_metadata=metadata)
+    step = memory.PeakBytesPerDevice(metadata)
+  return max(v for d, v in step.items() if d.endswith('device:CPU:0'))
+
+
+if __name__ == '__main__':
+  print(json.dumps({'peak_bytes': Measure(sys.argv[1])}))
