@@ -272,8 +272,10 @@ class PipeliningLayer(base_layer.BaseLayer):
       self._stage_fns[key] = fns
     return self._stage_fns[key]
 
-  def _NumMicroBatches(self, inputs):
+  def _NumMicroBatches(self, inputs, targets=None):
     p = self.params
+    if targets is not None:
+      inputs = tuple(inputs) + (targets,)
     batch = micro_batch.StaticBatchSize(inputs, p.batch_dim)
     return micro_batch.NumMicroBatches(batch, p.num_micro_batches,
                                        p.micro_batch_size)
@@ -320,8 +322,7 @@ class PipeliningLayer(base_layer.BaseLayer):
     """
     p = self.params
     self._CheckTargets(targets)
-    num_mb = self._NumMicroBatches(inputs + ((targets,) if targets is not None
-                                             else ()))
+    num_mb = self._NumMicroBatches(inputs, targets)
     spec = schedule.Spec(p.schedule)
     try:
       _, orders = schedule.Orders(p.schedule,
@@ -388,8 +389,7 @@ class PipeliningLayer(base_layer.BaseLayer):
     from gpipe import batch_norm  # pylint: disable=g-import-not-at-top
     p = self.params
     self._CheckTargets(targets)
-    num_mb = self._NumMicroBatches(inputs + ((targets,) if targets is not None
-                                             else ()))
+    num_mb = self._NumMicroBatches(inputs, targets)
     seeds = self._Seeds(num_mb)
     layers = [self.children[key] for key in self._keys]
     thetas = [theta[key] for key in self._keys]

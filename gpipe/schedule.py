@@ -568,8 +568,7 @@ def ZeroBubbleVOrders(num_devices, num_micro_batches, costs=None):
   """
   k = 2 * num_devices
   _CheckSizes(k, num_micro_batches)
-  devices = [min(s, k - 1 - s) for s in range(k)]
-  return _GreedyOrders(devices, num_micro_batches,
+  return _GreedyOrders(VPlacement(k), num_micro_batches,
                        {d: k for d in range(num_devices)},
                        {d: 2 * k for d in range(num_devices)}, costs)
 
@@ -593,6 +592,16 @@ def Spec(name):
     raise ValueError('unknown schedule %r; known schedules: %s' %
                      (name, ', '.join(SCHEDULES)))
   return SCHEDULES[name]
+
+
+def VPlacement(num_stages):
+  """ZB-V's placement: stage s on device min(s, K-1-s), K = 2D stages."""
+  return [min(s, num_stages - 1 - s) for s in range(num_stages)]
+
+
+def RoundRobinPlacement(num_stages, num_devices):
+  """Looped / interleaved placement: stage s on device s mod D."""
+  return [s % num_devices for s in range(num_stages)]
 
 
 def _Placement(stage_devices):
@@ -649,7 +658,7 @@ def Orders(name, stage_devices, num_micro_batches, costs=None):
     return devices, ZeroBubbleH1Orders(k, m, costs)
   if name == 'interleaved_1f1b':
     v = k // d
-    if k % d or where != [s % d for s in range(k)]:
+    if k % d or where != RoundRobinPlacement(k, d):
       raise ValueError(
           "schedule 'interleaved_1f1b' needs the stages round-robin over the "
           'devices, the same number on each (stage s on device s mod D), '
@@ -667,8 +676,7 @@ def Orders(name, stage_devices, num_micro_batches, costs=None):
         [Task(t.stage, t.micro_batch, t.phase) for t in order]
         for order in InterleavedOrders(d, v, m)]
   # zb_v
-  v_shape = [min(s, k - 1 - s) for s in range(k)]
-  if k % 2 or where != v_shape:
+  if k % 2 or where != VPlacement(k):
     raise ValueError(
         "schedule 'zb_v' needs two stages per device in a V: K=2D stages on "
         'D devices, stage_devices [d0, d1, ..., d(D-1), d(D-1), ..., d1, d0] '

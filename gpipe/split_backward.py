@@ -136,8 +136,6 @@ class _Piece:
     if not self.outputs:
       return tf.no_op()
     results = self.fn(*[env[t.ref()] for t in self.feeds])
-    if isinstance(results, tf.Operation):
-      return results
     results = list(results) if isinstance(results, (list, tuple)) else [
         results]
     for t, r in zip(self.outputs, results):

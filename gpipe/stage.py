@@ -163,15 +163,7 @@ class StageFunctions:
     """Flat theta and args of one call; traces the functions on first use."""
     theta_flat = theta.Flatten()
     if self.loss_layer is not None:
-      if targets is None:
-        raise ValueError(
-            'stage %d ends with the loss layer %s: FProp needs its targets '
-            '(PipeliningLayer.FProp(theta, *inputs, targets=...))' %
-            (self.index, self.loss_layer.path))
-      args = (args, targets)
-    elif targets is not None:
-      raise ValueError('targets were given but the pipeline has no loss_tpl '
-                       'to consume them')
+      args = (args, targets)  # PipeliningLayer checked they were given.
     args_flat = tf.nest.flatten(args)
     if self._num_diff_args is None:
       self._num_diff_args = len(tf.nest.flatten(

@@ -24,9 +24,9 @@ def Placement(name, k):
   """Stage devices (indices) for schedule `name` with K stages, or None."""
   if name == 'interleaved_1f1b':
     d = max(1, k // 2)  # v = 2 stages per device where K allows.
-    return [s % d for s in range(k)] if k > 1 else [0]
+    return schedule.RoundRobinPlacement(k, d)
   if name == 'zb_v':
-    return [min(s, k - 1 - s) for s in range(k)] if k % 2 == 0 else None
+    return schedule.VPlacement(k) if k % 2 == 0 else None
   return list(range(k))
 
 

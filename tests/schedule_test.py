@@ -132,10 +132,9 @@ class GPipeScheduleTest(test_utils.TestCase, parameterized.TestCase):
 def _Placement(name, num_devices):
   """Stage devices of `name` on D devices (2 stages per device if looped)."""
   if name == 'zb_v':
-    k = 2 * num_devices
-    return [min(s, k - 1 - s) for s in range(k)]
+    return schedule.VPlacement(2 * num_devices)
   if name == 'interleaved_1f1b':
-    return [s % num_devices for s in range(2 * num_devices)]
+    return schedule.RoundRobinPlacement(2 * num_devices, num_devices)
   return list(range(num_devices))
 
 

@@ -41,6 +41,7 @@ import time
 from gpipe import lingvo_import  # pylint: disable=unused-import
 from gpipe import local_cluster
 from gpipe import pipeline
+from gpipe import schedule
 from lingvo import compat as tf
 from lingvo.core import cluster_factory
 from lingvo.core import gpipe as lingvo_gpipe
@@ -153,9 +154,9 @@ class Step:
           # or, for zb_v, on device min(s, 2K-1-s) (a V).
           num_stages = c.num_stages * c.stages_per_device
           if c.schedule == 'zb_v':
-            where = [min(s, num_stages - 1 - s) for s in range(num_stages)]
+            where = schedule.VPlacement(num_stages)
           else:
-            where = [s % c.num_stages for s in range(num_stages)]
+            where = schedule.RoundRobinPlacement(num_stages, c.num_stages)
           p = pipeline.PipeliningLayer.Params().Set(
               name='pipe', layers=layers, num_stages=num_stages,
               stage_sizes=_EvenStageSizes(c.num_layers, num_stages),

@@ -33,10 +33,9 @@ MIB = float(1 << 20)
 
 
 def _Placement(name, v):
-  k = K * v
   if name == 'zb_v':
-    return [min(s, k - 1 - s) for s in range(k)]
-  return [s % K for s in range(k)]
+    return schedule.VPlacement(K * v)
+  return schedule.RoundRobinPlacement(K * v, K)
 
 
 def _Allowed(name, m, batch):

@@ -255,7 +255,7 @@ def SetStageDevices(cfg, devices, keep_explicit=False, loop=False):
             'in a V) but has %d stages for %d devices/workers: use an even '
             '--num_stages of at most %d' % (path, k, len(devices),
                                             2 * len(devices)))
-      pp.stage_devices = [devices[min(s, k - 1 - s)] for s in range(k)]
+      pp.stage_devices = [devices[d] for d in gpipe_schedule.VPlacement(k)]
       continue
     if loop or (pp.schedule == 'interleaved_1f1b' and len(devices) < k):
       pp.stage_devices = [devices[s % len(devices)] for s in range(k)]
