@@ -15,7 +15,10 @@ The public names, importable from the package itself::
   (gpipe.local_cluster);
 * ``PartitionByCost``, ``StageCut``: the cut into stages (gpipe.partition);
 * ``schedule``, ``timeline``: the pipeline schedules as pure functions, and
-  the measured timeline of a traced step.
+  the measured timeline of a traced step;
+* ``FromLingvo``: a Lingvo GPipe layer or stack (``lingvo.core.gpipe``,
+  ``layers_with_gpipe``) on this executor, same variables
+  (gpipe.lingvo_gpipe; docs/MIGRATING.md).
 """
 
 from gpipe import lingvo_import  # pylint: disable=unused-import  # must be first
@@ -23,6 +26,7 @@ from gpipe import lingvo_import  # pylint: disable=unused-import  # must be firs
 from gpipe import schedule
 from gpipe import timeline
 from gpipe.batch_norm import MicroBatchBatchNormLayer
+from gpipe.lingvo_gpipe import FromLingvo
 from gpipe.local_cluster import LocalCluster
 from gpipe.partition import PartitionByCost
 from gpipe.partition import StageCut
@@ -31,6 +35,6 @@ from gpipe.randomness import Dropout
 # pylint: enable=g-import-not-at-top,wrong-import-position
 
 __all__ = [
-    'Dropout', 'LocalCluster', 'MicroBatchBatchNormLayer', 'PartitionByCost',
+    'Dropout', 'FromLingvo', 'LocalCluster', 'MicroBatchBatchNormLayer', 'PartitionByCost',
     'PipeliningLayer', 'StageCut', 'schedule', 'timeline',
 ]

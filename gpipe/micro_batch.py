@@ -2,7 +2,9 @@
 
 Inputs may be a tensor, a tuple/list of tensors or a (nested) NestedMap; every
 tensor is split along the same batch dimension, which must be static: the
-stage functions are traced once for a fixed micro-batch shape.
+stage functions are traced once for a fixed micro-batch shape. ``None``
+entries (an optional input left out, as Lingvo layers take them) stay ``None``
+in every micro-batch and in the merged output.
 """
 
 from gpipe import lingvo_import  # pylint: disable=unused-import
@@ -23,9 +25,9 @@ def StaticBatchSize(inputs, batch_dim):
     ValueError: no tensors, a tensor of too low rank, an unknown static batch
       size, or tensors that disagree on it.
   """
-  flat = tf.nest.flatten(inputs)
+  flat = Present(inputs)
   if not flat:
-    raise ValueError('the pipeline got no input tensors')
+    raise ValueError('the pipeline got no input tensors (only None entries)')
   sizes = {}
   for t in flat:
     if t.shape.rank is None or t.shape.rank <= batch_dim:
@@ -47,13 +49,50 @@ def StaticBatchSize(inputs, batch_dim):
   return next(iter(sizes.values()))
 
 
+def Present(nest):
+  """The tensors of `nest` in flatten order, leaving out its None entries."""
+  return [t for t in tf.nest.flatten(nest) if t is not None]
+
+
+def Repack(nest, tensors):
+  """`nest` with its non-None leaves replaced by `tensors` (as `Present`)."""
+  tensors = iter(tensors)
+  return tf.nest.pack_sequence_as(
+      nest, [None if t is None else next(tensors)
+             for t in tf.nest.flatten(nest)])
+
+
 def NumMicroBatches(batch_size, num_micro_batches=None,
                     micro_batch_size=None):
-  """Resolves M from exactly one of `num_micro_batches`, `micro_batch_size`."""
-  given = [x for x in (num_micro_batches, micro_batch_size) if x]
-  if len(given) != 1:
+  """Resolves M from `num_micro_batches` and/or `micro_batch_size`.
+
+  Either may be given, or both when they agree (num_micro_batches x
+  micro_batch_size == batch_size), as Lingvo's PipeliningLayer accepts.
+
+  Args:
+    batch_size: the static mini-batch size.
+    num_micro_batches: M, or None.
+    micro_batch_size: examples per micro-batch, or None.
+
+  Returns:
+    M, an int.
+
+  Raises:
+    ValueError: neither given, or a count that does not divide the batch, or
+      both given and disagreeing.
+  """
+  if num_micro_batches and micro_batch_size:
+    if num_micro_batches * micro_batch_size != batch_size:
+      raise ValueError(
+          'num_micro_batches=%d and micro_batch_size=%d disagree with the '
+          'batch of %d (%d x %d != %d): set one of them, or both so that '
+          'their product is the batch' %
+          (num_micro_batches, micro_batch_size, batch_size,
+           num_micro_batches, micro_batch_size, batch_size))
+    return num_micro_batches
+  if not (num_micro_batches or micro_batch_size):
     raise ValueError(
-        'set exactly one of num_micro_batches and micro_batch_size (got '
+        'set num_micro_batches or micro_batch_size (got '
         'num_micro_batches=%s, micro_batch_size=%s)' %
         (num_micro_batches, micro_batch_size))
   if micro_batch_size:
@@ -76,9 +115,11 @@ def Split(inputs, num_micro_batches, batch_dim):
   flat = tf.nest.flatten(inputs)
   if num_micro_batches == 1:
     return [inputs]
-  parts = [tf.split(t, num_micro_batches, axis=batch_dim) for t in flat]
+  parts = [None if t is None else tf.split(t, num_micro_batches,
+                                           axis=batch_dim) for t in flat]
   return [
-      tf.nest.pack_sequence_as(inputs, [p[m] for p in parts])
+      tf.nest.pack_sequence_as(inputs,
+                               [None if p is None else p[m] for p in parts])
       for m in range(num_micro_batches)
   ]
 
@@ -89,6 +130,7 @@ def Merge(micro_batches, batch_dim):
     return micro_batches[0]
   flats = [tf.nest.flatten(mb) for mb in micro_batches]
   merged = [
+      None if flats[0][i] is None else
       tf.concat([f[i] for f in flats], axis=batch_dim)
       for i in range(len(flats[0]))
   ]

@@ -1,26 +1,19 @@
 """PipeliningLayer: GPipe's micro-batch pipeline as a Lingvo layer."""
 
 from gpipe import lingvo_import  # pylint: disable=unused-import
-from gpipe import micro_batch
+from gpipe import executor
 from gpipe import partition
-from gpipe import pipeline_tasks
-from gpipe import randomness
-from gpipe import schedule
-from gpipe import separability
-from gpipe import split_backward
-from gpipe import stage as stage_lib
 from lingvo import compat as tf
 from lingvo.core import base_layer
-from lingvo.core import py_utils
 
-REMAT_MODES = ('always', 'except_last', 'never')
+REMAT_MODES = executor.REMAT_MODES
 
 # The child (and variable scope) name of the loss layer (p.loss_tpl).
 LOSS_KEY = 'loss'
 
 
 
-class PipeliningLayer(base_layer.BaseLayer):
+class PipeliningLayer(executor.PipelineExecutor, base_layer.BaseLayer):
   """Runs a sequence of layers as a K-stage, M-micro-batch GPipe pipeline.
 
   The mini-batch is split into M micro-batches along ``batch_dim``. Stage k
@@ -96,11 +89,25 @@ class PipeliningLayer(base_layer.BaseLayer):
 
   Each stage is traced once into graph functions, and each micro-batch is one
   call: the graph holds K x M calls, not L x M copies of the layers.
+
+  Lingvo's ``lingvo.core.gpipe.PipeliningLayer`` params mean the same here:
+  ``cell_tpl`` (e.g. ``FeatureExtractionLayer`` cells, with
+  ``act_fetch_layers``), ``before_tpl``, ``num_micro_batches`` and/or
+  ``micro_batch_size``, ``batch_dim``, ``state_dtype``, ``nested_map_fprop``;
+  ``None`` inputs pass through as absent and Lingvo accumulators of the stage
+  layers are updated by every micro-batch. To keep a Lingvo GPipe layer or
+  stack (its variable names and checkpoints) and only change the executor,
+  see ``gpipe.lingvo_gpipe.FromLingvo`` and docs/MIGRATING.md.
   """
 
   @classmethod
   def Params(cls):
     p = super().Params()
+    p.Define(
+        'before_tpl', [],
+        'Layers run in sequence on the whole mini-batch, on the first '
+        "stage's device, before it is split into micro-batches (as "
+        "Lingvo's before_tpl). Each needs a name (its child name).")
     p.Define(
         'cell_tpl', None,
         'A list of K layer params, one per stage (each may be a sequential '
@@ -128,28 +135,22 @@ class PipeliningLayer(base_layer.BaseLayer):
         'num_micro_batches', None,
         'M: micro-batches per mini-batch (must divide the batch). More '
         'micro-batches shrink the bubble and the activation memory but add '
-        'a call per stage each. Set this or micro_batch_size, not both.')
+        'a call per stage each. Set this or micro_batch_size (or both, '
+        'when their product is the batch, as Lingvo allows).')
     p.Define('micro_batch_size', None,
              'Examples per micro-batch (M = batch / micro_batch_size).')
     p.Define('batch_dim', 0, 'The batch dimension of every input tensor.')
     p.Define(
-        'stage_devices', None,
-        'K device strings, one per stage: local CPUs/GPUs/TPU cores or '
-        "'/job:worker/replica:0/task:i/device:CPU:0' of TensorFlow's "
-        'distributed runtime. A device may hold several stages, e.g. '
-        '[d0, d1, d0, d1]: it runs them breadth-first, which shrinks the '
-        'bubble (see the class docstring). Default: the devices of the '
-        "current Lingvo cluster's model split.")
-    p.Define('remat', 'always',
-             "Re-materialization: 'always', 'except_last' or 'never' (see the "
-             'class docstring).')
+        'state_dtype', None,
+        'If set, the dtype every tensor handed from one stage to the next '
+        "must have (Lingvo's state_dtype); a stage output of another dtype "
+        'is an error. None: any dtypes.')
     p.Define(
-        'schedule', 'gpipe',
-        "The pipeline schedule, a name in gpipe.schedule.SCHEDULES: 'gpipe' "
-        "(fill-drain), '1f1b', 'interleaved_1f1b' (stage_devices round-robin, "
-        "e.g. [d0, d1, d0, d1]), 'zb_h1' (zero bubble, split backward) or "
-        "'zb_v' (zero bubble, stage_devices in a V: [d0, d1, d1, d0]). All "
-        "but 'gpipe' need loss_tpl (see the class docstring).")
+        'nested_map_fprop', False,
+        'As Lingvo: FProp takes exactly one NestedMap and every stage returns '
+        'one NestedMap (None entries pass through as absent). Without it '
+        'nests of any kind are accepted anyway.')
+    executor.DefineParams(p)
     p.Define(
         'loss_tpl', None,
         'Optional loss layer run at the end of the last stage on each '
@@ -161,31 +162,28 @@ class PipeliningLayer(base_layer.BaseLayer):
         'reduces the merged output (tf.reduce_mean, tf.reduce_sum). With it, '
         "micro-batch m's backward can start right after its forward: every "
         "schedule but 'gpipe' needs it.")
-    p.Define('seed', 0, 'Mixed into every micro-batch seed.')
     return p
 
   def __init__(self, params):
     super().__init__(params)
     p = self.params
-    if p.remat not in REMAT_MODES:
-      raise ValueError('%s: unknown remat %r; use one of %s' %
-                       (p.name, p.remat, ', '.join(REMAT_MODES)))
-    if p.schedule not in schedule.SCHEDULES:
-      raise ValueError('%s: unknown schedule %r; known: %s' %
-                       (p.name, p.schedule, ', '.join(schedule.SCHEDULES)))
-    if p.num_micro_batches and p.micro_batch_size:
-      raise ValueError(
-          '%s: set either num_micro_batches (%d) or micro_batch_size (%d), '
-          'not both' % (p.name, p.num_micro_batches, p.micro_batch_size))
+    executor.CheckParams(p)
     cut = partition.StageCut(p)
     self._layer_params = cut.layer_params
     self._stage_sizes = cut.sizes
     self._costs = cut.costs
     self._cost_name = cut.cost_name
     num_stages = len(self._stage_sizes)
-    self._devices = self._ResolveDevices(num_stages)
+    self._devices = executor.ResolveDevices(p, self.cluster, num_stages)
 
     self._keys = cut.child_keys
+    for i, lp in enumerate(p.before_tpl):
+      if not lp.name or lp.name in self._keys + [LOSS_KEY]:
+        raise ValueError(
+            '%s: before_tpl[%d] needs a name of its own (got %r; taken: %s)' %
+            (p.name, i, lp.name, ', '.join(self._keys + [LOSS_KEY])))
+      with tf.device(self._devices[0]):
+        self.CreateChild(lp.name, lp)
     start = 0
     for k, size in enumerate(self._stage_sizes):
       with tf.device(self._devices[k]):
@@ -204,26 +202,6 @@ class PipeliningLayer(base_layer.BaseLayer):
     # Traced stage functions per (eval mode, micro-batch input signature):
     # training and eval graphs, or another batch size, need their own traces.
     self._stage_fns = {}
-
-  def _ResolveDevices(self, num_stages):
-    p = self.params
-    if p.stage_devices:
-      if len(p.stage_devices) < num_stages:
-        raise ValueError(
-            '%s: %d stages but only %d stage_devices (%s): give one device '
-            'per stage or use fewer stages' %
-            (p.name, num_stages, len(p.stage_devices), p.stage_devices))
-      return list(p.stage_devices[:num_stages])
-    cluster = self.cluster
-    available = cluster.num_devices_per_split
-    if available < num_stages:
-      raise ValueError(
-          '%s: %d stages but the current Lingvo cluster has %d device(s) per '
-          'model split: set stage_devices, or run inside a cluster with '
-          'split_size >= %d (e.g. cluster_factory.ForTestingWorker(cpus=%d, '
-          'split_size=%d) with that many CPU devices)' %
-          (p.name, num_stages, available, num_stages, num_stages, num_stages))
-    return [cluster.WorkerDeviceInModelSplit(k) for k in range(num_stages)]
 
   @property
   def num_stages(self):
@@ -248,58 +226,14 @@ class PipeliningLayer(base_layer.BaseLayer):
     keys = self._keys[start:start + self._stage_sizes[k]]
     return keys, [self.children[key] for key in keys]
 
-  def _StageFns(self, micro_batch_inputs):
-    """The StageFunctions for this mode and micro-batch input signature."""
-    key = (self.do_eval, tuple(
-        (tuple(t.shape.as_list()), t.dtype.name)
-        for t in tf.nest.flatten(micro_batch_inputs)),
-           str(tf.nest.map_structure(lambda _: 0, micro_batch_inputs)))
-    if key not in self._stage_fns:
-      p = self.params
-      split = schedule.Spec(p.schedule).split_backward
-      cls = (split_backward.SplitStageFunctions if split else
-             stage_lib.StageFunctions)
-      fns = []
-      for k in range(self.num_stages):
-        keys, layers = self._StageLayers(k)
-        remat = p.remat == 'always' or (p.remat == 'except_last' and
-                                        k < self.num_stages - 1)
-        last = k == self.num_stages - 1 and p.loss_tpl is not None
-        fns.append(
-            cls(k, layers, keys, self._devices[k], remat,
-                loss_layer=self.children[LOSS_KEY] if last else None,
-                loss_key=LOSS_KEY if last else None))
-      self._stage_fns[key] = fns
-    return self._stage_fns[key]
+  def _BeforeLayers(self):
+    keys = [lp.name for lp in self.params.before_tpl]
+    return keys, [self.children[key] for key in keys]
 
-  def _NumMicroBatches(self, inputs, targets=None):
-    p = self.params
-    if targets is not None:
-      inputs = tuple(inputs) + (targets,)
-    batch = micro_batch.StaticBatchSize(inputs, p.batch_dim)
-    return micro_batch.NumMicroBatches(batch, p.num_micro_batches,
-                                       p.micro_batch_size)
-
-  def _Seeds(self, num_micro_batches):
-    step = py_utils.GetGlobalStep()
-    step = tf.constant(0, tf.int64) if step is None else step
-    return [
-        randomness.MicroBatchSeed(step, m, self.params.seed)
-        for m in range(num_micro_batches)
-    ]
-
-  @staticmethod
-  def _Unwrap(outputs):
-    return outputs[0] if len(outputs) == 1 else outputs
-
-  def _CheckTargets(self, targets):
-    p = self.params
-    if (p.loss_tpl is None) != (targets is None):
-      raise ValueError(
-          '%s: %s' % (p.name, 'pass the loss layer\'s targets: FProp(theta, '
-                      '*inputs, targets=...)' if targets is None else
-                      'FProp got targets but p.loss_tpl is not set: set a '
-                      'loss layer to consume them'))
+  def _LossLayer(self):
+    if self.params.loss_tpl is None:
+      return None, None
+    return LOSS_KEY, self.children[LOSS_KEY]
 
   def FProp(self, theta, *inputs, targets=None):
     """Runs the pipeline on a full mini-batch.
@@ -320,146 +254,4 @@ class PipeliningLayer(base_layer.BaseLayer):
         micro-batches, or (when gradients are taken) a loss that is not
         computed per micro-batch under a schedule that needs it.
     """
-    p = self.params
-    self._CheckTargets(targets)
-    num_mb = self._NumMicroBatches(inputs, targets)
-    spec = schedule.Spec(p.schedule)
-    try:
-      _, orders = schedule.Orders(p.schedule,
-                                  [_Canonical(d) for d in self._devices],
-                                  num_mb, schedule.RematCosts(
-                                      p.remat != 'never'))
-    except ValueError as e:
-      raise ValueError('%s: %s' % (p.name, e)) from None
-    registry = pipeline_tasks.TaskRegistry(orders)
-    weight_phase = (pipeline_tasks.WEIGHT if spec.split_backward else
-                    pipeline_tasks.BACKWARD)
-    check = None
-    if spec.per_micro_batch_loss:
-      check = separability.Checker(p.name, p.schedule, registry,
-                                   self.num_stages, num_mb,
-                                   p.loss_tpl is not None)
-    seeds = self._Seeds(num_mb)
-    with tf.device(self._devices[0]):
-      current = micro_batch.Split(tuple(inputs), num_mb, p.batch_dim)
-    split_targets = [None] * num_mb
-    if targets is not None:
-      with tf.device(self._devices[-1]):
-        split_targets = micro_batch.Split(targets, num_mb, p.batch_dim)
-    bn_stats = []
-    for fns in self._StageFns(current[0]):
-      theta_k = stage_lib.ReadTheta(stage_lib.NestedTheta(theta, fns.keys),
-                                    fns.device)
-      weight_order = [
-          t.micro_batch for order in orders for t in order
-          if t.stage == fns.index and t.phase == weight_phase
-      ]
-      thetas = stage_lib.AccumulationViews(theta_k, weight_order, fns.device)
-      last = fns.index == self.num_stages - 1
-      outs, stats = [], []
-      for m in range(num_mb):
-        out, st = fns.Call(
-            thetas[m], current[m], seeds[m], m, registry,
-            targets=split_targets[m] if last else None,
-            check_d_outputs=check.Check if (check and last) else None)
-        outs.append(out)
-        stats.append(st)
-      bn_stats += self._ApplyBatchNormUpdates(fns.stats_layers, stats,
-                                              fns.device)
-      current = outs
-    with tf.device(self._devices[-1]):
-      return self._Unwrap(
-          self._DependOn(micro_batch.Merge(current, p.batch_dim), bn_stats))
-
-  def FPropUnpipelined(self, theta, *inputs, targets=None):
-    """The reference: the same layers, micro-batches and randomness, inline.
-
-    Runs every micro-batch through all layers in the current device scope,
-    without graph functions, re-materialization or stages. Gradients of this
-    output equal those of FProp.
-
-    Args:
-      theta: this layer's theta.
-      *inputs: as for FProp.
-      targets: as for FProp.
-
-    Returns:
-      As FProp.
-    """
-    from gpipe import batch_norm  # pylint: disable=g-import-not-at-top
-    p = self.params
-    self._CheckTargets(targets)
-    num_mb = self._NumMicroBatches(inputs, targets)
-    seeds = self._Seeds(num_mb)
-    layers = [self.children[key] for key in self._keys]
-    thetas = [theta[key] for key in self._keys]
-    split_targets = [None] * num_mb
-    if targets is not None:
-      split_targets = micro_batch.Split(targets, num_mb, p.batch_dim)
-    outs, stats = [], []
-    layers_with_stats = []
-    for m, args in enumerate(micro_batch.Split(tuple(inputs), num_mb,
-                                               p.batch_dim)):
-      with randomness.MicroBatchSeedScope(seeds[m]):
-        with batch_norm.CollectStats() as collector:
-          out = stage_lib.ChainFProp(layers, thetas, args)
-          if targets is not None:
-            out = stage_lib.ChainFProp([self.children[LOSS_KEY]],
-                                       [theta[LOSS_KEY]],
-                                       tuple(out) + (split_targets[m],))
-          outs.append(out)
-      layers_with_stats = [layer for layer, _ in collector.reports]
-      stats.append([s for _, group in collector.reports for s in group])
-    bn_stats = self._ApplyBatchNormUpdates(layers_with_stats, stats, None)
-    return self._Unwrap(
-        self._DependOn(micro_batch.Merge(outs, p.batch_dim), bn_stats))
-
-  @staticmethod
-  def _ApplyBatchNormUpdates(layers, stats_per_micro_batch, device):
-    """Sums each layer's statistics over micro-batches; one update each.
-
-    Args:
-      layers: the batch-norm layers that reported statistics, in order.
-      stats_per_micro_batch: per micro-batch, the flat list of their
-        (count, sum, sum_sq).
-      device: where to add them up (the stage's device).
-
-    Returns:
-      The mini-batch statistics the updates assign from.
-    """
-    summaries = []
-    with tf.device(device):
-      for i, layer in enumerate(layers):
-        summed = [
-            tf.add_n([stats[3 * i + j] for stats in stats_per_micro_batch])
-            for j in range(3)
-        ]
-        summaries += layer.AccumulatedUpdates(*summed)
-    return summaries
-
-  @staticmethod
-  def _DependOn(outputs, stats):
-    """`outputs`, computed only once the batch-norm statistics exist.
-
-    Lingvo's train op runs the batch-norm updates whose statistics the loss
-    depends on (py_utils.FindRelevantBatchNormUpdates). The statistics are
-    summed outside the stage calls, so a control dependency of the outputs on
-    them makes the updates count as part of the loss's computation. It costs
-    nothing: the last stage's outputs are ready after every stage's forward.
-
-    Args:
-      outputs: the merged outputs (a tuple nest of tensors).
-      stats: the statistic tensors.
-
-    Returns:
-      `outputs` through identities that depend on `stats`.
-    """
-    if not stats:
-      return outputs
-    with tf.control_dependencies(stats):
-      return tf.nest.map_structure(tf.identity, outputs)
-
-
-def _Canonical(device):
-  """One spelling per device, so repeated stage devices compare equal."""
-  return tf.DeviceSpec.from_string(device or '').to_string()
+    return self._RunPipeline(theta, inputs, targets)

@@ -30,6 +30,7 @@ loop's) stays whole in B.
 """
 
 from gpipe import lingvo_import  # pylint: disable=unused-import
+from gpipe import micro_batch as micro_batch_lib
 from gpipe import pipeline_tasks
 from gpipe import stage as stage_lib
 from lingvo import compat as tf
@@ -129,18 +130,20 @@ class _Piece:
     """Calls the function on env[feed]s; adds its outputs to env.
 
     Returns:
-      The op that stands for the task in the schedule's order: the call op,
-      or a no-op when the piece has nothing to compute (e.g. W of a stage
-      without weights), so the device's chain of tasks stays unbroken.
+      (op, results): the op that stands for the task in the schedule's order
+      (the call op, or a no-op when the piece has nothing to compute, e.g. W
+      of a stage without weights, so the device's chain of tasks stays
+      unbroken) and the call's outputs in the order of `outputs` (a tensor
+      listed twice, e.g. a stage output that W also reads, is two outputs).
     """
     if not self.outputs:
-      return tf.no_op()
+      return tf.no_op(), []
     results = self.fn(*[env[t.ref()] for t in self.feeds])
     results = list(results) if isinstance(results, (list, tuple)) else [
         results]
     for t, r in zip(self.outputs, results):
-      env[t.ref()] = r
-    return results[0].op
+      env.setdefault(t.ref(), r)
+    return results[0].op, results
 
 
 class SplitStageFunctions(stage_lib.StageFunctions):
@@ -148,9 +151,10 @@ class SplitStageFunctions(stage_lib.StageFunctions):
 
   BUILD_BACKWARD = False
 
-  def _Build(self, theta_flat, args_flat):
-    super()._Build(theta_flat, args_flat)  # Output structure, float args.
-    out_flat = tf.nest.flatten(self._out_struct)
+  def _Build(self, theta_flat, args_flat, acc_flat):
+    # Output structure, float args.
+    super()._Build(theta_flat, args_flat, acc_flat)
+    out_flat = micro_batch_lib.Present(self._out_struct)
     theta_specs = stage_lib.Specs(theta_flat)
     arg_specs = stage_lib.Specs(args_flat)
     seed_spec = tf.TensorSpec([2], tf.int64)
@@ -158,8 +162,9 @@ class SplitStageFunctions(stage_lib.StageFunctions):
                    for i in self._float_outs]
     g = {}
 
-    def Full(theta_ph, args_ph, seed_ph, d_outs_ph):
-      outs, stats = self._Body(theta_ph, args_ph, seed_ph, True)
+    def Full(theta_ph, args_ph, seed_ph, acc_ph, step_ph, d_outs_ph):
+      outs, stats, acc_out = self._Body(theta_ph, args_ph, seed_ph, step_ph,
+                                        True, acc_in=acc_ph)
       ys = [outs[i] for i in self._float_outs]
       xs = list(theta_ph) + [args_ph[i] for i in self._float_args]
       grads = tf.gradients(ys, xs, grad_ys=list(d_outs_ph),
@@ -168,20 +173,23 @@ class SplitStageFunctions(stage_lib.StageFunctions):
       grads = [tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices)
                else g for g in grads]
       g.update(theta=list(theta_ph), args=list(args_ph), seed=seed_ph,
+               step=step_ph, acc_in=list(acc_ph), acc_out=acc_out,
                d_outs=list(d_outs_ph), outs=outs, stats=stats,
                d_theta=grads[:len(theta_ph)], d_args=grads[len(theta_ph):])
-      return outs + stats + grads
+      return outs + stats + acc_out + grads
 
     full = tf.function(Full, autograph=False).get_concrete_function(
-        theta_specs, arg_specs, seed_spec, d_out_specs)
+        theta_specs, arg_specs, seed_spec, stage_lib.Specs(acc_flat),
+        stage_lib.STEP_SPEC, d_out_specs)
     graph = full.graph
     self._g = g
     self._captures = [(internal, external)
                       for external, internal in graph.captures]
-    placeholders = (g['theta'] + g['args'] + [g['seed']] + g['d_outs'] +
+    placeholders = (g['theta'] + g['args'] + [g['seed']] + g['acc_in'] +
+                    [g['step']] + g['d_outs'] +
                     [internal for internal, _ in self._captures])
     stop = {t.op for t in placeholders}
-    forward = _Ancestors(g['outs'] + g['stats'], stop)
+    forward = _Ancestors(g['outs'] + g['stats'] + g['acc_out'], stop)
     input_grad = _Ancestors(g['d_args'], stop)
     weight = _Ancestors(g['d_theta'], stop) - input_grad - forward
     w_feeds = _Unique(_BoundaryInputs(weight) +
@@ -203,14 +211,14 @@ class SplitStageFunctions(stage_lib.StageFunctions):
       f_saved = _Unique(Produced(_BoundaryInputs(b_ops), forward) +
                         Produced(b_targets, forward) +
                         Produced(w_feeds, forward))
-    f_targets = _Unique(g['outs'] + g['stats'] + f_saved)
+    f_targets = _Unique(g['outs'] + g['stats'] + g['acc_out'] + f_saved)
     f_ops = _Ancestors(f_targets, stop)
     self._num_stats = len(g['stats'])
     self._pieces = {}
     self._pieces['F'] = _Piece(
         'F', graph, f_ops,
         _Unique(_BoundaryInputs(f_ops) + Produced(f_targets, stop)),
-        g['outs'] + g['stats'] + f_saved)
+        g['outs'] + g['stats'] + g['acc_out'] + f_saved)
     self._pieces['B'] = _Piece(
         'B', graph, b_ops,
         _Unique(_BoundaryInputs(b_ops) + [t for t in b_targets
@@ -222,18 +230,22 @@ class SplitStageFunctions(stage_lib.StageFunctions):
                                            if t.op not in weight]),
         g['d_theta'])
 
-  def Call(self, theta, args, seed, micro_batch, registry, targets=None,
-           check_d_outputs=None):
+  def Call(self, theta, args, seed, step, micro_batch, registry,
+           targets=None, check_d_outputs=None, accumulator_values=()):
     """Runs the stage on one micro-batch as tasks F, then B and W.
 
     Args and returns as ``StageFunctions.Call``; the backward of the call is
     two tasks, registered as phases 'B' and 'W'.
     """
-    theta_flat, args_flat = self._Prepare(theta, args, targets)
+    accumulator_values = list(accumulator_values)
+    theta_flat, args_flat = self._Prepare(theta, args, targets,
+                                          accumulator_values)
     g = self._g
     env = {}
-    for placeholder, value in zip(g['theta'] + g['args'] + [g['seed']],
-                                  list(theta_flat) + list(args_flat) + [seed]):
+    for placeholder, value in zip(
+        g['theta'] + g['args'] + [g['seed']] + g['acc_in'] + [g['step']],
+        list(theta_flat) + list(args_flat) + [seed] + accumulator_values +
+        [step]):
       env[placeholder.ref()] = value
     for internal, external in self._captures:
       env[internal.ref()] = external
@@ -243,11 +255,11 @@ class SplitStageFunctions(stage_lib.StageFunctions):
       with tf.name_scope(pipeline_tasks.OpScope(self.index, phase,
                                                 micro_batch)):
         with tf.device(self.device):
-          op = self._pieces[phase].Call(env)
+          op, results = self._pieces[phase].Call(env)
       registry.Register(task, [op])
-      return op
+      return op, results
 
-    call_op = Run(pipeline_tasks.FORWARD)
+    call_op, results = Run(pipeline_tasks.FORWARD)
     forward = self._pieces['F']
     feeds = forward.feeds
     grad_of = {}
@@ -270,6 +282,10 @@ class SplitStageFunctions(stage_lib.StageFunctions):
       return grads + [None] * (len(op.inputs) - len(feeds))
 
     call_op._gradient_function = Gradient  # pylint: disable=protected-access
-    outs = tf.nest.pack_sequence_as(
-        self._out_struct, [env[t.ref()] for t in g['outs']])
-    return outs, [env[t.ref()] for t in g['stats']]
+    # Positionally: the gradient function's d_results follow the call's
+    # outputs, and an output may also be listed again (saved for B or W).
+    num_outs, num_stats = len(g['outs']), len(g['stats'])
+    outs = micro_batch_lib.Repack(self._out_struct, results[:num_outs])
+    return (outs, results[num_outs:num_outs + num_stats],
+            results[num_outs + num_stats:num_outs + num_stats +
+                    len(g['acc_out'])])

@@ -4,8 +4,10 @@ A stage is a run of consecutive layers on one device. ``StageFunctions``
 traces it into (at most) two ``tf.function`` concrete functions, once per
 stage whatever the number of micro-batches:
 
-  * ``forward(theta, inputs, seed) -> outputs + batch-norm statistics``;
-  * ``backward(theta, inputs, seed, d_outputs) -> d_theta, d_inputs``, which
+  * ``forward(theta, inputs, seed, accumulators, step) -> outputs +
+    batch-norm statistics + accumulators``;
+  * ``backward(theta, inputs, seed, step, d_outputs) -> d_theta, d_inputs``,
+    which
     recomputes the forward pass from the stage's boundary input and
     differentiates it (re-materialization).
 
@@ -16,10 +18,28 @@ function of each forward call op, so ordinary ``tf.gradients`` through the
 pipeline uses the recomputing backward function. Without re-materialization
 the backward op is TensorFlow's own gradient of the forward call (which makes
 the forward call keep every intermediate activation).
+
+``None`` entries among a stage's inputs and outputs (Lingvo layers return
+tuples with absent parts) are not function arguments: they stay ``None``.
+
+Inside a stage, ``py_utils.GetGlobalStep()`` is the ``step`` argument (the
+global step, read once per stage on its device): Lingvo layers read it (e.g.
+for their step seeds), and a function cannot read a variable that lives in
+another worker process.
+
+Lingvo accumulators of the stage's layers (``layer.accumulators``) are
+threaded through the forward calls: micro-batch m's call starts from the value
+micro-batch m-1's call left, so after the pipeline each accumulator holds what
+Lingvo's own GPipe loop leaves (every micro-batch's updates, in order). The
+recomputed forward of a backward task runs with accumulators disabled, as
+Lingvo computes gradients.
 """
+
+import contextlib
 
 from gpipe import lingvo_import  # pylint: disable=unused-import
 from gpipe import batch_norm
+from gpipe import micro_batch as micro_batch_lib
 from gpipe import pipeline_tasks
 from gpipe import randomness
 from lingvo import compat as tf
@@ -55,9 +75,57 @@ def ChainFProp(layers, thetas, args):
   return args
 
 
+STEP_SPEC = tf.TensorSpec([], tf.int64)
+
+
+def StepOnDevice(device):
+  """The global step (0 without one) as an int64 scalar read on `device`."""
+  step = py_utils.GetGlobalStep()
+  with tf.device(device):
+    if step is None:
+      return tf.constant(0, tf.int64)
+    return tf.cast(tf.identity(step), tf.int64)
+
+
 def Specs(tensors):
   """TensorSpecs of `tensors` (shape and dtype)."""
   return [tf.TensorSpec(t.shape, t.dtype) for t in tensors]
+
+
+def Accumulators(layers):
+  """The Lingvo accumulators of `layers` and their children, in order."""
+  return [acc for layer in layers for acc in layer.accumulators.Flatten()]
+
+
+@contextlib.contextmanager
+def TracedAccumulators(accumulators, values):
+  """Inside a function trace: `accumulators` start from `values`.
+
+  The Python accumulator objects would otherwise keep tensors of the function
+  graph after the trace (which the outer graph cannot use). Their values are
+  restored on exit.
+
+  Args:
+    accumulators: Lingvo Accumulator objects.
+    values: their starting values (tensors of the traced graph), or None to
+      disable them (a recomputation must not count twice).
+
+  Yields:
+    Nothing.
+  """
+  saved = [acc._value for acc in accumulators]  # pylint: disable=protected-access
+  for i, acc in enumerate(accumulators):
+    if values is None:
+      acc.Disable()
+    else:
+      acc.SetValue(values[i])
+  try:
+    yield
+  finally:
+    for acc, value in zip(accumulators, saved):
+      if values is None:
+        acc.Enable()
+      acc._value = value  # pylint: disable=protected-access
 
 
 class StageFunctions:
@@ -95,12 +163,32 @@ class StageFunctions:
     self._arg_struct = None
     self._out_struct = None
     self.stats_layers = []
+    self.accumulators = Accumulators(
+        layers + ([loss_layer] if loss_layer is not None else []))
 
-  def _Body(self, theta_flat, args_flat, seed, collect_stats):
-    """The stage's forward computation inside a function trace."""
+  def _Body(self, theta_flat, args_flat, seed, step, collect_stats,
+            acc_in=None):
+    """The stage's forward computation inside a function trace.
+
+    Args:
+      theta_flat: the flat theta placeholders.
+      args_flat: the flat (non-None) input placeholders.
+      seed: the micro-batch seed placeholder.
+      step: the global step placeholder (int64 scalar).
+      collect_stats: whether this trace defines the output structure and the
+        batch-norm layers (the forward trace).
+      acc_in: the accumulators' starting values, or None to disable them.
+
+    Returns:
+      (outputs, stats, acc_out): the flat non-None outputs, the batch-norm
+      statistics and the accumulators' values after the stage ([] if
+      disabled).
+    """
     theta = self._theta_struct.Pack(list(theta_flat))
-    args = tf.nest.pack_sequence_as(self._arg_struct, list(args_flat))
-    with tf.device(self.device), randomness.MicroBatchSeedScope(seed):
+    args = micro_batch_lib.Repack(self._arg_struct, list(args_flat))
+    with tf.device(self.device), randomness.MicroBatchSeedScope(seed), \
+        TracedAccumulators(self.accumulators, acc_in), \
+        py_utils.GlobalStepContext(step):
       with batch_norm.CollectStats() as collector:
         if self.loss_layer is None:
           outs = ChainFProp(self.layers, [theta[k] for k in self.keys], args)
@@ -110,27 +198,30 @@ class StageFunctions:
                             [theta[k] for k in self._layer_keys], args)
           outs = ChainFProp([self.loss_layer], [theta[self._loss_key]],
                             tuple(outs) + (targets,))
+      acc_out = ([acc.GetValue() for acc in self.accumulators]
+                 if acc_in is not None else [])
     if collect_stats:
       self._out_struct = outs
       self.stats_layers = [layer for layer, _ in collector.reports]
     stats = [s for _, group in collector.reports for s in group]
-    return list(tf.nest.flatten(outs)), stats
+    return micro_batch_lib.Present(outs), stats, acc_out
 
-  def _Build(self, theta_flat, args_flat):
+  def _Build(self, theta_flat, args_flat, acc_flat):
     """Traces the forward (and recomputing backward) function once."""
     theta_specs = Specs(theta_flat)
     arg_specs = Specs(args_flat)
     seed_spec = tf.TensorSpec([2], tf.int64)
 
-    def Forward(theta_flat, args_flat, seed):
-      outs, stats = self._Body(theta_flat, args_flat, seed, True)
-      return outs + stats
+    def Forward(theta_flat, args_flat, seed, acc_flat, step):
+      outs, stats, acc_out = self._Body(theta_flat, args_flat, seed, step,
+                                        True, acc_in=acc_flat)
+      return outs + stats + acc_out
 
     self._forward = tf.function(
         Forward, autograph=False,
         experimental_attributes=NO_INLINE).get_concrete_function(
-        theta_specs, arg_specs, seed_spec)
-    out_flat = tf.nest.flatten(self._out_struct)
+        theta_specs, arg_specs, seed_spec, Specs(acc_flat), STEP_SPEC)
+    out_flat = micro_batch_lib.Present(self._out_struct)
     self._float_outs = [i for i, t in enumerate(out_flat) if t.dtype.is_floating]
     # Only the stage inputs are differentiated, not a loss layer's targets.
     self._float_args = [
@@ -140,10 +231,10 @@ class StageFunctions:
     if not self.remat or not self.BUILD_BACKWARD:
       return
 
-    def Backward(theta_flat, args_flat, seed, d_outs):
+    def Backward(theta_flat, args_flat, seed, step, d_outs):
       # The name scope lets execution traces tell recomputation apart.
       with tf.name_scope(RECOMPUTE_SCOPE):
-        outs, _ = self._Body(theta_flat, args_flat, seed, False)
+        outs, _, _ = self._Body(theta_flat, args_flat, seed, step, False)
       ys = [outs[i] for i in self._float_outs]
       xs = list(theta_flat) + [args_flat[i] for i in self._float_args]
       return tf.gradients(
@@ -157,30 +248,37 @@ class StageFunctions:
     self._backward = tf.function(
         Backward, autograph=False,
         experimental_attributes=NO_INLINE).get_concrete_function(
-            theta_specs, arg_specs, seed_spec, d_out_specs)
+            theta_specs, arg_specs, seed_spec, STEP_SPEC, d_out_specs)
 
-  def _Prepare(self, theta, args, targets):
+  def _Prepare(self, theta, args, targets, acc_values):
     """Flat theta and args of one call; traces the functions on first use."""
     theta_flat = theta.Flatten()
     if self.loss_layer is not None:
       args = (args, targets)  # PipeliningLayer checked they were given.
-    args_flat = tf.nest.flatten(args)
+    args_flat = micro_batch_lib.Present(args)
     if self._num_diff_args is None:
-      self._num_diff_args = len(tf.nest.flatten(
+      self._num_diff_args = len(micro_batch_lib.Present(
           args[0] if self.loss_layer is not None else args))
       self._theta_struct = theta
       self._arg_struct = args
-      self._Build(theta_flat, args_flat)
+      self._Build(theta_flat, args_flat, acc_values)
     return theta_flat, args_flat
 
-  def Call(self, theta, args, seed, micro_batch, registry, targets=None,
-           check_d_outputs=None):
+  def InitialAccumulatorValues(self):
+    """The accumulators' values before the first call (outer graph)."""
+    with tf.device(self.device):
+      return [acc.GetValue() for acc in self.accumulators]
+
+  def Call(self, theta, args, seed, step, micro_batch, registry,
+           targets=None, check_d_outputs=None, accumulator_values=()):
     """Runs the stage on one micro-batch.
 
     Args:
       theta: this stage's NestedMap {key: layer theta} of tensors on device.
       args: the micro-batch inputs (a tuple nest of tensors).
       seed: the micro-batch seed, an int64 [2] tensor.
+      step: the global step as an int64 scalar on this stage's device
+        (StepOnDevice).
       micro_batch: the micro-batch index m (for op names and ordering).
       registry: the pipeline_tasks.TaskRegistry that orders the ops of this
         stage's forward (F) and backward (B, W) tasks.
@@ -188,17 +286,24 @@ class StageFunctions:
         layer only).
       check_d_outputs: optional function(micro_batch, d_outputs) called with
         the gradients of the outputs before the backward task is built.
+      accumulator_values: the accumulators' values before this call (from
+        InitialAccumulatorValues or the previous call).
 
     Returns:
-      (outputs, stats): the stage outputs (a tuple nest) and the flat list of
-      batch-norm statistics (count, sum, sum_sq per reporting layer).
+      (outputs, stats, accumulator_values): the stage outputs (a tuple nest),
+      the flat list of batch-norm statistics (count, sum, sum_sq per
+      reporting layer) and the accumulators' values after this call.
     """
-    theta_flat, args_flat = self._Prepare(theta, args, targets)
+    accumulator_values = list(accumulator_values)
+    theta_flat, args_flat = self._Prepare(theta, args, targets,
+                                          accumulator_values)
     num_theta, num_args = len(theta_flat), len(args_flat)
-    num_outs = len(tf.nest.flatten(self._out_struct))
+    num_outs = len(micro_batch_lib.Present(self._out_struct))
+    num_stats = len(self._forward.outputs) - num_outs - len(accumulator_values)
     with tf.name_scope(pipeline_tasks.OpScope(self.index, 'F', micro_batch)):
       with tf.device(self.device):
-        results = self._forward(theta_flat, args_flat, seed)
+        results = self._forward(theta_flat, args_flat, seed,
+                                accumulator_values, step)
     results = list(results) if isinstance(results, (list, tuple)) else [
         results
     ]
@@ -218,7 +323,7 @@ class StageFunctions:
       with tf.name_scope(pipeline_tasks.OpScope(self.index, 'B', micro_batch)):
         with tf.device(self.device):
           if self.remat:
-            grads = self._backward(theta_flat, args_flat, seed, d_outs)
+            grads = self._backward(theta_flat, args_flat, seed, step, d_outs)
             grads = list(grads) if isinstance(grads, (list, tuple)) else [grads]
             ops = [grads[0].op] if grads else []
           else:
@@ -233,13 +338,15 @@ class StageFunctions:
       d_args = [None] * num_args
       for j, i in enumerate(self._float_args):
         d_args[i] = grads[num_theta + j]
-      # Inputs: theta, args, seed, then any tensors the function captured.
+      # Inputs: theta, args, seed, accumulators, step, then any tensors the
+      # function captured.
       extra = len(op.inputs) - num_theta - num_args
       return list(grads[:num_theta]) + d_args + [None] * extra
 
     call_op._gradient_function = Gradient  # pylint: disable=protected-access
-    outs = tf.nest.pack_sequence_as(self._out_struct, results[:num_outs])
-    return outs, list(results[num_outs:])
+    outs = micro_batch_lib.Repack(self._out_struct, results[:num_outs])
+    return (outs, list(results[num_outs:num_outs + num_stats]),
+            list(results[num_outs + num_stats:]))
 
 
 def AccumulationViews(theta, backward_order, device):

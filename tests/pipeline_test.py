@@ -354,15 +354,25 @@ class ErrorsTest(test_utils.TestCase):
                                   'batch 30 is not divisible by 4 micro'):
         net.FProp(net.theta, tf.zeros([30, 8], tf.float64))
 
-  def testBothMicroBatchCountAndSize(self):
+  def testMicroBatchCountAndSizeMustAgree(self):
     with tf.Graph().as_default():
-      with self.assertRaisesRegex(ValueError, 'not both'):
-        _Pipeline(_DenseLayers(2), 2, 4, micro_batch_size=2)
+      net = _Pipeline(_DenseLayers(2), 2, 4, micro_batch_size=3)
+      with self.assertRaisesRegex(
+          ValueError, 'num_micro_batches=4 and micro_batch_size=3 disagree '
+          'with the batch of 8'):
+        net.FProp(net.theta, tf.zeros([8, 8], tf.float64))
+    with tf.Graph().as_default():
+      # Both given and agreeing (as Lingvo accepts): 4 micro-batches of 2.
+      net = _Pipeline(_DenseLayers(2), 2, 4, micro_batch_size=2)
+      net.FProp(net.theta, tf.zeros([8, 8], tf.float64))
+      calls = [op for op in tf.get_default_graph().get_operations()
+               if op.type == 'PartitionedCall']
+      self.assertLen(calls, 2 * 4)
 
   def testNeitherMicroBatchCountNorSize(self):
     with tf.Graph().as_default():
       net = _Pipeline(_DenseLayers(2), 2)
-      with self.assertRaisesRegex(ValueError, 'exactly one of'):
+      with self.assertRaisesRegex(ValueError, 'set num_micro_batches or'):
         net.FProp(net.theta, tf.zeros([8, 8], tf.float64))
 
   def testMoreStagesThanLayers(self):

@@ -39,7 +39,9 @@ def _Parser():
   p = sub.add_parser('throughput', help=throughput.Throughput.__doc__)
   Common(p)
   p.add_argument('--models', default='',
-                 help='comma-separated subset of transformer,amoeba')
+                 help='comma-separated subset of transformer,amoeba,'
+                 'lingvo_stack (Lingvo\'s GPipeTransformerStack on both '
+                 'executors)')
   p.add_argument('--micro_batches', default='1,4,8,32')
   p.add_argument('--lingvo_micro_batches', default='',
                  help="M values for Lingvo's GPipe (default: --micro_batches)")
@@ -78,7 +80,9 @@ def _Parser():
   p = sub.add_parser('schedules', help=schedules.Schedules.__doc__)
   Common(p)
   p.add_argument('--models', default='',
-                 help='comma-separated subset of transformer,amoeba')
+                 help='comma-separated subset of transformer,amoeba,'
+                 'lingvo_stack (Lingvo\'s GPipeTransformerStack on both '
+                 'executors)')
   p.add_argument('--micro_batches', default='1,2,4,8,16,32')
   p.add_argument('--remat', default='always', choices=pipeline.REMAT_MODES)
   p.add_argument('--steps', type=int, default=5, help='timed rounds')

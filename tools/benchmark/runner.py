@@ -47,6 +47,7 @@ from lingvo.core import cluster_factory
 from lingvo.core import gpipe as lingvo_gpipe
 from lingvo.core import py_utils
 import numpy as np
+from tools.benchmark import lingvo_stack
 from tools.benchmark import models
 
 IMPLS = ('gpipe', 'inline', 'lingvo', 'plain')
@@ -119,7 +120,11 @@ def _TrainOp(loss, variables, lr=1e-4):
   grads = tf.gradients(loss, variables, colocate_gradients_with_ops=True)
   updates = []
   for v, g in zip(variables, grads):
+    if g is None:
+      continue
     with tf.compat.v1.colocate_with(v):
+      if isinstance(g, tf.IndexedSlices):  # an embedding's gradient
+        g = tf.convert_to_tensor(g)
       updates.append(tf.compat.v1.assign_sub(v, lr * g).op)
   return tf.group(*updates)
 
@@ -137,9 +142,13 @@ class Step:
     """
     self.config = config
     c = config
+    self._target = target
     self.graph = tf.Graph()
     start = time.time()
     with self.graph.as_default():
+      if c.model == lingvo_stack.MODEL:
+        self._BuildLingvoStack(c, devices)
+        return
       layers = models.ModelLayers(c.model, c.num_layers, c.width)
       shape = models.InputShape(c.model, c.batch, c.width)
       first = devices[0]
@@ -208,11 +217,24 @@ class Step:
         # loss only grouped with the update would be pruned by Grappler, and
         # with a loss layer the last stage's forwards with it.
         self.train_op = _TrainOp(self.loss, self.variables)
-      self.build_seconds = time.time() - start
-      self.num_ops = len(self.graph.get_operations())
-      self.session = tf.compat.v1.Session(target, graph=self.graph)
-      self.session.run(tf.compat.v1.global_variables_initializer())
+      self._Finish(start, target)
+
+  def _Finish(self, start, target):
+    self.build_seconds = time.time() - start
+    self.num_ops = len(self.graph.get_operations())
+    self.session = tf.compat.v1.Session(target, graph=self.graph)
+    self.session.run(tf.compat.v1.global_variables_initializer())
     self.times = []
+
+  def _BuildLingvoStack(self, c, devices):
+    """Lingvo's GPipeTransformerStack on its executor or ours."""
+    start = time.time()
+    with tf.compat.v1.variable_scope(c.scope):
+      net, self.loss = lingvo_stack.Build(c, devices[:c.num_stages],
+                                          _LingvoCluster)
+      self.variables = net.vars.Flatten()
+      self.train_op = _TrainOp(self.loss, self.variables)
+    self._Finish(start, self._target)
 
   def Run(self, trace=False):
     """Runs one training step; returns seconds (and RunMetadata if traced)."""

@@ -6,6 +6,7 @@ needs, interleaved in one run, and reports the speed-ups over our K=1, M=1
 (the paper's Table 2) with a headline paragraph.
 """
 
+from tools.benchmark import lingvo_stack
 from tools.benchmark import report
 from tools.benchmark import runner as runner_lib
 
@@ -14,11 +15,17 @@ from tools.benchmark import runner as runner_lib
 THROUGHPUT_MODELS = {
     'transformer': dict(num_layers=8, batch=64, width=256),
     'amoeba': dict(num_layers=8, batch=128, width=64),
+    # Lingvo's GPipeTransformerStack (4 encoder + 4 decoder layers, length
+    # 32) on Lingvo's executor and on ours via gpipe.FromLingvo.
+    lingvo_stack.MODEL: dict(num_layers=8, batch=32, width=256),
 }
 QUICK_THROUGHPUT_MODELS = {
     'transformer': dict(num_layers=4, batch=4, width=64),
     'amoeba': dict(num_layers=4, batch=4, width=8),
+    lingvo_stack.MODEL: dict(num_layers=2, batch=8, width=64),
 }
+# M of the Lingvo stack on both executors at K=2.
+STACK_MICRO_BATCHES = (1, 4, 8)
 
 
 def Throughput(args):
@@ -56,6 +63,10 @@ def Throughput(args):
     # the same micro-batches as inline ops, both on one pinned core.
     configs += [(impl, 1, m, 1, 'never') for impl in ('gpipe', 'inline')
                 for m in (1, max(mbs))]
+    if name == lingvo_stack.MODEL:
+      # Only the two executors of the same Lingvo params compare here.
+      configs = [(impl, k, m, 1, r) for impl in ('gpipe', 'lingvo')
+                 for k, m in [(1, 1)] + [(2, m) for m in STACK_MICRO_BATCHES]]
     configs = list(dict.fromkeys(configs))  # remat='never' repeats some
     runner = runner_lib.Runner(priority=args.priority, log=report.Log)
     try:

@@ -1,0 +1,357 @@
+"""Running a pipelining layer's stages over micro-batches (a layer mixin).
+
+``PipelineExecutor`` is the half of a pipelining layer that builds the graph
+of one mini-batch: the layers before the pipeline on the whole batch, the
+split into micro-batches, one call per (stage, micro-batch) in the schedule's
+order, gradient accumulation, batch-norm and accumulator updates, and the
+merge. It does not decide which layers form a stage: the layer class mixing it
+in does. ``gpipe.PipeliningLayer`` cuts its layers itself;
+``gpipe.lingvo_gpipe`` runs the cells that Lingvo's own GPipe layers (and
+their stacks) built, with their variable names.
+"""
+
+from gpipe import lingvo_import  # pylint: disable=unused-import
+from gpipe import batch_norm
+from gpipe import micro_batch
+from gpipe import pipeline_tasks
+from gpipe import randomness
+from gpipe import schedule
+from gpipe import separability
+from gpipe import split_backward
+from gpipe import stage as stage_lib
+from lingvo import compat as tf
+from lingvo.core import py_utils
+
+
+class PipelineExecutor:
+  """Builds a pipelined mini-batch from the stages a layer class defines.
+
+  The class mixing this in (a ``base_layer.BaseLayer``) provides:
+
+  * ``self.params`` with ``batch_dim``, ``num_micro_batches``,
+    ``micro_batch_size``, ``remat``, ``schedule``, ``seed``, ``state_dtype``
+    and ``nested_map_fprop``;
+  * ``self.stage_devices`` (one device per stage) and ``self.num_stages``;
+  * ``_StageLayers(k)`` -> (theta keys, layers) of stage k;
+  * ``_BeforeLayers()`` -> (theta keys, layers) run on the whole batch on the
+    first stage's device before the split;
+  * ``_LossLayer()`` -> (theta key, layer) run at the end of the last stage
+    on each micro-batch, or (None, None).
+  """
+
+  def _StageFns(self, micro_batch_inputs):
+    """The StageFunctions for this mode and micro-batch input signature."""
+    key = (self.do_eval, tuple(
+        (tuple(t.shape.as_list()), t.dtype.name)
+        for t in micro_batch.Present(micro_batch_inputs)),
+           str(tf.nest.map_structure(lambda t: t is None,
+                                     micro_batch_inputs)))
+    cache = self.__dict__.setdefault('_stage_fns', {})
+    if key not in cache:
+      p = self.params
+      split = schedule.Spec(p.schedule).split_backward
+      cls = (split_backward.SplitStageFunctions if split else
+             stage_lib.StageFunctions)
+      loss_key, loss_layer = self._LossLayer()
+      devices = self.stage_devices
+      fns = []
+      for k in range(self.num_stages):
+        keys, layers = self._StageLayers(k)
+        remat = p.remat == 'always' or (p.remat == 'except_last' and
+                                        k < self.num_stages - 1)
+        last = k == self.num_stages - 1 and loss_layer is not None
+        fns.append(
+            cls(k, layers, keys, devices[k], remat,
+                loss_layer=loss_layer if last else None,
+                loss_key=loss_key if last else None))
+      cache[key] = fns
+    return cache[key]
+
+  def _NumMicroBatches(self, inputs, targets=None):
+    p = self.params
+    if targets is not None:
+      inputs = tuple(inputs) + (targets,)
+    batch = micro_batch.StaticBatchSize(inputs, p.batch_dim)
+    try:
+      return micro_batch.NumMicroBatches(batch, p.num_micro_batches,
+                                         p.micro_batch_size)
+    except ValueError as e:
+      raise ValueError('%s: %s' % (p.name, e)) from None
+
+  def _Seeds(self, num_micro_batches):
+    step = py_utils.GetGlobalStep()
+    step = tf.constant(0, tf.int64) if step is None else step
+    return [
+        randomness.MicroBatchSeed(step, m, self.params.seed)
+        for m in range(num_micro_batches)
+    ]
+
+  @staticmethod
+  def _Unwrap(outputs):
+    return outputs[0] if len(outputs) == 1 else outputs
+
+  def _CheckTargets(self, targets):
+    p = self.params
+    _, loss_layer = self._LossLayer()
+    if (loss_layer is None) != (targets is None):
+      raise ValueError(
+          '%s: %s' % (p.name, 'pass the loss layer\'s targets: FProp(theta, '
+                      '*inputs, targets=...)' if targets is None else
+                      'FProp got targets but p.loss_tpl is not set: set a '
+                      'loss layer to consume them'))
+
+  def _CheckNestedMapInputs(self, inputs):
+    p = self.params
+    if p.nested_map_fprop and (len(inputs) != 1 or not isinstance(
+        inputs[0], py_utils.NestedMap)):
+      raise ValueError(
+          '%s: nested_map_fprop=True takes exactly one NestedMap input (got '
+          '%s); pass the inputs as one NestedMap or set nested_map_fprop='
+          'False' % (p.name, [type(x).__name__ for x in inputs]))
+
+  def _CheckStageOutputs(self, k, outputs):
+    """Lingvo's contract for what a stage hands over (state_dtype, maps)."""
+    p = self.params
+    if p.nested_map_fprop and (len(outputs) != 1 or not isinstance(
+        outputs[0], py_utils.NestedMap)):
+      raise ValueError(
+          '%s: with nested_map_fprop=True every stage must return one '
+          'NestedMap, but stage %d returned %s; return a NestedMap from the '
+          "stage's last layer or set nested_map_fprop=False" %
+          (p.name, k, [type(x).__name__ for x in outputs]))
+    if p.state_dtype is None:
+      return
+    want = tf.as_dtype(p.state_dtype)
+    for t in micro_batch.Present(outputs):
+      if t.dtype != want:
+        raise ValueError(
+            '%s: state_dtype is %s but stage %d hands over %s of dtype %s: '
+            'cast it in the stage (or set state_dtype=%s, or None to allow '
+            'any dtype)' % (p.name, want.name, k, t.name, t.dtype.name,
+                            t.dtype.name))
+
+  def _RunBeforeLayers(self, theta, inputs, device):
+    keys, layers = self._BeforeLayers()
+    if not layers:
+      return tuple(inputs)
+    with tf.device(device):
+      return stage_lib.ChainFProp(layers, [theta[k] for k in keys],
+                                  tuple(inputs))
+
+  def _RunPipeline(self, theta, inputs, targets):
+    """FProp of the pipeline (see gpipe.PipeliningLayer.FProp)."""
+    p = self.params
+    self._CheckTargets(targets)
+    self._CheckNestedMapInputs(inputs)
+    devices = self.stage_devices
+    inputs = self._RunBeforeLayers(theta, inputs, devices[0])
+    num_mb = self._NumMicroBatches(inputs, targets)
+    spec = schedule.Spec(p.schedule)
+    try:
+      _, orders = schedule.Orders(p.schedule, [Canonical(d) for d in devices],
+                                  num_mb, schedule.RematCosts(
+                                      p.remat != 'never'))
+    except ValueError as e:
+      raise ValueError('%s: %s' % (p.name, e)) from None
+    registry = pipeline_tasks.TaskRegistry(orders)
+    weight_phase = (pipeline_tasks.WEIGHT if spec.split_backward else
+                    pipeline_tasks.BACKWARD)
+    check = None
+    if spec.per_micro_batch_loss:
+      check = separability.Checker(p.name, p.schedule, registry,
+                                   self.num_stages, num_mb,
+                                   targets is not None)
+    seeds = self._Seeds(num_mb)
+    with tf.device(devices[0]):
+      current = micro_batch.Split(tuple(inputs), num_mb, p.batch_dim)
+    split_targets = [None] * num_mb
+    if targets is not None:
+      with tf.device(devices[-1]):
+        split_targets = micro_batch.Split(targets, num_mb, p.batch_dim)
+    bn_stats = []
+    for fns in self._StageFns(current[0]):
+      theta_k = stage_lib.ReadTheta(stage_lib.NestedTheta(theta, fns.keys),
+                                    fns.device)
+      weight_order = [
+          t.micro_batch for order in orders for t in order
+          if t.stage == fns.index and t.phase == weight_phase
+      ]
+      thetas = stage_lib.AccumulationViews(theta_k, weight_order, fns.device)
+      last = fns.index == self.num_stages - 1
+      accumulated = fns.InitialAccumulatorValues()
+      step = stage_lib.StepOnDevice(fns.device)
+      outs, stats = [], []
+      for m in range(num_mb):
+        out, st, accumulated = fns.Call(
+            thetas[m], current[m], seeds[m], step, m, registry,
+            targets=split_targets[m] if last else None,
+            check_d_outputs=check.Check if (check and last) else None,
+            accumulator_values=accumulated)
+        if m == 0 and not (last and targets is not None):
+          self._CheckStageOutputs(fns.index, out)
+        outs.append(out)
+        stats.append(st)
+      for acc, value in zip(fns.accumulators, accumulated):
+        acc.SetValue(value)
+      bn_stats += self._ApplyBatchNormUpdates(fns.stats_layers, stats,
+                                              fns.device)
+      current = outs
+    with tf.device(devices[-1]):
+      return self._Unwrap(
+          self._DependOn(micro_batch.Merge(current, p.batch_dim), bn_stats))
+
+  def FPropUnpipelined(self, theta, *inputs, targets=None):
+    """The reference: the same layers, micro-batches and randomness, inline.
+
+    Runs every micro-batch through all layers in the current device scope,
+    without graph functions, re-materialization or stages. Gradients of this
+    output equal those of FProp.
+
+    Args:
+      theta: this layer's theta.
+      *inputs: as for FProp.
+      targets: as for FProp.
+
+    Returns:
+      As FProp.
+    """
+    p = self.params
+    self._CheckTargets(targets)
+    self._CheckNestedMapInputs(inputs)
+    inputs = self._RunBeforeLayers(theta, inputs, None)
+    num_mb = self._NumMicroBatches(inputs, targets)
+    seeds = self._Seeds(num_mb)
+    keys, layers = [], []
+    for k in range(self.num_stages):
+      stage_keys, stage_layers = self._StageLayers(k)
+      keys += stage_keys
+      layers += stage_layers
+    thetas = [theta[key] for key in keys]
+    loss_key, loss_layer = self._LossLayer()
+    split_targets = [None] * num_mb
+    if targets is not None:
+      split_targets = micro_batch.Split(targets, num_mb, p.batch_dim)
+    outs, stats = [], []
+    layers_with_stats = []
+    for m, args in enumerate(micro_batch.Split(tuple(inputs), num_mb,
+                                               p.batch_dim)):
+      with randomness.MicroBatchSeedScope(seeds[m]):
+        with batch_norm.CollectStats() as collector:
+          out = stage_lib.ChainFProp(layers, thetas, args)
+          if targets is not None:
+            out = stage_lib.ChainFProp([loss_layer], [theta[loss_key]],
+                                       tuple(out) + (split_targets[m],))
+          outs.append(out)
+      layers_with_stats = [layer for layer, _ in collector.reports]
+      stats.append([s for _, group in collector.reports for s in group])
+    bn_stats = self._ApplyBatchNormUpdates(layers_with_stats, stats, None)
+    return self._Unwrap(
+        self._DependOn(micro_batch.Merge(outs, p.batch_dim), bn_stats))
+
+  @staticmethod
+  def _ApplyBatchNormUpdates(layers, stats_per_micro_batch, device):
+    """Sums each layer's statistics over micro-batches; one update each.
+
+    Args:
+      layers: the batch-norm layers that reported statistics, in order.
+      stats_per_micro_batch: per micro-batch, the flat list of their
+        (count, sum, sum_sq).
+      device: where to add them up (the stage's device).
+
+    Returns:
+      The mini-batch statistics the updates assign from.
+    """
+    summaries = []
+    with tf.device(device):
+      for i, layer in enumerate(layers):
+        summed = [
+            tf.add_n([stats[3 * i + j] for stats in stats_per_micro_batch])
+            for j in range(3)
+        ]
+        summaries += layer.AccumulatedUpdates(*summed)
+    return summaries
+
+  @staticmethod
+  def _DependOn(outputs, stats):
+    """`outputs`, computed only once the batch-norm statistics exist.
+
+    Lingvo's train op runs the batch-norm updates whose statistics the loss
+    depends on (py_utils.FindRelevantBatchNormUpdates). The statistics are
+    summed outside the stage calls, so a control dependency of the outputs on
+    them makes the updates count as part of the loss's computation. It costs
+    nothing: the last stage's outputs are ready after every stage's forward.
+
+    Args:
+      outputs: the merged outputs (a tuple nest of tensors).
+      stats: the statistic tensors.
+
+    Returns:
+      `outputs` through identities that depend on `stats`.
+    """
+    if not stats:
+      return outputs
+    with tf.control_dependencies(stats):
+      return tf.nest.map_structure(
+          lambda t: None if t is None else tf.identity(t), outputs)
+
+
+def Canonical(device):
+  """One spelling per device, so repeated stage devices compare equal."""
+  return tf.DeviceSpec.from_string(device or '').to_string()
+
+
+REMAT_MODES = ('always', 'except_last', 'never')
+
+
+def DefineParams(p):
+  """Defines the executor's own params on a pipelining layer's Params `p`."""
+  p.Define(
+      'stage_devices', None,
+      'K device strings, one per stage: local CPUs/GPUs/TPU cores or '
+      "'/job:worker/replica:0/task:i/device:CPU:0' of TensorFlow's "
+      'distributed runtime. A device may hold several stages, e.g. '
+      '[d0, d1, d0, d1]: it runs them breadth-first, which shrinks the '
+      'bubble (see gpipe.PipeliningLayer). Default: the devices of the '
+      "current Lingvo cluster's model split.")
+  p.Define('remat', 'always',
+           "Re-materialization: 'always', 'except_last' or 'never' (see "
+           'gpipe.PipeliningLayer).')
+  p.Define(
+      'schedule', 'gpipe',
+      "The pipeline schedule, a name in gpipe.schedule.SCHEDULES: 'gpipe' "
+      "(fill-drain), '1f1b', 'interleaved_1f1b' (stage_devices round-robin, "
+      "e.g. [d0, d1, d0, d1]), 'zb_h1' (zero bubble, split backward) or "
+      "'zb_v' (zero bubble, stage_devices in a V: [d0, d1, d1, d0]). All "
+      "but 'gpipe' need the loss computed per micro-batch in the last stage "
+      '(gpipe.PipeliningLayer.loss_tpl).')
+  p.Define('seed', 0, 'Mixed into every micro-batch seed.')
+
+
+def CheckParams(p):
+  """Refuses unknown remat modes and schedules, naming the known ones."""
+  if p.remat not in REMAT_MODES:
+    raise ValueError('%s: unknown remat %r; use one of %s' %
+                     (p.name, p.remat, ', '.join(REMAT_MODES)))
+  if p.schedule not in schedule.SCHEDULES:
+    raise ValueError('%s: unknown schedule %r; known: %s' %
+                     (p.name, p.schedule, ', '.join(schedule.SCHEDULES)))
+
+
+def ResolveDevices(p, cluster, num_stages):
+  """The stage devices: p.stage_devices, else the cluster's model split."""
+  if p.stage_devices:
+    if len(p.stage_devices) < num_stages:
+      raise ValueError(
+          '%s: %d stages but only %d stage_devices (%s): give one device '
+          'per stage or use fewer stages' %
+          (p.name, num_stages, len(p.stage_devices), p.stage_devices))
+    return list(p.stage_devices[:num_stages])
+  available = cluster.num_devices_per_split
+  if available < num_stages:
+    raise ValueError(
+        '%s: %d stages but the current Lingvo cluster has %d device(s) per '
+        'model split: set stage_devices, or run inside a cluster with '
+        'split_size >= %d (e.g. cluster_factory.ForTestingWorker(cpus=%d, '
+        'split_size=%d) with that many CPU devices)' %
+        (p.name, num_stages, available, num_stages, num_stages, num_stages))
+  return [cluster.WorkerDeviceInModelSplit(k) for k in range(num_stages)]
