@@ -126,6 +126,9 @@ def Throughput(args):
         looping_ours_over_lingvo_K2=(lingvo[(2, lm)] / looped[best_v]
                                      if (2, lm) in lingvo and best_v
                                      else None),
+        ours_over_lingvo_K2_by_M={
+            m: lingvo[(2, m)] / ours[(2, m, 1)] for k, m in lingvo
+            if k == 2 and (2, m, 1) in ours},
         lingvo_K2_M8_over_ours_K1M1=(ours[(1, 1, 1)] / lingvo[(2, 8)]
                                      if (2, 8) in lingvo else None),
         micro_batch_overhead_M=mx,
@@ -219,6 +222,10 @@ def _HeadlineText(h):
              (h['looping_best_v'], h['looping_M'],
               F(h['looping_speedup_K2']),
               F(h['looping_ours_over_lingvo_K2'])))
+  by_m = h.get('ours_over_lingvo_K2_by_M') or {}
+  if by_m:
+    text += (" Ours / Lingvo's executor at K=2: %s." % ', '.join(
+        'M=%d %s' % (m, F(by_m[m])) for m in sorted(by_m)))
   if h.get('lingvo_K2_M8_over_ours_K1M1'):
     text += (" Lingvo's GPipe at K=2 M=8 on both cores runs %s as fast as "
              'ours on one core, so one stage per device (ceiling 1.78x at '
