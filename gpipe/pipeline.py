@@ -4,6 +4,7 @@ from gpipe import lingvo_import  # pylint: disable=unused-import
 from gpipe import micro_batch
 from gpipe import partition
 from gpipe import pipeline_tasks
+from gpipe import precision
 from gpipe import randomness
 from gpipe import schedule
 from gpipe import separability
@@ -200,6 +201,7 @@ class PipeliningLayer(base_layer.BaseLayer):
         lp = p.loss_tpl.Copy()
         if not lp.name:
           lp.name = LOSS_KEY
+        precision.KeepLossInMasterDtype(lp)
         self.CreateChild(LOSS_KEY, lp)
     # Traced stage functions per (eval mode, micro-batch input signature):
     # training and eval graphs, or another batch size, need their own traces.
@@ -322,6 +324,8 @@ class PipeliningLayer(base_layer.BaseLayer):
     """
     p = self.params
     self._CheckTargets(targets)
+    with tf.device(self._devices[0]):
+      inputs = precision.CastFloats(inputs, precision.ComputeDtype(p))
     num_mb = self._NumMicroBatches(inputs, targets)
     spec = schedule.Spec(p.schedule)
     try:
@@ -348,13 +352,15 @@ class PipeliningLayer(base_layer.BaseLayer):
         split_targets = micro_batch.Split(targets, num_mb, p.batch_dim)
     bn_stats = []
     for fns in self._StageFns(current[0]):
-      theta_k = stage_lib.ReadTheta(stage_lib.NestedTheta(theta, fns.keys),
-                                    fns.device)
+      theta_k, low_dtypes = precision.MasterTheta(
+          stage_lib.NestedTheta(theta, fns.keys))
+      theta_k = stage_lib.ReadTheta(theta_k, fns.device)
       weight_order = [
           t.micro_batch for order in orders for t in order
           if t.stage == fns.index and t.phase == weight_phase
       ]
-      thetas = stage_lib.AccumulationViews(theta_k, weight_order, fns.device)
+      thetas = stage_lib.AccumulationViews(theta_k, weight_order, fns.device,
+                                           low_dtypes)
       last = fns.index == self.num_stages - 1
       outs, stats = [], []
       for m in range(num_mb):
@@ -368,8 +374,9 @@ class PipeliningLayer(base_layer.BaseLayer):
                                               fns.device)
       current = outs
     with tf.device(self._devices[-1]):
-      return self._Unwrap(
-          self._DependOn(micro_batch.Merge(current, p.batch_dim), bn_stats))
+      merged = precision.ToMasterDtype(
+          p, micro_batch.Merge(current, p.batch_dim))
+      return self._Unwrap(self._DependOn(merged, bn_stats))
 
   def FPropUnpipelined(self, theta, *inputs, targets=None):
     """The reference: the same layers, micro-batches and randomness, inline.
@@ -389,6 +396,7 @@ class PipeliningLayer(base_layer.BaseLayer):
     from gpipe import batch_norm  # pylint: disable=g-import-not-at-top
     p = self.params
     self._CheckTargets(targets)
+    inputs = precision.CastFloats(inputs, precision.ComputeDtype(p))
     num_mb = self._NumMicroBatches(inputs, targets)
     seeds = self._Seeds(num_mb)
     layers = [self.children[key] for key in self._keys]
@@ -404,6 +412,8 @@ class PipeliningLayer(base_layer.BaseLayer):
         with batch_norm.CollectStats() as collector:
           out = stage_lib.ChainFProp(layers, thetas, args)
           if targets is not None:
+            out = precision.CastFloats(tuple(out), py_utils.FPropDtype(
+                self.children[LOSS_KEY].params))
             out = stage_lib.ChainFProp([self.children[LOSS_KEY]],
                                        [theta[LOSS_KEY]],
                                        tuple(out) + (split_targets[m],))
@@ -411,8 +421,8 @@ class PipeliningLayer(base_layer.BaseLayer):
       layers_with_stats = [layer for layer, _ in collector.reports]
       stats.append([s for _, group in collector.reports for s in group])
     bn_stats = self._ApplyBatchNormUpdates(layers_with_stats, stats, None)
-    return self._Unwrap(
-        self._DependOn(micro_batch.Merge(outs, p.batch_dim), bn_stats))
+    merged = precision.ToMasterDtype(p, micro_batch.Merge(outs, p.batch_dim))
+    return self._Unwrap(self._DependOn(merged, bn_stats))
 
   @staticmethod
   def _ApplyBatchNormUpdates(layers, stats_per_micro_batch, device):
