@@ -119,8 +119,9 @@ def CastFloats(nest, dtype):
   dtype = tf.as_dtype(dtype)
 
   def Cast(t):
-    if isinstance(t, tf.Tensor) and t.dtype.is_floating and t.dtype != dtype:
-      return tf.cast(t, dtype)
+    if ((isinstance(t, tf.Tensor) or hasattr(t, 'handle')) and
+        t.dtype.base_dtype.is_floating and t.dtype.base_dtype != dtype):
+      return tf.cast(t, dtype)  # A tensor or a variable.
     return t
 
   return tf.nest.map_structure(Cast, nest)

@@ -39,8 +39,16 @@ def _Parser():
   p = sub.add_parser('throughput', help=throughput.Throughput.__doc__)
   Common(p)
   p.add_argument('--models', default='',
-                 help='comma-separated subset of transformer,amoeba')
+                 help='comma-separated subset of transformer,amoeba,dense')
   p.add_argument('--micro_batches', default='1,4,8,32')
+  p.add_argument('--fprop_dtypes', default='float32',
+                 help="e.g. 'float32,bfloat16': also time ours at K=1 M=1, "
+                 'K=1 M=8 and K=2 M=8 in each dtype (bfloat16: mixed '
+                 'precision) and print their table')
+  p.add_argument('--references', default=True,
+                 action=argparse.BooleanOptionalAction,
+                 help="time Lingvo's GPipe, plain TF and the inline "
+                 'micro-batches beside ours (--no-references: ours only)')
   p.add_argument('--lingvo_micro_batches', default='',
                  help="M values for Lingvo's GPipe (default: --micro_batches)")
   p.add_argument('--stages_per_device', default='1,2,4',
