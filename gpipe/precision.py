@@ -53,11 +53,11 @@ def ParseFPropDtype(name):
   text = name.name if isinstance(name, tf.DType) else str(name)
   if text in ('float16', 'half'):
     raise ValueError(
-        'fprop_dtype float16 is not supported: float16 gradients underflow '
+        'fprop_dtype=float16 is not supported: float16 gradients underflow '
         'to zero without loss scaling, which is not implemented here; use '
         'bfloat16 (float32\'s exponent range, no loss scaling needed)')
   if text not in FPROP_DTYPES:
-    raise ValueError('unknown fprop_dtype %r; use one of %s' %
+    raise ValueError('fprop_dtype=%s is unknown; use one of %s' %
                      (text, ', '.join(FPROP_DTYPES)))
   return tf.as_dtype(text)
 

@@ -158,7 +158,7 @@ class MixedPrecisionTest(test_utils.TestCase, parameterized.TestCase):
     with self.assertRaisesRegex(ValueError, 'loss scaling.*use bfloat16'):
       precision.ParseFPropDtype('float16')
     with self.assertRaisesRegex(ValueError,
-                                "unknown fprop_dtype 'int8'.*float32, "
+                                'int8 is unknown; use one of float32, '
                                 'bfloat16'):
       precision.ParseFPropDtype('int8')
     self.assertEqual(tf.bfloat16, precision.ParseFPropDtype('bfloat16'))

@@ -129,7 +129,7 @@ def Settle(model, mode, logdir=None, override='', num_stages=None,
   try:
     precision.ParseFPropDtype(fprop_dtype)
   except ValueError as e:
-    raise ValueError('--fprop_dtype: %s' % e) from None
+    raise ValueError('--%s' % e) from None
   shape = (override, num_stages, num_micro_batches, schedule, input_seed,
            fprop_dtype)
   train = _ModelParams(model, 'Train', *shape)
