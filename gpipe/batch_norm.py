@@ -107,9 +107,11 @@ class MicroBatchBatchNormLayer(base_layer.BaseLayer):
     if self.do_eval:
       mean, variance = theta.moving_mean, theta.moving_variance
     else:
-      count = tf.cast(tf.reduce_prod(tf.shape(inputs)[:-1]), inputs.dtype)
-      total = tf.reduce_sum(inputs, axes)
-      total_sq = tf.reduce_sum(tf.square(inputs), axes)
+      # Statistics in the variables' dtype (float32 under bfloat16 compute).
+      x = tf.cast(inputs, p.dtype)
+      count = tf.cast(tf.reduce_prod(tf.shape(x)[:-1]), p.dtype)
+      total = tf.reduce_sum(x, axes)
+      total_sq = tf.reduce_sum(tf.square(x), axes)
       mean = total / count
       variance = tf.nn.relu(total_sq / count - tf.square(mean))
       stats = [tf.stop_gradient(s) for s in (count, total, total_sq)]
@@ -119,6 +121,7 @@ class MicroBatchBatchNormLayer(base_layer.BaseLayer):
       else:
         # Alone, the statistics that normalize are the ones to average.
         self._UpdateMovingAverages(mean, variance)
+    mean, variance = (tf.cast(t, inputs.dtype) for t in (mean, variance))
     return tf.nn.batch_normalization(inputs, mean, variance, theta.beta,
                                      theta.gamma, p.epsilon)
 

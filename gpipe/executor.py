@@ -14,6 +14,7 @@ from gpipe import lingvo_import  # pylint: disable=unused-import
 from gpipe import batch_norm
 from gpipe import micro_batch
 from gpipe import pipeline_tasks
+from gpipe import precision
 from gpipe import randomness
 from gpipe import schedule
 from gpipe import separability
@@ -145,6 +146,9 @@ class PipelineExecutor:
     self._CheckNestedMapInputs(inputs)
     devices = self.stage_devices
     inputs = self._RunBeforeLayers(theta, inputs, devices[0])
+    with tf.device(devices[0]):
+      # Mixed precision: the stages compute in (and hand over) fprop_dtype.
+      inputs = precision.CastFloats(inputs, precision.ComputeDtype(p))
     num_mb = self._NumMicroBatches(inputs, targets)
     spec = schedule.Spec(p.schedule)
     try:
@@ -170,13 +174,15 @@ class PipelineExecutor:
         split_targets = micro_batch.Split(targets, num_mb, p.batch_dim)
     bn_stats = []
     for fns in self._StageFns(current[0]):
-      theta_k = stage_lib.ReadTheta(stage_lib.NestedTheta(theta, fns.keys),
-                                    fns.device)
+      theta_k, low_dtypes = precision.MasterTheta(
+          stage_lib.NestedTheta(theta, fns.keys))
+      theta_k = stage_lib.ReadTheta(theta_k, fns.device)
       weight_order = [
           t.micro_batch for order in orders for t in order
           if t.stage == fns.index and t.phase == weight_phase
       ]
-      thetas = stage_lib.AccumulationViews(theta_k, weight_order, fns.device)
+      thetas = stage_lib.AccumulationViews(theta_k, weight_order, fns.device,
+                                           low_dtypes)
       last = fns.index == self.num_stages - 1
       accumulated = fns.InitialAccumulatorValues()
       step = stage_lib.StepOnDevice(fns.device)
@@ -197,8 +203,9 @@ class PipelineExecutor:
                                               fns.device)
       current = outs
     with tf.device(devices[-1]):
-      return self._Unwrap(
-          self._DependOn(micro_batch.Merge(current, p.batch_dim), bn_stats))
+      merged = precision.ToMasterDtype(
+          p, micro_batch.Merge(current, p.batch_dim))
+      return self._Unwrap(self._DependOn(merged, bn_stats))
 
   def FPropUnpipelined(self, theta, *inputs, targets=None):
     """The reference: the same layers, micro-batches and randomness, inline.
@@ -219,6 +226,7 @@ class PipelineExecutor:
     self._CheckTargets(targets)
     self._CheckNestedMapInputs(inputs)
     inputs = self._RunBeforeLayers(theta, inputs, None)
+    inputs = precision.CastFloats(inputs, precision.ComputeDtype(p))
     num_mb = self._NumMicroBatches(inputs, targets)
     seeds = self._Seeds(num_mb)
     keys, layers = [], []
@@ -239,14 +247,16 @@ class PipelineExecutor:
         with batch_norm.CollectStats() as collector:
           out = stage_lib.ChainFProp(layers, thetas, args)
           if targets is not None:
+            out = precision.CastFloats(tuple(out), py_utils.FPropDtype(
+                loss_layer.params))
             out = stage_lib.ChainFProp([loss_layer], [theta[loss_key]],
                                        tuple(out) + (split_targets[m],))
           outs.append(out)
       layers_with_stats = [layer for layer, _ in collector.reports]
       stats.append([s for _, group in collector.reports for s in group])
     bn_stats = self._ApplyBatchNormUpdates(layers_with_stats, stats, None)
-    return self._Unwrap(
-        self._DependOn(micro_batch.Merge(outs, p.batch_dim), bn_stats))
+    merged = precision.ToMasterDtype(p, micro_batch.Merge(outs, p.batch_dim))
+    return self._Unwrap(self._DependOn(merged, bn_stats))
 
   @staticmethod
   def _ApplyBatchNormUpdates(layers, stats_per_micro_batch, device):

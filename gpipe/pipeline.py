@@ -3,6 +3,7 @@
 from gpipe import lingvo_import  # pylint: disable=unused-import
 from gpipe import executor
 from gpipe import partition
+from gpipe import precision
 from lingvo import compat as tf
 from lingvo.core import base_layer
 
@@ -198,6 +199,7 @@ class PipeliningLayer(executor.PipelineExecutor, base_layer.BaseLayer):
         lp = p.loss_tpl.Copy()
         if not lp.name:
           lp.name = LOSS_KEY
+        precision.KeepLossInMasterDtype(lp)
         self.CreateChild(LOSS_KEY, lp)
     # Traced stage functions per (eval mode, micro-batch input signature):
     # training and eval graphs, or another batch size, need their own traces.

@@ -41,6 +41,7 @@ from gpipe import lingvo_import  # pylint: disable=unused-import
 from gpipe import batch_norm
 from gpipe import micro_batch as micro_batch_lib
 from gpipe import pipeline_tasks
+from gpipe import precision
 from gpipe import randomness
 from lingvo import compat as tf
 from lingvo.core import py_utils
@@ -196,6 +197,9 @@ class StageFunctions:
           args, targets = args
           outs = ChainFProp(self.layers,
                             [theta[k] for k in self._layer_keys], args)
+          # The loss in its own fprop dtype (float32 under mixed precision).
+          outs = precision.CastFloats(
+              tuple(outs), py_utils.FPropDtype(self.loss_layer.params))
           outs = ChainFProp([self.loss_layer], [theta[self._loss_key]],
                             tuple(outs) + (targets,))
       acc_out = ([acc.GetValue() for acc in self.accumulators]
@@ -349,7 +353,7 @@ class StageFunctions:
             list(results[num_outs + num_stats:]))
 
 
-def AccumulationViews(theta, backward_order, device):
+def AccumulationViews(theta, backward_order, device, low_dtypes=None):
   """Per-micro-batch views of a stage's theta that sum gradients in order.
 
   If all M calls of a stage consumed the same theta tensors, tf.gradients
@@ -366,6 +370,10 @@ def AccumulationViews(theta, backward_order, device):
     theta: the stage's NestedMap of theta tensors (read on `device`).
     backward_order: the micro-batches in the order their backward tasks run.
     device: the stage's device.
+    low_dtypes: optional, theta's structure: the dtype (bfloat16) each leaf
+      is computed in, or None (see gpipe.precision). Such leaves are cast
+      once; each view hands the cast to its call and its gradient, cast to
+      float32, to the float32 chain: the running sum stays float32.
 
   Returns:
     A list: the theta view of each micro-batch index.
@@ -373,8 +381,18 @@ def AccumulationViews(theta, backward_order, device):
   flat = theta.Flatten()
   views = [None] * len(backward_order)
   with tf.device(device):
+    low = [None] * len(flat)
+    if low_dtypes is not None:
+      low = [None if d is None else tf.cast(t, d)
+             for t, d in zip(flat, low_dtypes.Flatten())]
+    mixed = [i for i, d in enumerate(low) if d is not None]
     for m in reversed(backward_order):
-      views[m] = theta.Pack(flat)
+      view = list(flat)
+      attached = precision.AttachLowPrecision([flat[i] for i in mixed],
+                                              [low[i] for i in mixed])
+      for i, t in zip(mixed, attached):
+        view[i] = t
+      views[m] = theta.Pack(view)
       if flat:
         flat = tf.identity_n(flat)
   return views

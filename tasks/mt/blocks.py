@@ -275,7 +275,8 @@ class DecoderLayer(_TransformerBlock):
     """
     p = self.params
     shape = [batch, p.num_heads, max_len, p.model_dim // p.num_heads]
-    cache = (tf.zeros(shape), tf.zeros(shape))
+    dtype = py_utils.FPropDtype(p)  # what KeysAndValues computes in
+    cache = (tf.zeros(shape, dtype), tf.zeros(shape, dtype))
     if not p.has_cross_attention:
       return cache, None
     if src is None or src_paddings is None:
@@ -358,7 +359,8 @@ class EmbeddingLayer(base_layer.BaseLayer):
     p = self.params
     length = py_utils.GetShape(ids, 2)[1]
     x = tf.nn.embedding_lookup(table, ids) * (p.model_dim**0.5)
-    x += sublayers.SinusoidalPositions(length, p.model_dim)[tf.newaxis]
+    x += tf.cast(sublayers.SinusoidalPositions(length, p.model_dim),
+                 x.dtype)[tf.newaxis]
     return sublayers.Dropout(self, x, p.dropout_prob, tag)
 
   def FProp(self, theta, inputs):
@@ -398,7 +400,8 @@ class EmbeddingLayer(base_layer.BaseLayer):
     shared = p.shared_embedding or not p.has_source
     table = theta.emb if shared else theta.tgt_emb
     x = tf.nn.embedding_lookup(table, ids[:, tf.newaxis]) * (p.model_dim**0.5)
-    positions = sublayers.SinusoidalPositions(max_len, p.model_dim)
+    positions = tf.cast(sublayers.SinusoidalPositions(max_len, p.model_dim),
+                        x.dtype)
     x += tf.gather(positions, t)[tf.newaxis, tf.newaxis]
     return sublayers.Dropout(self, x, p.dropout_prob, 'tgt')
 
@@ -483,13 +486,14 @@ class SoftmaxLayer(base_layer.BaseLayer):
       A NestedMap of [B] tensors ``xent``, ``nll``, ``correct``, ``weight``.
     """
     p = self.params
-    logits = self.Logits(theta, inputs)
+    # The loss in float32, also when the layers compute in bfloat16.
+    logits = tf.cast(self.Logits(theta, inputs), tf.float32)
     log_probs = tf.nn.log_softmax(logits)
     one_hot = tf.one_hot(inputs.tgt_labels, p.vocab_size, dtype=logits.dtype)
     nll = -tf.reduce_sum(one_hot * log_probs, axis=-1)
     smooth = -tf.reduce_mean(log_probs, axis=-1)
     xent = (1.0 - p.label_smoothing) * nll + p.label_smoothing * smooth
-    weights = inputs.tgt_weights
+    weights = tf.cast(inputs.tgt_weights, logits.dtype)
     correct = tf.cast(
         tf.equal(tf.argmax(logits, axis=-1, output_type=tf.int32),
                  inputs.tgt_labels), logits.dtype)

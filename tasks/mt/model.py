@@ -124,7 +124,7 @@ class TransformerMTTask(base_model.BaseTask):
     x.src_paddings = encoded.src_paddings
     for layer, layer_theta in decoders:
       x = layer.FProp(layer_theta, x)
-    return softmax.Logits(softmax_theta, x)
+    return tf.cast(softmax.Logits(softmax_theta, x), tf.float32)
 
   def InitDecodeState(self, theta, encoded, batch):
     """Per-decoder-layer state for `StepLogits`, before position 0.
@@ -169,7 +169,8 @@ class TransformerMTTask(base_model.BaseTask):
     for (layer, layer_theta), cache, source in zip(decoders, caches, sources):
       x, cache = layer.ExtendStep(layer_theta, x, t, cache, source)
       new_caches.append(cache)
-    logits = softmax.Logits(softmax_theta, py_utils.NestedMap(tgt=x))
+    logits = tf.cast(softmax.Logits(softmax_theta, py_utils.NestedMap(tgt=x)),
+                     tf.float32)
     return logits[:, 0, :], new_caches
 
   @staticmethod

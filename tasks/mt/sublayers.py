@@ -155,14 +155,18 @@ class LayerNorm(base_layer.BaseLayer):
       (x - mean) / sqrt(variance + epsilon) * scale + bias, shaped like `x`.
     """
     p = self.params
+    # Statistics in float32 also when the layers compute in bfloat16.
+    dtype = x.dtype
+    x = tf.cast(x, tf.float32)
     centered = x - tf.reduce_mean(x, axis=-1, keepdims=True)
     variance = tf.reduce_mean(tf.square(centered), axis=-1, keepdims=True)
     # The scale joins the inverse deviation before it meets `centered`: the
     # textbook op order is rewritten by TF 2.15's oneDNN remapper into a fused
     # layer norm that aborts the process ("key not found: value") whenever
     # the input is a placeholder or a function argument.
-    return centered * (tf.math.rsqrt(variance + p.epsilon) * theta.scale) + (
-        theta.bias)
+    scale, bias = (tf.cast(t, tf.float32) for t in (theta.scale, theta.bias))
+    return tf.cast(
+        centered * (tf.math.rsqrt(variance + p.epsilon) * scale) + bias, dtype)
 
 
 class MultiHeadAttention(base_layer.BaseLayer):
@@ -251,7 +255,8 @@ class MultiHeadAttention(base_layer.BaseLayer):
     p = self.params
     q = self._Heads(Dense(query, theta.w_query, theta.b_query))
     q *= (p.model_dim // p.num_heads)**-0.5
-    logits = tf.matmul(q, keys, transpose_b=True) + bias[:, tf.newaxis]
+    logits = tf.matmul(q, keys, transpose_b=True)
+    logits += tf.cast(bias, logits.dtype)[:, tf.newaxis]
     probs = tf.nn.softmax(logits)
     probs = Dropout(self, probs, p.atten_dropout_prob, 'atten')
     context = tf.matmul(probs, values)  # [B, N, T, D/N]

@@ -12,6 +12,7 @@ import sys
 
 from gpipe import pipeline
 from tools.benchmark import bubble
+from tools.benchmark import cost
 from tools.benchmark import graph
 from tools.benchmark import memory
 from tools.benchmark import schedules
@@ -39,10 +40,18 @@ def _Parser():
   p = sub.add_parser('throughput', help=throughput.Throughput.__doc__)
   Common(p)
   p.add_argument('--models', default='',
-                 help='comma-separated subset of transformer,amoeba,'
+                 help='comma-separated subset of transformer,amoeba,dense,'
                  'lingvo_stack (Lingvo\'s GPipeTransformerStack on both '
                  'executors)')
   p.add_argument('--micro_batches', default='1,4,8,32')
+  p.add_argument('--fprop_dtypes', default='float32',
+                 help="e.g. 'float32,bfloat16': also time ours at K=1 M=1, "
+                 'K=1 M=8 and K=2 M=8 in each dtype (bfloat16: mixed '
+                 'precision) and print their table')
+  p.add_argument('--references', default=True,
+                 action=argparse.BooleanOptionalAction,
+                 help="time Lingvo's GPipe, plain TF and the inline "
+                 'micro-batches beside ours (--no-references: ours only)')
   p.add_argument('--lingvo_micro_batches', default='',
                  help="M values for Lingvo's GPipe (default: --micro_batches)")
   p.add_argument('--stages_per_device', default='1,2,4',
@@ -95,6 +104,18 @@ def _Parser():
                  help='write one timeline PNG per schedule and model here')
   p.add_argument('--timeline_m', type=int, default=8)
 
+  p = sub.add_parser('cost', help=cost.Cost.__doc__)
+  Common(p)
+  p.add_argument('--model', default='dense',
+                 choices=sorted(throughput.THROUGHPUT_MODELS))
+  p.add_argument('--num_stages', type=int, default=2)
+  p.add_argument('--micro_batches', type=int, default=32)
+  p.add_argument('--remat', default='never', choices=pipeline.REMAT_MODES)
+  p.add_argument('--fprop_dtype', default='float32')
+  p.add_argument('--steps', type=int, default=3,
+                 help='timed and traced steps per configuration (median)')
+  p.add_argument('--warmup', type=int, default=2)
+
   p = sub.add_parser('graph', help=graph.Graph.__doc__)
   Common(p)
   return parser
@@ -120,6 +141,8 @@ def _ApplyQuick(args):
     args.memory_m = 4 if args.memory_m == 16 else args.memory_m
     args.trace_steps = 1
     args.timeline_m = 2
+  if args.command == 'cost' and args.micro_batches == 32:
+    args.micro_batches = 2
   if args.command == 'memory':
     args.cap_mib = min(args.cap_mib, 4.0)
     args.micro_batches = 2
@@ -143,6 +166,6 @@ def main(argv=None):
     _ApplyQuick(args)
   commands = dict(throughput=throughput.Throughput, memory=memory.Memory,
                   bubble=bubble.Bubble, graph=graph.Graph,
-                  schedules=schedules.Schedules)
+                  schedules=schedules.Schedules, cost=cost.Cost)
   commands[args.command](args)
   return 0

@@ -65,7 +65,7 @@ def Write(args, result, plot_fn):
   if args.json:
     with open(args.json, 'w') as f:
       json.dump(result, f, indent=1, sort_keys=True)
-  if args.plot:
+  if args.plot and plot_fn is not None:
     import matplotlib  # pylint: disable=g-import-not-at-top
     matplotlib.use('Agg')
     from matplotlib import pyplot as plt  # pylint: disable=g-import-not-at-top

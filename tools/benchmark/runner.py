@@ -41,6 +41,7 @@ import time
 from gpipe import lingvo_import  # pylint: disable=unused-import
 from gpipe import local_cluster
 from gpipe import pipeline
+from gpipe import precision
 from gpipe import schedule
 from lingvo import compat as tf
 from lingvo.core import cluster_factory
@@ -60,14 +61,16 @@ class Config(
     collections.namedtuple('Config', [
         'impl', 'model', 'num_layers', 'batch', 'num_stages',
         'num_micro_batches', 'remat', 'width', 'stages_per_device',
-        'schedule'
-    ], defaults=(1, None))):
+        'schedule', 'fprop_dtype'
+    ], defaults=(1, None, 'float32'))):
   """One benchmark configuration (see the module docstring).
 
   `schedule` (impl 'gpipe' only): None trains with the loss on the merged
   output (fill-drain, as before schedules existed); a name of
   gpipe.schedule.SCHEDULES ends the pipeline with a per-example loss layer
   and runs that schedule ('zb_v' places the 2v stages in a V).
+  `fprop_dtype` (impl 'gpipe' only): 'bfloat16' computes the layers in
+  bfloat16 with float32 variables (gpipe.precision).
   """
 
   @property
@@ -75,8 +78,10 @@ class Config(
     v = self.stages_per_device
     loop = ' v=%d' % v if v > 1 else ''
     sched = ' ' + self.schedule if self.schedule else ''
-    return '%s%s K=%d%s M=%d %s' % (self.impl, sched, self.num_stages, loop,
-                                    self.num_micro_batches, self.remat)
+    dtype = '' if self.fprop_dtype == 'float32' else ' ' + self.fprop_dtype
+    return '%s%s K=%d%s M=%d %s%s' % (self.impl, sched, self.num_stages, loop,
+                                      self.num_micro_batches, self.remat,
+                                      dtype)
 
   @property
   def scope(self):
@@ -84,7 +89,8 @@ class Config(
     return '%s_%s_L%d_B%d_K%d_V%d_M%d_%s%s' % (
         self.impl, self.model, self.num_layers, self.batch, self.num_stages,
         self.stages_per_device, self.num_micro_batches, self.remat,
-        '_' + self.schedule if self.schedule else '')
+        '_' + self.schedule if self.schedule else '') + (
+            '' if self.fprop_dtype == 'float32' else '_' + self.fprop_dtype)
 
 
 def MachineInfo():
@@ -171,6 +177,7 @@ class Step:
               stage_sizes=_EvenStageSizes(c.num_layers, num_stages),
               num_micro_batches=c.num_micro_batches, remat=c.remat,
               stage_devices=[devices[d] for d in where])
+          precision.SetFPropDtype(p, c.fprop_dtype)
           loss_device = devices[where[-1]]
           if c.schedule:
             p.Set(schedule=c.schedule,

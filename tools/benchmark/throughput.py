@@ -6,6 +6,7 @@ needs, interleaved in one run, and reports the speed-ups over our K=1, M=1
 (the paper's Table 2) with a headline paragraph.
 """
 
+from gpipe import precision
 from tools.benchmark import lingvo_stack
 from tools.benchmark import report
 from tools.benchmark import runner as runner_lib
@@ -18,12 +19,17 @@ THROUGHPUT_MODELS = {
     # Lingvo's GPipeTransformerStack (4 encoder + 4 decoder layers, length
     # 32) on Lingvo's executor and on ours via gpipe.FromLingvo.
     lingvo_stack.MODEL: dict(num_layers=8, batch=32, width=256),
+    # The per-micro-batch cost workload: 16 dense 1024x1024 ReLU layers.
+    'dense': dict(num_layers=16, batch=1024, width=1024),
 }
 QUICK_THROUGHPUT_MODELS = {
     'transformer': dict(num_layers=4, batch=4, width=64),
     'amoeba': dict(num_layers=4, batch=4, width=8),
     lingvo_stack.MODEL: dict(num_layers=2, batch=8, width=64),
+    'dense': dict(num_layers=4, batch=4, width=16),
 }
+# The mixed-precision table: (K, M) of ours in each --fprop_dtypes dtype.
+PRECISION_SHAPES = ((1, 1), (1, 8), (2, 8))
 # M of the Lingvo stack on both executors at K=2.
 STACK_MICRO_BATCHES = (1, 4, 8)
 
@@ -37,9 +43,12 @@ def Throughput(args):
                                  args.micro_batches).split(',')]
   loops = [int(v) for v in args.stages_per_device.split(',')]
   loop_mbs = [int(m) for m in args.loop_micro_batches.split(',')]
+  dtypes = [precision.ParseFPropDtype(d).name
+            for d in args.fprop_dtypes.split(',')]
   settings = dict(remat=args.remat, micro_batches=mbs, steps=args.steps,
                   stages_per_device=loops, loop_micro_batches=loop_mbs,
                   warmup=args.warmup, priority=args.priority,
+                  fprop_dtypes=dtypes, references=args.references,
                   gpipe_workers='K processes, one pinned core each, '
                   '1 intra-op + 2 inter-op threads',
                   lingvo='1 process, K virtual CPUs, %d+%d threads' %
@@ -52,31 +61,36 @@ def Throughput(args):
   for name in names:
     shape = models[name]
     r = args.remat
-    configs = [('gpipe', 1, 1, 1, r), ('gpipe', 1, max(mbs), 1, r)]
-    configs += [('gpipe', 2, m, 1, r) for m in mbs]
-    configs += [('gpipe', 2, m, v, r) for v in loops for m in loop_mbs
+    f32 = 'float32'
+    configs = [('gpipe', 1, 1, 1, r, f32), ('gpipe', 1, max(mbs), 1, r, f32)]
+    configs += [('gpipe', 2, m, 1, r, f32) for m in mbs]
+    configs += [('gpipe', 2, m, v, r, f32) for v in loops for m in loop_mbs
                 if v > 1 and v * 2 <= shape['num_layers']]
-    configs += [('lingvo', 1, 1, 1, r)] + [('lingvo', 2, m, 1, r)
-                                           for m in lingvo_mbs]
-    configs += [('plain', 1, 1, 1, 'never')]
-    # The pipeline's own per-micro-batch cost: ours at K=1 without remat vs
-    # the same micro-batches as inline ops, both on one pinned core.
-    configs += [(impl, 1, m, 1, 'never') for impl in ('gpipe', 'inline')
-                for m in (1, max(mbs))]
+    if args.references:
+      configs += [('lingvo', 1, 1, 1, r, f32)] + [
+          ('lingvo', 2, m, 1, r, f32) for m in lingvo_mbs]
+      configs += [('plain', 1, 1, 1, 'never', f32)]
+      # The pipeline's own per-micro-batch cost: ours at K=1 without remat
+      # vs the same micro-batches as inline ops, both on one pinned core.
+      configs += [(impl, 1, m, 1, 'never', f32)
+                  for impl in ('gpipe', 'inline') for m in (1, max(mbs))]
+    if len(dtypes) > 1:
+      configs += [('gpipe', k, m, 1, r, d) for d in dtypes
+                  for k, m in PRECISION_SHAPES]
     if name == lingvo_stack.MODEL:
       # Only the two executors of the same Lingvo params compare here.
-      configs = [(impl, k, m, 1, r) for impl in ('gpipe', 'lingvo')
+      configs = [(impl, k, m, 1, r, f32) for impl in ('gpipe', 'lingvo')
                  for k, m in [(1, 1)] + [(2, m) for m in STACK_MICRO_BATCHES]]
     configs = list(dict.fromkeys(configs))  # remat='never' repeats some
     runner = runner_lib.Runner(priority=args.priority, log=report.Log)
     try:
       steps = []
-      for impl, k, m, v, remat in configs:
+      for impl, k, m, v, remat, dtype in configs:
         if shape['batch'] % m:
           continue
         steps.append(runner.Add(runner_lib.Config(
             impl, name, shape['num_layers'], shape['batch'], k, m, remat,
-            shape['width'], v)))
+            shape['width'], v, fprop_dtype=dtype)))
       medians = runner.TimeInterleaved(steps, args.steps, args.warmup)
     finally:
       runner.Close()
@@ -89,19 +103,22 @@ def Throughput(args):
       t = medians[c.label]
       ref = base['gpipe']
       v, m = c.stages_per_device, c.num_micro_batches
-      rows.append([c.impl, c.num_stages, v, m, c.remat,
+      rows.append([c.impl, c.num_stages, v, m, c.remat, c.fprop_dtype,
                    1e3 * t, c.batch / t, ref / t,
                    '%.2f' % (2.0 * v * m / (v * m + 1))
                    if c.num_stages == 2 and c.impl != 'plain' else ''])
       records.append(dict(impl=c.impl, K=c.num_stages, M=m, v=v,
-                          remat=c.remat, step_seconds=t,
+                          remat=c.remat, fprop_dtype=c.fprop_dtype,
+                          step_seconds=t,
                           all_step_seconds=step.times,
                           examples_per_second=c.batch / t,
                           speedup_vs_gpipe_K1M1=ref / t))
     ours = {(r['K'], r['M'], r['v']): r['step_seconds'] for r in records
-            if r['impl'] == 'gpipe' and r['remat'] == args.remat}
+            if r['impl'] == 'gpipe' and r['remat'] == args.remat and
+            r['fprop_dtype'] == f32}
     never = {(r['impl'], r['M']): r['step_seconds'] for r in records
-             if r['remat'] == 'never' and r['impl'] in ('gpipe', 'inline')}
+             if r['remat'] == 'never' and r['impl'] in ('gpipe', 'inline')
+             and r['fprop_dtype'] == f32}
     mx = max(mbs)
     lingvo = {(r['K'], r['M']): r['step_seconds'] for r in records
               if r['impl'] == 'lingvo'}
@@ -145,15 +162,29 @@ def Throughput(args):
         pipeline_overhead_fraction=(
             1.0 - never[('inline', mx)] / never[('gpipe', mx)]
             if ('inline', mx) in never and ('gpipe', mx) in never else None))
+    if 32 in mbs and (2, 32, 1) in ours:
+      headline['speedup_K2_M32'] = ours[(1, 1, 1)] / ours[(2, 32, 1)]
+    precision_rows, precision_records = _PrecisionTable(records, dtypes,
+                                                        shape['batch'])
     result['models'][name] = dict(shape=shape, configs=records,
-                                  headline=headline)
+                                  headline=headline,
+                                  precision=precision_records)
     title = '### %s (L=%d, batch=%d, width=%d)' % (
         name, shape['num_layers'], shape['batch'], shape['width'])
     table = report.Table(
-        ['impl', 'K devices', 'v stages/device', 'M', 'remat', 'step ms',
+        ['impl', 'K devices', 'v stages/device', 'M', 'remat', 'fprop',
+         'step ms',
          'examples/s', 'speed-up vs ours K=1 M=1',
          'fill-drain ceiling 2vM/(vM+1)'], rows)
-    tables.append(title + '\n\n' + table + '\n\n' + _HeadlineText(headline))
+    text = title + '\n\n' + table + '\n\n' + _HeadlineText(headline)
+    if precision_rows:
+      text += ('\n\nMixed precision (%s; same run):\n\n' %
+               ' vs '.join(dtypes)) + report.Table(
+                   ['K', 'M'] + ['%s step ms' % d for d in dtypes] +
+                   ['%s examples/s' % d for d in dtypes] +
+                   ['%s / %s speed' % (dtypes[-1], dtypes[0])],
+                   precision_rows)
+    tables.append(text)
   text = header + '\n' + '\n\n'.join(tables)
   print(text)
   result['markdown'] = text
@@ -162,7 +193,8 @@ def Throughput(args):
     fig, axes = plt.subplots(1, len(names), figsize=(5 * len(names), 3.6),
                              squeeze=False)
     for ax, name in zip(axes[0], names):
-      recs = result['models'][name]['configs']
+      recs = [r for r in result['models'][name]['configs']
+              if r['fprop_dtype'] == 'float32']
       base_t = [r for r in recs if r['impl'] == 'gpipe' and r['K'] == 1 and
                 r['M'] == 1 and r['remat'] == args.remat][0]['step_seconds']
       for impl, style in (('gpipe', 'o-'), ('lingvo', 's--')):
@@ -194,6 +226,27 @@ def Throughput(args):
 
   report.Write(args, result, Plot)
   return result
+
+
+def _PrecisionTable(records, dtypes, batch):
+  """Rows (K, M, ms per dtype, examples/s per dtype, ratio) and records."""
+  if len(dtypes) < 2:
+    return [], []
+  times = {(r['K'], r['M'], r['fprop_dtype']): r['step_seconds']
+           for r in records if r['impl'] == 'gpipe' and r['v'] == 1}
+  rows, out = [], []
+  for k, m in PRECISION_SHAPES:
+    if not all((k, m, d) in times for d in dtypes):
+      continue
+    ts = [times[(k, m, d)] for d in dtypes]
+    ratio = ts[0] / ts[-1]
+    rows.append([k, m] + [1e3 * t for t in ts] + [batch / t for t in ts] +
+                [ratio])
+    out.append(dict(K=k, M=m, step_seconds=dict(zip(dtypes, ts)),
+                    examples_per_second={d: batch / t
+                                         for d, t in zip(dtypes, ts)},
+                    speed_ratio=ratio))
+  return rows, out
 
 
 def _HeadlineText(h):

@@ -86,6 +86,12 @@ flags.DEFINE_string(
     'cluster_spec', '',
     "Existing TensorFlow servers, 'worker=host:port,host:port': stage k on "
     'worker k.')
+flags.DEFINE_string(
+    'fprop_dtype', 'float32',
+    "Compute dtype of the model's layers: 'float32', or 'bfloat16' for mixed "
+    'precision (variables, optimizer slots, gradient accumulation and the '
+    'loss stay float32; see gpipe/precision.py). float16 is refused (it '
+    'needs loss scaling).')
 flags.DEFINE_integer('checkpoint_every_n_steps', 100, 'Checkpoint period.')
 flags.DEFINE_integer('log_every_n_steps', 10,
                      'Console progress line and summary period.')
@@ -123,7 +129,7 @@ def SettleFromFlags():
       input_seed=FLAGS.seed if FLAGS['seed'].present else None,
       worker_processes=FLAGS.worker_processes,
       cluster_spec=FLAGS.cluster_spec, pin_cores=FLAGS.pin_cores,
-      loop_stages=FLAGS.loop_stages,
+      loop_stages=FLAGS.loop_stages, fprop_dtype=FLAGS.fprop_dtype,
       step_timeout_secs=FLAGS.step_timeout_secs, seed=FLAGS.seed,
       max_steps=FLAGS.max_steps,
       checkpoint_every_n_steps=FLAGS.checkpoint_every_n_steps,

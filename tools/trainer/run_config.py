@@ -18,6 +18,7 @@ import os
 from typing import Optional
 
 from gpipe import lingvo_import  # pylint: disable=unused-import
+from gpipe import precision
 from lingvo.core import hyperparams
 from tools.trainer import model_select
 from tools.trainer import placement as placement_lib
@@ -46,6 +47,7 @@ class RunConfig:
     trace_every_n_steps: traced-step period (0: never).
     eval_after_train: in train mode, evaluate on Test() at the end.
     decode_max_batches: decode at most this many batches (None: all).
+    fprop_dtype: the layers' compute dtype, 'float32' or 'bfloat16'.
   """
   model: str
   mode: str
@@ -60,6 +62,7 @@ class RunConfig:
   trace_every_n_steps: int = 100
   eval_after_train: bool = True
   decode_max_batches: Optional[int] = None
+  fprop_dtype: str = 'float32'
 
 
 def PrepareLogdir(logdir, mode):
@@ -84,8 +87,10 @@ def PrepareLogdir(logdir, mode):
 
 
 def _ModelParams(model, dataset, override, num_stages, num_micro_batches,
-                 schedule, input_seed):
+                 schedule, input_seed, fprop_dtype):
   cfg = model_select.ModelParams(model, dataset, override)
+  # The task's layers compute in fprop_dtype; variables stay float32.
+  precision.SetFPropDtype(cfg.task, fprop_dtype)
   model_select.SetPipelineShape(cfg, num_stages, num_micro_batches, schedule)
   if input_seed is not None and cfg.input is not None and 'seed' in cfg.input:
     cfg.input.seed = input_seed
@@ -96,7 +101,7 @@ def Settle(model, mode, logdir=None, override='', num_stages=None,
            num_micro_batches=None, schedule=None, input_seed=None,
            worker_processes=0,
            cluster_spec='', pin_cores=False, loop_stages=False,
-           step_timeout_secs=300, **settings):
+           step_timeout_secs=300, fprop_dtype='float32', **settings):
   """Decides the run: params, placement, stage devices (see module doc).
 
   Args:
@@ -112,6 +117,8 @@ def Settle(model, mode, logdir=None, override='', num_stages=None,
     cluster_spec: existing servers, 'worker=host:port,...' ('' for none).
     pin_cores: pin local worker i to core i.
     loop_stages: with fewer workers than stages, stage k on worker k mod D.
+    fprop_dtype: 'float32' or 'bfloat16' (mixed precision, gpipe.precision);
+      anything else is a ValueError saying what to use.
     step_timeout_secs: the longest a session run may take.
     **settings: the other RunConfig fields (seed, max_steps, periods...).
 
@@ -119,8 +126,14 @@ def Settle(model, mode, logdir=None, override='', num_stages=None,
     A RunConfig. With worker_processes the workers are running: the caller
     stops them with ``run.placement.Stop()``.
   """
-  shape = (override, num_stages, num_micro_batches, schedule, input_seed)
+  try:
+    precision.ParseFPropDtype(fprop_dtype)
+  except ValueError as e:
+    raise ValueError('--%s' % e) from None
+  shape = (override, num_stages, num_micro_batches, schedule, input_seed,
+           fprop_dtype)
   train = _ModelParams(model, 'Train', *shape)
+  settings['fprop_dtype'] = fprop_dtype
   if mode == 'inspect_model':
     return RunConfig(model=model, mode=mode, logdir=None, placement=None,
                      train=train, test=None, **settings)

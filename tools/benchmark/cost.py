@@ -1,0 +1,172 @@
+"""The cost subcommand: where a pipeline step's time goes, per micro-batch.
+
+Traces training steps (``RunOptions(trace_level=FULL_TRACE)``) of one
+benchmark model at K=1 M=1 and at K stages x M micro-batches, and sums each
+worker's traced op time by kind:
+
+  * ``layers``: the layers' own ops inside the stage functions (matmuls,
+    activations, their gradients);
+  * ``cross-process copies``: ``_Send`` / ``_Recv`` of hand-overs between
+    worker processes;
+  * ``split / merge``: splitting the batch and concatenating the outputs;
+  * ``accumulation``: adds of the micro-batch gradients (and batch-norm
+    statistics);
+  * ``views / identities``: Identity / IdentityN (theta views, reads);
+  * ``casts``: dtype casts (mixed precision);
+  * ``call dispatch``: a stage call's span not covered by its inner ops
+    (starting the function, handing over its arguments and results);
+  * ``other``: everything else (the loss, the SGD update, ...);
+
+and the idle time of each worker over the step. Per-micro-batch figures are
+the K x M step's time of a kind minus the K=1 M=1 step's, over M.
+"""
+
+import collections
+import re
+import statistics
+
+from tools.benchmark import report
+from tools.benchmark import runner as runner_lib
+from tools.benchmark import throughput
+
+KINDS = ('layers', 'cross-process copies', 'split / merge', 'accumulation',
+         'views / identities', 'casts', 'call dispatch', 'other', 'idle')
+
+_COPIES = ('_Send', '_Recv', '_HostSend', '_HostRecv', 'RecvTensor')
+_SPLITS = ('Split', 'SplitV', 'Slice', 'StridedSlice', 'ConcatV2', 'Concat',
+           'Pack', 'Unpack')
+_ADDS = ('AddN', 'AddV2', 'Add')
+_IDENTITIES = ('Identity', 'IdentityN')
+_CALLS = ('PartitionedCall', 'StatefulPartitionedCall')
+_LABEL = re.compile(r'=\s*([A-Za-z0-9_]+)\(')
+
+
+def _OpType(node):
+  m = _LABEL.search(node.timeline_label or '')
+  if m:
+    return m.group(1)
+  return node.node_name.split(':')[0].split('/')[-1]
+
+
+def _Union(intervals):
+  total, end = 0, None
+  for s, e in sorted(intervals):
+    if end is None or s > end:
+      total += e - s
+      end = e
+    elif e > end:
+      total += e - end
+      end = e
+  return total
+
+
+def Breakdown(step_stats):
+  """{device: {kind: microseconds}} of one traced step (see module doc)."""
+  out = {}
+  for dev in step_stats.dev_stats:
+    if '/device:CPU' not in dev.device or 'stream' in dev.device:
+      continue
+    kinds = collections.Counter()
+    nodes = [(n.all_start_micros, n.all_start_micros +
+              max(n.all_end_rel_micros, 0), _OpType(n), n.node_name)
+             for n in dev.node_stats]
+    if not nodes:
+      continue
+    calls = [(s, e) for s, e, t, _ in nodes if t in _CALLS]
+    inner_all = []
+    for s, e, t, name in nodes:
+      if t in _CALLS or name == '_SOURCE':
+        continue
+      inside = any(cs <= s and e <= ce for cs, ce in calls)
+      if inside:
+        inner_all.append((s, e))
+      d = e - s
+      if t in _COPIES:
+        kinds['cross-process copies'] += d
+      elif t in _SPLITS and not inside:
+        kinds['split / merge'] += d
+      elif t in _ADDS and not inside:
+        kinds['accumulation'] += d
+      elif t in _IDENTITIES:
+        kinds['views / identities'] += d
+      elif t == 'Cast':
+        kinds['casts'] += d
+      elif inside:
+        kinds['layers'] += d
+      else:
+        kinds['other'] += d
+    for cs, ce in calls:
+      covered = _Union([(max(s, cs), min(e, ce)) for s, e in inner_all
+                        if s < ce and e > cs])
+      kinds['call dispatch'] += max(0, (ce - cs) - covered)
+    span = (max(e for _, e, _, _ in nodes) -
+            min(s for s, _, _, _ in nodes))
+    busy = _Union([(s, e) for s, e, _, _ in nodes])
+    kinds['idle'] += max(0, span - busy)
+    out[dev.device] = kinds
+  return out
+
+
+def _Median(breakdowns):
+  """Per device and kind, the median over steps (ms)."""
+  devices = sorted(set(d for b in breakdowns for d in b))
+  return {d: {k: statistics.median(b.get(d, {}).get(k, 0)
+                                   for b in breakdowns) / 1e3
+              for k in KINDS} for d in devices}
+
+
+def Cost(args):
+  """Per-micro-batch cost of a pipeline step, from traces."""
+  shapes = (throughput.QUICK_THROUGHPUT_MODELS if args.quick else
+            throughput.THROUGHPUT_MODELS)
+  shape = shapes[args.model]
+  m = args.micro_batches
+  settings = dict(model=args.model, K=args.num_stages, M=m, remat=args.remat,
+                  fprop_dtype=args.fprop_dtype, steps=args.steps,
+                  warmup=args.warmup)
+  header, info = report.Header('Per-micro-batch cost', settings)
+  runner = runner_lib.Runner(priority=args.priority, log=report.Log)
+  configs = [(1, 1), (args.num_stages, m)]
+  result = dict(machine=info, settings=settings, configs=[])
+  sections = []
+  try:
+    for k, mb in configs:
+      step = runner.Add(runner_lib.Config(
+          'gpipe', args.model, shape['num_layers'], shape['batch'], k, mb,
+          args.remat, shape['width'], fprop_dtype=args.fprop_dtype))
+      for _ in range(args.warmup):
+        step.Run()
+      times = [step.Run() for _ in range(args.steps)]
+      traced = [step.Run(trace=True) for _ in range(args.steps)]
+      med = _Median([Breakdown(md.step_stats) for _, md in traced])
+      rec = dict(K=k, M=mb, step_seconds=statistics.median(times),
+                 traced_step_seconds=statistics.median(t for t, _ in traced),
+                 breakdown_ms=med)
+      result['configs'].append(rec)
+      rows = [[d.split('/job:')[-1]] + ['%.1f' % med[d][kind] for kind in KINDS]
+              for d in med]
+      sections.append(
+          '### K=%d M=%d: %.0f ms per step (untraced median; traced %.0f ms)'
+          '\n\n' % (k, mb, 1e3 * rec['step_seconds'],
+                    1e3 * rec['traced_step_seconds']) +
+          report.Table(['worker'] + ['%s ms' % kind for kind in KINDS], rows))
+  finally:
+    runner.Close()
+  base, piped = result['configs']
+  # Per micro-batch: the extra time of a kind on the busiest worker over M.
+  rows = []
+  for kind in KINDS:
+    extra = max(sum(piped['breakdown_ms'][d][kind]
+                    for d in piped['breakdown_ms']) -
+                sum(base['breakdown_ms'][d][kind]
+                    for d in base['breakdown_ms']), 0.0)
+    rows.append([kind, '%.2f' % (extra / m)])
+  result['per_micro_batch_ms'] = {r[0]: float(r[1]) for r in rows}
+  text = header + '\n' + '\n\n'.join(sections) + (
+      '\n\n### Added per micro-batch (all workers, K=%d M=%d minus K=1 M=1, '
+      'over M)\n\n' % (args.num_stages, m)) + report.Table(
+          ['kind', 'ms per micro-batch'], rows)
+  print(text)
+  result['markdown'] = text
+  report.Write(args, result, None)
+  return result
