@@ -5,6 +5,7 @@ from gpipe import micro_batch
 from gpipe import partition
 from gpipe import pipeline_tasks
 from gpipe import randomness
+from gpipe import replicas
 from gpipe import schedule
 from gpipe import separability
 from gpipe import split_backward
@@ -162,6 +163,16 @@ class PipeliningLayer(base_layer.BaseLayer):
         "micro-batch m's backward can start right after its forward: every "
         "schedule but 'gpipe' needs it.")
     p.Define('seed', 0, 'Mixed into every micro-batch seed.')
+    p.Define(
+        'replica_devices', None,
+        'Data parallelism: R lists of K stage devices, one pipeline replica '
+        'per list, on R x K devices. The variables live on the first list '
+        '(one copy; checkpoints do not depend on R), each replica reads them '
+        'on its own devices, the mini-batch is split into R x M '
+        'micro-batches (M = num_micro_batches per replica) and the R '
+        'gradients of each weight are summed on its device: the loss, '
+        'gradients and batch-norm moving averages of one pipeline with '
+        'R x M micro-batches (see gpipe/replicas.py). None: one pipeline.')
     return p
 
   def __init__(self, params):
@@ -183,7 +194,14 @@ class PipeliningLayer(base_layer.BaseLayer):
     self._costs = cut.costs
     self._cost_name = cut.cost_name
     num_stages = len(self._stage_sizes)
-    self._devices = self._ResolveDevices(num_stages)
+    if p.replica_devices:
+      self._replica_devices = replicas.Resolve(p.name, num_stages,
+                                               p.replica_devices,
+                                               p.stage_devices)
+      self._devices = self._replica_devices[0]
+    else:
+      self._devices = self._ResolveDevices(num_stages)
+      self._replica_devices = [self._devices]
 
     self._keys = cut.child_keys
     start = 0
@@ -238,6 +256,16 @@ class PipeliningLayer(base_layer.BaseLayer):
   def stage_devices(self):
     return list(self._devices)
 
+  @property
+  def num_replicas(self):
+    """R, the data-parallel replicas of the pipeline (1 without)."""
+    return len(self._replica_devices)
+
+  @property
+  def replica_devices(self):
+    """R lists of the K stage devices of each replica."""
+    return [list(devices) for devices in self._replica_devices]
+
   def PartitionReport(self):
     """A table of the stages: layers, parameters and cost."""
     return partition.Report(self._layer_params, self._stage_sizes, self._costs,
@@ -248,9 +276,9 @@ class PipeliningLayer(base_layer.BaseLayer):
     keys = self._keys[start:start + self._stage_sizes[k]]
     return keys, [self.children[key] for key in keys]
 
-  def _StageFns(self, micro_batch_inputs):
-    """The StageFunctions for this mode and micro-batch input signature."""
-    key = (self.do_eval, tuple(
+  def _StageFns(self, micro_batch_inputs, replica=0):
+    """The StageFunctions for this mode, input signature and replica."""
+    key = (replica, self.do_eval, tuple(
         (tuple(t.shape.as_list()), t.dtype.name)
         for t in tf.nest.flatten(micro_batch_inputs)),
            str(tf.nest.map_structure(lambda _: 0, micro_batch_inputs)))
@@ -260,13 +288,14 @@ class PipeliningLayer(base_layer.BaseLayer):
       cls = (split_backward.SplitStageFunctions if split else
              stage_lib.StageFunctions)
       fns = []
+      devices = self._replica_devices[replica]
       for k in range(self.num_stages):
         keys, layers = self._StageLayers(k)
         remat = p.remat == 'always' or (p.remat == 'except_last' and
                                         k < self.num_stages - 1)
         last = k == self.num_stages - 1 and p.loss_tpl is not None
         fns.append(
-            cls(k, layers, keys, self._devices[k], remat,
+            cls(k, layers, keys, devices[k], remat,
                 loss_layer=self.children[LOSS_KEY] if last else None,
                 loss_key=LOSS_KEY if last else None))
       self._stage_fns[key] = fns
@@ -277,8 +306,9 @@ class PipeliningLayer(base_layer.BaseLayer):
     if targets is not None:
       inputs = tuple(inputs) + (targets,)
     batch = micro_batch.StaticBatchSize(inputs, p.batch_dim)
-    return micro_batch.NumMicroBatches(batch, p.num_micro_batches,
-                                       p.micro_batch_size)
+    # R x M with data-parallel replicas.
+    return replicas.NumMicroBatches(p.name, batch, self.num_replicas,
+                                    p.num_micro_batches, p.micro_batch_size)
 
   def _Seeds(self, num_micro_batches):
     step = py_utils.GetGlobalStep()
@@ -324,14 +354,22 @@ class PipeliningLayer(base_layer.BaseLayer):
     self._CheckTargets(targets)
     num_mb = self._NumMicroBatches(inputs, targets)
     spec = schedule.Spec(p.schedule)
-    try:
-      _, orders = schedule.Orders(p.schedule,
-                                  [_Canonical(d) for d in self._devices],
-                                  num_mb, schedule.RematCosts(
-                                      p.remat != 'never'))
-    except ValueError as e:
-      raise ValueError('%s: %s' % (p.name, e)) from None
-    registry = pipeline_tasks.TaskRegistry(orders)
+    # Replica r runs micro-batches r*M .. r*M+M-1 (gpipe/replicas.py).
+    per_replica = num_mb // self.num_replicas
+    all_orders = []
+    for devices in self._replica_devices:
+      try:
+        _, orders = schedule.Orders(p.schedule,
+                                    [_Canonical(d) for d in devices],
+                                    per_replica, schedule.RematCosts(
+                                        p.remat != 'never'))
+      except ValueError as e:
+        raise ValueError('%s: %s' % (p.name, e)) from None
+      all_orders.append(orders)
+    registry = pipeline_tasks.TaskRegistry([
+        order for r, orders in enumerate(all_orders)
+        for order in replicas.ShiftOrders(orders, r * per_replica)
+    ])
     weight_phase = (pipeline_tasks.WEIGHT if spec.split_backward else
                     pipeline_tasks.BACKWARD)
     check = None
@@ -341,35 +379,46 @@ class PipeliningLayer(base_layer.BaseLayer):
                                    p.loss_tpl is not None)
     seeds = self._Seeds(num_mb)
     with tf.device(self._devices[0]):
-      current = micro_batch.Split(tuple(inputs), num_mb, p.batch_dim)
+      inputs_mb = micro_batch.Split(tuple(inputs), num_mb, p.batch_dim)
     split_targets = [None] * num_mb
     if targets is not None:
       with tf.device(self._devices[-1]):
         split_targets = micro_batch.Split(targets, num_mb, p.batch_dim)
+    outputs = []
+    stage_stats = [[] for _ in range(self.num_stages)]
+    stats_layers = [None] * self.num_stages
+    for r, orders in enumerate(all_orders):
+      first = r * per_replica
+      current = inputs_mb[first:first + per_replica]
+      for fns in self._StageFns(current[0], r):
+        theta_k = stage_lib.ReadTheta(stage_lib.NestedTheta(theta, fns.keys),
+                                      fns.device)
+        weight_order = [
+            t.micro_batch for order in orders for t in order
+            if t.stage == fns.index and t.phase == weight_phase
+        ]
+        thetas = stage_lib.AccumulationViews(theta_k, weight_order,
+                                             fns.device)
+        last = fns.index == self.num_stages - 1
+        outs = []
+        for m in range(per_replica):
+          out, st = fns.Call(
+              thetas[m], current[m], seeds[first + m], first + m, registry,
+              targets=split_targets[first + m] if last else None,
+              check_d_outputs=check.Check if (check and last) else None)
+          outs.append(out)
+          stage_stats[fns.index].append(st)
+        stats_layers[fns.index] = fns.stats_layers
+        current = outs
+      outputs += current
+    # Batch-norm statistics summed over all replicas' micro-batches.
     bn_stats = []
-    for fns in self._StageFns(current[0]):
-      theta_k = stage_lib.ReadTheta(stage_lib.NestedTheta(theta, fns.keys),
-                                    fns.device)
-      weight_order = [
-          t.micro_batch for order in orders for t in order
-          if t.stage == fns.index and t.phase == weight_phase
-      ]
-      thetas = stage_lib.AccumulationViews(theta_k, weight_order, fns.device)
-      last = fns.index == self.num_stages - 1
-      outs, stats = [], []
-      for m in range(num_mb):
-        out, st = fns.Call(
-            thetas[m], current[m], seeds[m], m, registry,
-            targets=split_targets[m] if last else None,
-            check_d_outputs=check.Check if (check and last) else None)
-        outs.append(out)
-        stats.append(st)
-      bn_stats += self._ApplyBatchNormUpdates(fns.stats_layers, stats,
-                                              fns.device)
-      current = outs
+    for k in range(self.num_stages):
+      bn_stats += self._ApplyBatchNormUpdates(stats_layers[k], stage_stats[k],
+                                              self._devices[k])
     with tf.device(self._devices[-1]):
       return self._Unwrap(
-          self._DependOn(micro_batch.Merge(current, p.batch_dim), bn_stats))
+          self._DependOn(micro_batch.Merge(outputs, p.batch_dim), bn_stats))
 
   def FPropUnpipelined(self, theta, *inputs, targets=None):
     """The reference: the same layers, micro-batches and randomness, inline.
