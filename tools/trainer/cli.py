@@ -193,10 +193,10 @@ def _Train(run, echo):
       if not run.max_worker_restarts:
         raise
       if placement.restarts >= run.max_worker_restarts:
-        raise train_loop.WorkerLostError(
-            '%s (gave up after %d worker restart(s), --max_worker_restarts='
-            '%d)' % (e, placement.restarts, run.max_worker_restarts)) from e
-      echo('worker lost: %s' % e)
+        raise train_loop.WorkerLostError('%s%s' % (e, train_loop.GaveUpNote(
+            placement.restarts, run.max_worker_restarts))) from e
+      # The error's advice (run the command again) is what happens next.
+      echo('worker lost: %s' % str(e).split(': training stopped')[0])
       echo('restarting the worker processes (restart %d of %d), then '
            'resuming from the newest checkpoint' %
            (placement.restarts + 1, run.max_worker_restarts))

@@ -344,7 +344,9 @@ class TrainLoop:
     try:
       with _DeathWatch(self._placement, doing, last_ckpt,
                        recoverable=(self._placement.restarts <
-                                    self._run.max_worker_restarts)):
+                                    self._run.max_worker_restarts),
+                       note=GaveUpNote(self._placement.restarts,
+                                       self._run.max_worker_restarts)):
         return run()
     except tf.errors.DeadlineExceededError as e:
       self._CheckWorkers(doing, last_ckpt, wait_secs=3)
@@ -380,6 +382,14 @@ class TrainLoop:
     writer.Flush()
 
 
+def GaveUpNote(restarts, max_restarts):
+  """' (gave up after N worker restart(s), ...)' once restarts ran out."""
+  if not max_restarts:
+    return ''
+  return ' (gave up after %d worker restart(s), --max_worker_restarts=%d)' % (
+      restarts, max_restarts)
+
+
 class _DeathWatch:
   """Ends the process if a local worker dies while a step stays blocked.
 
@@ -391,9 +401,10 @@ class _DeathWatch:
   """
 
   def __init__(self, placement, doing, last_ckpt, poll_secs=0.5,
-               grace_secs=5.0, recoverable=False):
+               grace_secs=5.0, recoverable=False, note=''):
     self._placement = placement
     self._recoverable = recoverable
+    self._note = note
     self._doing = doing
     self._last_ckpt = last_ckpt
     self._poll_secs = poll_secs
@@ -424,9 +435,9 @@ class _DeathWatch:
           return
         sys.stderr.write(
             'trainer: error: %s %s, and the session run did not return: '
-            'training stopped. The last checkpoint (%s) is intact: run the '
+            'training stopped%s. The last checkpoint (%s) is intact: run the '
             'same command again to resume from it.\n' %
-            (e, self._doing, self._last_ckpt or 'none yet'))
+            (e, self._doing, self._note, self._last_ckpt or 'none yet'))
         sys.stderr.flush()
         sys.stdout.flush()
         self._placement.Stop()
