@@ -59,14 +59,18 @@ class Config(
     collections.namedtuple('Config', [
         'impl', 'model', 'num_layers', 'batch', 'num_stages',
         'num_micro_batches', 'remat', 'width', 'stages_per_device',
-        'schedule'
-    ], defaults=(1, None))):
+        'schedule', 'replicas'
+    ], defaults=(1, None, 1))):
   """One benchmark configuration (see the module docstring).
 
   `schedule` (impl 'gpipe' only): None trains with the loss on the merged
   output (fill-drain, as before schedules existed); a name of
   gpipe.schedule.SCHEDULES ends the pipeline with a per-example loss layer
   and runs that schedule ('zb_v' places the 2v stages in a V).
+
+  `replicas` (impl 'gpipe' only): R data-parallel replicas of the pipeline
+  (``p.replica_devices``) on R x K pinned one-core workers, each taking 1/R
+  of the batch in M micro-batches; the variables live on the first replica.
   """
 
   @property
@@ -74,8 +78,10 @@ class Config(
     v = self.stages_per_device
     loop = ' v=%d' % v if v > 1 else ''
     sched = ' ' + self.schedule if self.schedule else ''
-    return '%s%s K=%d%s M=%d %s' % (self.impl, sched, self.num_stages, loop,
-                                    self.num_micro_batches, self.remat)
+    replicas = ' R=%d' % self.replicas if self.replicas > 1 else ''
+    return '%s%s%s K=%d%s M=%d %s' % (self.impl, sched, replicas,
+                                      self.num_stages, loop,
+                                      self.num_micro_batches, self.remat)
 
   @property
   def scope(self):
@@ -83,7 +89,13 @@ class Config(
     return '%s_%s_L%d_B%d_K%d_V%d_M%d_%s%s' % (
         self.impl, self.model, self.num_layers, self.batch, self.num_stages,
         self.stages_per_device, self.num_micro_batches, self.remat,
-        '_' + self.schedule if self.schedule else '')
+        '_' + self.schedule if self.schedule else '') + (
+            '_R%d' % self.replicas if self.replicas > 1 else '')
+
+  @property
+  def num_workers(self):
+    """The worker processes (devices) it runs on: R x K for 'gpipe'."""
+    return self.num_stages * (self.replicas if self.impl == 'gpipe' else 1)
 
 
 def MachineInfo():
@@ -133,7 +145,8 @@ class Step:
     Args:
       config: a Config.
       target: the session target of the worker processes.
-      devices: K device strings (one per stage; 'plain' uses the first).
+      devices: K device strings (one per stage; 'plain' uses the first);
+        R x K for R replicas, replica r on devices[r K:(r+1) K].
     """
     self.config = config
     c = config
@@ -162,6 +175,10 @@ class Step:
               stage_sizes=_EvenStageSizes(c.num_layers, num_stages),
               num_micro_batches=c.num_micro_batches, remat=c.remat,
               stage_devices=[devices[d] for d in where])
+          if c.replicas > 1:
+            p.replica_devices = [[
+                devices[r * c.num_stages + d] for d in where
+            ] for r in range(c.replicas)]
           loss_device = devices[where[-1]]
           if c.schedule:
             p.Set(schedule=c.schedule,
@@ -293,7 +310,7 @@ class Runner:
     Args:
       impl: 'gpipe' (K pinned one-core workers), 'lingvo' (one unpinned
         worker with K virtual CPUs) or 'plain' (one unpinned worker).
-      num_stages: K.
+      num_stages: K (for 'gpipe': the workers, R x K with replicas).
 
     Returns:
       A LocalCluster.
@@ -319,7 +336,7 @@ class Runner:
     return self._clusters[key]
 
   def Devices(self, config):
-    cluster = self.Cluster(config.impl, config.num_stages)
+    cluster = self.Cluster(config.impl, config.num_workers)
     if config.impl in ('gpipe', 'inline'):
       return cluster.devices
     device = cluster.devices[0]
@@ -327,7 +344,7 @@ class Runner:
 
   def Add(self, config):
     """Builds a configuration's step; returns the Step."""
-    cluster = self.Cluster(config.impl, config.num_stages)
+    cluster = self.Cluster(config.impl, config.num_workers)
     step = Step(config, cluster.target, self.Devices(config))
     self._log('built %-28s in %5.1f s, %6d ops' %
               (config.label, step.build_seconds, step.num_ops))

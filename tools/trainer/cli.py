@@ -172,6 +172,11 @@ def Main(run, echo):
       decoder.Decode(run, echo=echo)
     else:
       _Train(run, echo)
+    if placement.cluster is not None:
+      peaks = placement.cluster.PeakRssBytes()
+      echo('worker peak memory (VmHWM): %s' % ', '.join(
+          '%d: %s' % (i, '%.0f MiB' % (b / 2**20) if b else '?')
+          for i, b in enumerate(peaks)))
     return 0
   finally:
     placement.Stop()

@@ -135,8 +135,10 @@ class TrainLoop:
     """Trains to max_steps; returns (global step, path of last checkpoint)."""
     cfg, resume = self._TrainParams()
     max_steps = self._run.max_steps or cfg.task.train.max_steps
+    started = time.time()
     built = model_graph.Build(cfg, self._placement, 'train', self._run.seed)
     task = built.task
+    self._echo('built the training graph in %.1f s' % (time.time() - started))
     for line in model_graph.Describe(built.model):
       self._echo(line)
     with built.graph.as_default():
