@@ -234,7 +234,8 @@ def SetStageDevices(cfg, devices, keep_explicit=False, loop=False,
     cfg: model params (changed in place).
     devices: device strings, at least K of them (any number with `loop`);
       with data_parallel=R, R equal groups of them, one per replica.
-    keep_explicit: leave pipelines whose params already name devices alone.
+    keep_explicit: leave pipelines whose params already name devices alone
+      (not with data_parallel > 1: the replicas need the devices given).
     loop: place stage k on devices[k % D]: with fewer devices than stages a
       device holds several stages (run breadth-first, a smaller bubble).
     data_parallel: R, data-parallel replicas of each pipeline: replica r runs
@@ -251,7 +252,8 @@ def SetStageDevices(cfg, devices, keep_explicit=False, loop=False,
       needs.
   """
   for path, pp in FindPipelines(cfg):
-    if keep_explicit and (pp.stage_devices or pp.replica_devices):
+    if (keep_explicit and data_parallel == 1 and
+        (pp.stage_devices or pp.replica_devices)):
       continue
     if data_parallel > 1:
       groups = _ReplicaGroups(path, pp, devices, data_parallel, loop)
