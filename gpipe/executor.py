@@ -16,6 +16,7 @@ from gpipe import micro_batch
 from gpipe import pipeline_tasks
 from gpipe import precision
 from gpipe import randomness
+from gpipe import replicas
 from gpipe import schedule
 from gpipe import separability
 from gpipe import split_backward
@@ -33,6 +34,8 @@ class PipelineExecutor:
     ``micro_batch_size``, ``remat``, ``schedule``, ``seed``, ``state_dtype``
     and ``nested_map_fprop``;
   * ``self.stage_devices`` (one device per stage) and ``self.num_stages``;
+    optionally ``self.replica_devices``: R lists of K stage devices for R
+    data-parallel replicas (``gpipe.replicas``; default one pipeline);
   * ``_StageLayers(k)`` -> (theta keys, layers) of stage k;
   * ``_BeforeLayers()`` -> (theta keys, layers) run on the whole batch on the
     first stage's device before the split;
@@ -40,9 +43,18 @@ class PipelineExecutor:
     on each micro-batch, or (None, None).
   """
 
-  def _StageFns(self, micro_batch_inputs):
-    """The StageFunctions for this mode and micro-batch input signature."""
-    key = (self.do_eval, tuple(
+  @property
+  def replica_devices(self):
+    """R lists of the K stage devices of each replica (here R = 1)."""
+    return [self.stage_devices]
+
+  @property
+  def num_replicas(self):
+    return len(self.replica_devices)
+
+  def _StageFns(self, micro_batch_inputs, replica=0):
+    """The StageFunctions for this mode, input signature and replica."""
+    key = (replica, self.do_eval, tuple(
         (tuple(t.shape.as_list()), t.dtype.name)
         for t in micro_batch.Present(micro_batch_inputs)),
            str(tf.nest.map_structure(lambda t: t is None,
@@ -54,7 +66,7 @@ class PipelineExecutor:
       cls = (split_backward.SplitStageFunctions if split else
              stage_lib.StageFunctions)
       loss_key, loss_layer = self._LossLayer()
-      devices = self.stage_devices
+      devices = self.replica_devices[replica]
       fns = []
       for k in range(self.num_stages):
         keys, layers = self._StageLayers(k)
@@ -74,9 +86,12 @@ class PipelineExecutor:
       inputs = tuple(inputs) + (targets,)
     batch = micro_batch.StaticBatchSize(inputs, p.batch_dim)
     try:
-      return micro_batch.NumMicroBatches(batch, p.num_micro_batches,
-                                         p.micro_batch_size)
+      # R x M with data-parallel replicas.
+      return replicas.NumMicroBatches(p.name, batch, self.num_replicas,
+                                      p.num_micro_batches, p.micro_batch_size)
     except ValueError as e:
+      if str(e).startswith(p.name + ': '):
+        raise
       raise ValueError('%s: %s' % (p.name, e)) from None
 
   def _Seeds(self, num_micro_batches):
@@ -151,13 +166,21 @@ class PipelineExecutor:
       inputs = precision.CastFloats(inputs, precision.ComputeDtype(p))
     num_mb = self._NumMicroBatches(inputs, targets)
     spec = schedule.Spec(p.schedule)
-    try:
-      _, orders = schedule.Orders(p.schedule, [Canonical(d) for d in devices],
-                                  num_mb, schedule.RematCosts(
-                                      p.remat != 'never'))
-    except ValueError as e:
-      raise ValueError('%s: %s' % (p.name, e)) from None
-    registry = pipeline_tasks.TaskRegistry(orders)
+    # Replica r runs micro-batches r*M .. r*M+M-1 (gpipe/replicas.py).
+    per_replica = num_mb // self.num_replicas
+    all_orders = []
+    for replica_devices in self.replica_devices:
+      try:
+        _, orders = schedule.Orders(
+            p.schedule, [replicas.Canonical(d) for d in replica_devices],
+            per_replica, schedule.RematCosts(p.remat != 'never'))
+      except ValueError as e:
+        raise ValueError('%s: %s' % (p.name, e)) from None
+      all_orders.append(orders)
+    registry = pipeline_tasks.TaskRegistry([
+        order for r, orders in enumerate(all_orders)
+        for order in replicas.ShiftOrders(orders, r * per_replica)
+    ])
     weight_phase = (pipeline_tasks.WEIGHT if spec.split_backward else
                     pipeline_tasks.BACKWARD)
     check = None
@@ -167,44 +190,60 @@ class PipelineExecutor:
                                    targets is not None)
     seeds = self._Seeds(num_mb)
     with tf.device(devices[0]):
-      current = micro_batch.Split(tuple(inputs), num_mb, p.batch_dim)
+      inputs_mb = micro_batch.Split(tuple(inputs), num_mb, p.batch_dim)
     split_targets = [None] * num_mb
     if targets is not None:
       with tf.device(devices[-1]):
         split_targets = micro_batch.Split(targets, num_mb, p.batch_dim)
+    outputs = []
+    stage_stats = [[] for _ in range(self.num_stages)]
+    stats_layers = [None] * self.num_stages
+    # Each stage's accumulators go through its calls in order, replica
+    # after replica (only layers with accumulators are chained so).
+    accumulated = [None] * self.num_stages
+    for r, orders in enumerate(all_orders):
+      first = r * per_replica
+      current = inputs_mb[first:first + per_replica]
+      for fns in self._StageFns(current[0], r):
+        k = fns.index
+        theta_k, low_dtypes = precision.MasterTheta(
+            stage_lib.NestedTheta(theta, fns.keys))
+        theta_k = stage_lib.ReadTheta(theta_k, fns.device)
+        weight_order = [
+            t.micro_batch for order in orders for t in order
+            if t.stage == k and t.phase == weight_phase
+        ]
+        thetas = stage_lib.AccumulationViews(theta_k, weight_order,
+                                             fns.device, low_dtypes)
+        last = k == self.num_stages - 1
+        if accumulated[k] is None:
+          accumulated[k] = fns.InitialAccumulatorValues()
+        step = stage_lib.StepOnDevice(fns.device)
+        outs = []
+        for m in range(per_replica):
+          out, st, accumulated[k] = fns.Call(
+              thetas[m], current[m], seeds[first + m], step, first + m,
+              registry, targets=split_targets[first + m] if last else None,
+              check_d_outputs=check.Check if (check and last) else None,
+              accumulator_values=accumulated[k])
+          if m == 0 and r == 0 and not (last and targets is not None):
+            self._CheckStageOutputs(k, out)
+          outs.append(out)
+          stage_stats[k].append(st)
+        stats_layers[k] = fns.stats_layers
+        if r == self.num_replicas - 1:
+          for acc, value in zip(fns.accumulators, accumulated[k]):
+            acc.SetValue(value)
+        current = outs
+      outputs += current
+    # Batch-norm statistics summed over all replicas' micro-batches.
     bn_stats = []
-    for fns in self._StageFns(current[0]):
-      theta_k, low_dtypes = precision.MasterTheta(
-          stage_lib.NestedTheta(theta, fns.keys))
-      theta_k = stage_lib.ReadTheta(theta_k, fns.device)
-      weight_order = [
-          t.micro_batch for order in orders for t in order
-          if t.stage == fns.index and t.phase == weight_phase
-      ]
-      thetas = stage_lib.AccumulationViews(theta_k, weight_order, fns.device,
-                                           low_dtypes)
-      last = fns.index == self.num_stages - 1
-      accumulated = fns.InitialAccumulatorValues()
-      step = stage_lib.StepOnDevice(fns.device)
-      outs, stats = [], []
-      for m in range(num_mb):
-        out, st, accumulated = fns.Call(
-            thetas[m], current[m], seeds[m], step, m, registry,
-            targets=split_targets[m] if last else None,
-            check_d_outputs=check.Check if (check and last) else None,
-            accumulator_values=accumulated)
-        if m == 0 and not (last and targets is not None):
-          self._CheckStageOutputs(fns.index, out)
-        outs.append(out)
-        stats.append(st)
-      for acc, value in zip(fns.accumulators, accumulated):
-        acc.SetValue(value)
-      bn_stats += self._ApplyBatchNormUpdates(fns.stats_layers, stats,
-                                              fns.device)
-      current = outs
+    for k in range(self.num_stages):
+      bn_stats += self._ApplyBatchNormUpdates(stats_layers[k], stage_stats[k],
+                                              devices[k])
     with tf.device(devices[-1]):
       merged = precision.ToMasterDtype(
-          p, micro_batch.Merge(current, p.batch_dim))
+          p, micro_batch.Merge(outputs, p.batch_dim))
       return self._Unwrap(self._DependOn(merged, bn_stats))
 
   def FPropUnpipelined(self, theta, *inputs, targets=None):
@@ -303,11 +342,6 @@ class PipelineExecutor:
     with tf.control_dependencies(stats):
       return tf.nest.map_structure(
           lambda t: None if t is None else tf.identity(t), outputs)
-
-
-def Canonical(device):
-  """One spelling per device, so repeated stage devices compare equal."""
-  return tf.DeviceSpec.from_string(device or '').to_string()
 
 
 REMAT_MODES = ('always', 'except_last', 'never')

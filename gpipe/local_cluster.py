@@ -137,6 +137,18 @@ class LocalCluster:
   def pids(self):
     return [p.pid for p in self._procs]
 
+  def PeakRssBytes(self):
+    """Each worker's peak resident memory so far (VmHWM; None if gone)."""
+    peaks = []
+    for proc in self._procs:
+      try:
+        with open('/proc/%d/status' % proc.pid) as f:
+          kb = [line.split()[1] for line in f if line.startswith('VmHWM:')]
+        peaks.append(int(kb[0]) * 1024 if kb else None)
+      except OSError:
+        peaks.append(None)
+    return peaks
+
   def Stop(self):
     """Kills the workers (idempotent)."""
     for proc in self._procs:

@@ -4,6 +4,7 @@ from gpipe import lingvo_import  # pylint: disable=unused-import
 from gpipe import executor
 from gpipe import partition
 from gpipe import precision
+from gpipe import replicas
 from lingvo import compat as tf
 from lingvo.core import base_layer
 
@@ -153,6 +154,16 @@ class PipeliningLayer(executor.PipelineExecutor, base_layer.BaseLayer):
         'nests of any kind are accepted anyway.')
     executor.DefineParams(p)
     p.Define(
+        'replica_devices', None,
+        'Data parallelism: R lists of K stage devices, one pipeline replica '
+        'per list, on R x K devices. The variables live on the first list '
+        '(one copy; checkpoints do not depend on R), each replica reads them '
+        'on its own devices, the mini-batch is split into R x M '
+        'micro-batches (M = num_micro_batches per replica) and the R '
+        'gradients of each weight are summed on its device: the loss, '
+        'gradients and batch-norm moving averages of one pipeline with '
+        'R x M micro-batches (see gpipe/replicas.py). None: one pipeline.')
+    p.Define(
         'loss_tpl', None,
         'Optional loss layer run at the end of the last stage on each '
         'micro-batch: FProp(theta, *last_layer_outputs, targets) returning '
@@ -175,7 +186,14 @@ class PipeliningLayer(executor.PipelineExecutor, base_layer.BaseLayer):
     self._costs = cut.costs
     self._cost_name = cut.cost_name
     num_stages = len(self._stage_sizes)
-    self._devices = executor.ResolveDevices(p, self.cluster, num_stages)
+    if p.replica_devices:
+      self._replica_devices = replicas.Resolve(p.name, num_stages,
+                                               p.replica_devices,
+                                               p.stage_devices)
+      self._devices = self._replica_devices[0]
+    else:
+      self._devices = executor.ResolveDevices(p, self.cluster, num_stages)
+      self._replica_devices = [self._devices]
 
     self._keys = cut.child_keys
     for i, lp in enumerate(p.before_tpl):
@@ -199,7 +217,7 @@ class PipeliningLayer(executor.PipelineExecutor, base_layer.BaseLayer):
         lp = p.loss_tpl.Copy()
         if not lp.name:
           lp.name = LOSS_KEY
-        precision.KeepLossInMasterDtype(lp)
+        precision.KeepLossInMasterDtype(p, lp)
         self.CreateChild(LOSS_KEY, lp)
     # Traced stage functions per (eval mode, micro-batch input signature):
     # training and eval graphs, or another batch size, need their own traces.
@@ -217,6 +235,26 @@ class PipeliningLayer(executor.PipelineExecutor, base_layer.BaseLayer):
   @property
   def stage_devices(self):
     return list(self._devices)
+
+  @property
+  def num_replicas(self):
+    """R, the data-parallel replicas of the pipeline (1 without)."""
+    return len(self._replica_devices)
+
+  @property
+  def replica_devices(self):
+    """R lists of the K stage devices of each replica."""
+    return [list(devices) for devices in self._replica_devices]
+
+  @property
+  def num_replicas(self):
+    """R, the data-parallel replicas of the pipeline (1 without)."""
+    return len(self._replica_devices)
+
+  @property
+  def replica_devices(self):
+    """R lists of the K stage devices of each replica."""
+    return [list(devices) for devices in self._replica_devices]
 
   def PartitionReport(self):
     """A table of the stages: layers, parameters and cost."""

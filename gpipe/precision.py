@@ -92,17 +92,20 @@ def ComputeDtype(params):
   return params.fprop_dtype if IsMixed(params) else None
 
 
-def KeepLossInMasterDtype(loss_params):
-  """A pipeline's loss layer computes in its variables' dtype (float32).
+def KeepLossInMasterDtype(pipeline_params, loss_params):
+  """A mixed-precision pipeline's loss layer computes in its master dtype.
 
   Whatever fprop_dtype it was given (SetFPropDtype, or Lingvo's
   CopyBaseParams from the pipeline): the loss is float32 under mixed
-  precision.
+  precision. Without mixed precision the params are left alone (the loss
+  layer then inherits the pipeline's dtype, e.g. float64, as before).
 
   Args:
+    pipeline_params: the pipeline's params.
     loss_params: the loss layer's params (changed in place).
   """
-  loss_params.fprop_dtype = loss_params.dtype
+  if IsMixed(pipeline_params):
+    loss_params.fprop_dtype = pipeline_params.dtype
 
 
 def ToMasterDtype(params, outputs):

@@ -288,3 +288,28 @@ class NumbersSmall(TransformerMTBase):
 
   def Test(self):
     return self._Input('test', False)
+
+
+@model_registry.RegisterSingleTaskModel
+class T64Structure_Numbers(NumbersSmall):  # pylint: disable=invalid-name
+  """The structure of ``T64_16384_32`` at a width this CPU machine can train.
+
+  64 encoder + 64 decoder layers (128 Transformer layers), 16 stages, 32
+  micro-batches and the deep-model fixes of T64_16384_32 (feed-forward init
+  scaled by 1/L, clipped logits), but d_model 32, feed-forward 64, 2 heads on
+  the offline number corpus: the pipeline's shape at scale (16 worker
+  processes, 16 x 32 stage calls per pass) without its 5.23B parameters::
+
+    .venv/bin/python -m tools.trainer --model=mt.T64Structure_Numbers \\
+        --logdir=/tmp/t64 --worker_processes=16 --max_steps=3 \\
+        --log_every_n_steps=1 --eval_after_train=false
+  """
+  MODEL_DIM = 32
+  HIDDEN_DIM = 64
+  NUM_HEADS = 2
+  NUM_LAYERS = 64
+  NUM_STAGES = 16
+  NUM_MICRO_BATCHES = 32
+  BATCH_SIZE = 64
+  SCALE_FFN_INIT = True
+  LOGITS_ABS_MAX = 20.0

@@ -85,6 +85,22 @@ class BenchmarkTest(test_utils.TestCase):
                      (1, 2), True)
     self.assertIn('Headline:', text)
 
+  def testDataParallel(self):
+    result, text, _ = self._Run('data_parallel', '--models', 'transformer')
+    model = result['models']['transformer']
+    self.assertEqual([(1, 1, 1), (1, 1, 2), (2, 1, 1)],
+                     [(c['R'], c['K'], c['M']) for c in model['configs']])
+    for c in model['configs']:
+      self.assertGreater(c['step_seconds'], 0)
+      self.assertGreaterEqual(c['tail_seconds'], 0)
+      self.assertGreaterEqual(c['head_seconds'], 0)
+      # Shares only where there is a second replica.
+      self.assertEqual(c['R'] == 2, c['allreduce_share'] is not None)
+    self.assertAllClose(model['configs'][0]['speedup_vs_R1K1M1'], 1.0)
+    self.assertIsNotNone(model['headline']['speedup_R2K1'])
+    self.assertIn('| 2 | 1 | 1 | 2 |', text)
+    self.assertIn('Headline: R=2, K=1 runs', text)
+
   def testMemory(self):
     result, text, _ = self._Run('memory', '--models', 'transformer',
                                 '--max_layers', '6')

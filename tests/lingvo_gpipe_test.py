@@ -26,8 +26,8 @@ DIM, VOCAB, T, B = 8, 12, 5, 4
 
 def _Transformer(cls, batch_dim, dtype=tf.float64):
   """Tiny params of one of Lingvo's GPipe Transformer stacks."""
-  p = cls.Params().Set(name='stack', model_dim=DIM, num_encoder_layers=2,
-                       num_decoder_layers=2, splits=K, num_micro_batches=2,
+  p = cls.Params().Set(name='stack', model_dim=DIM, num_encoder_layers=1,
+                       num_decoder_layers=1, splits=K, num_micro_batches=2,
                        random_seed=7, dtype=dtype, state_dtype=dtype)
   p.batch_dim = batch_dim
   p.emb_tpl.token_emb.Set(vocab_size=VOCAB, embedding_dim=DIM)

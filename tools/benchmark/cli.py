@@ -2,8 +2,8 @@
 
 ``main`` parses the subcommand and its flags (``--help`` lists them), shrinks
 the defaults for ``--quick`` and runs one of ``throughput.Throughput``,
-``memory.Memory``, ``bubble.Bubble``, ``schedules.Schedules`` or
-``graph.Graph``.
+``memory.Memory``, ``bubble.Bubble``, ``schedules.Schedules``,
+``data_parallel.DataParallel`` or ``graph.Graph``.
 """
 
 import argparse
@@ -13,6 +13,7 @@ import sys
 from gpipe import pipeline
 from tools.benchmark import bubble
 from tools.benchmark import cost
+from tools.benchmark import data_parallel
 from tools.benchmark import graph
 from tools.benchmark import memory
 from tools.benchmark import schedules
@@ -115,6 +116,15 @@ def _Parser():
   p.add_argument('--steps', type=int, default=3,
                  help='timed and traced steps per configuration (median)')
   p.add_argument('--warmup', type=int, default=2)
+  p = sub.add_parser('data_parallel', help=data_parallel.DataParallel.__doc__)
+  p.add_argument('--models', default='',
+                 help='comma-separated: transformer,amoeba (default both)')
+  p.add_argument('--remat', default='always', choices=pipeline.REMAT_MODES)
+  p.add_argument('--steps', type=int, default=5, help='timed rounds')
+  p.add_argument('--warmup', type=int, default=2)
+  p.add_argument('--trace_steps', type=int, default=3,
+                 help='traced steps per configuration (all-reduce share)')
+  Common(p)
 
   p = sub.add_parser('graph', help=graph.Graph.__doc__)
   Common(p)
@@ -143,6 +153,8 @@ def _ApplyQuick(args):
     args.timeline_m = 2
   if args.command == 'cost' and args.micro_batches == 32:
     args.micro_batches = 2
+  if args.command == 'data_parallel':
+    args.trace_steps = 1
   if args.command == 'memory':
     args.cap_mib = min(args.cap_mib, 4.0)
     args.micro_batches = 2
@@ -166,6 +178,7 @@ def main(argv=None):
     _ApplyQuick(args)
   commands = dict(throughput=throughput.Throughput, memory=memory.Memory,
                   bubble=bubble.Bubble, graph=graph.Graph,
-                  schedules=schedules.Schedules, cost=cost.Cost)
+                  schedules=schedules.Schedules, cost=cost.Cost,
+                  data_parallel=data_parallel.DataParallel)
   commands[args.command](args)
   return 0

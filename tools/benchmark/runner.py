@@ -61,8 +61,8 @@ class Config(
     collections.namedtuple('Config', [
         'impl', 'model', 'num_layers', 'batch', 'num_stages',
         'num_micro_batches', 'remat', 'width', 'stages_per_device',
-        'schedule', 'fprop_dtype'
-    ], defaults=(1, None, 'float32'))):
+        'schedule', 'fprop_dtype', 'replicas'
+    ], defaults=(1, None, 'float32', 1))):
   """One benchmark configuration (see the module docstring).
 
   `schedule` (impl 'gpipe' only): None trains with the loss on the merged
@@ -71,6 +71,10 @@ class Config(
   and runs that schedule ('zb_v' places the 2v stages in a V).
   `fprop_dtype` (impl 'gpipe' only): 'bfloat16' computes the layers in
   bfloat16 with float32 variables (gpipe.precision).
+
+  `replicas` (impl 'gpipe' only): R data-parallel replicas of the pipeline
+  (``p.replica_devices``) on R x K pinned one-core workers, each taking 1/R
+  of the batch in M micro-batches; the variables live on the first replica.
   """
 
   @property
@@ -79,9 +83,11 @@ class Config(
     loop = ' v=%d' % v if v > 1 else ''
     sched = ' ' + self.schedule if self.schedule else ''
     dtype = '' if self.fprop_dtype == 'float32' else ' ' + self.fprop_dtype
-    return '%s%s K=%d%s M=%d %s%s' % (self.impl, sched, self.num_stages, loop,
-                                      self.num_micro_batches, self.remat,
-                                      dtype)
+    replicas = ' R=%d' % self.replicas if self.replicas > 1 else ''
+    return '%s%s%s K=%d%s M=%d %s%s' % (self.impl, sched, replicas,
+                                        self.num_stages, loop,
+                                        self.num_micro_batches, self.remat,
+                                        dtype)
 
   @property
   def scope(self):
@@ -90,7 +96,13 @@ class Config(
         self.impl, self.model, self.num_layers, self.batch, self.num_stages,
         self.stages_per_device, self.num_micro_batches, self.remat,
         '_' + self.schedule if self.schedule else '') + (
-            '' if self.fprop_dtype == 'float32' else '_' + self.fprop_dtype)
+            '' if self.fprop_dtype == 'float32' else '_' + self.fprop_dtype) + (
+            '_R%d' % self.replicas if self.replicas > 1 else '')
+
+  @property
+  def num_workers(self):
+    """The worker processes (devices) it runs on: R x K for 'gpipe'."""
+    return self.num_stages * (self.replicas if self.impl == 'gpipe' else 1)
 
 
 def MachineInfo():
@@ -144,7 +156,8 @@ class Step:
     Args:
       config: a Config.
       target: the session target of the worker processes.
-      devices: K device strings (one per stage; 'plain' uses the first).
+      devices: K device strings (one per stage; 'plain' uses the first);
+        R x K for R replicas, replica r on devices[r K:(r+1) K].
     """
     self.config = config
     c = config
@@ -178,6 +191,10 @@ class Step:
               num_micro_batches=c.num_micro_batches, remat=c.remat,
               stage_devices=[devices[d] for d in where])
           precision.SetFPropDtype(p, c.fprop_dtype)
+          if c.replicas > 1:
+            p.replica_devices = [[
+                devices[r * c.num_stages + d] for d in where
+            ] for r in range(c.replicas)]
           loss_device = devices[where[-1]]
           if c.schedule:
             p.Set(schedule=c.schedule,
@@ -322,7 +339,7 @@ class Runner:
     Args:
       impl: 'gpipe' (K pinned one-core workers), 'lingvo' (one unpinned
         worker with K virtual CPUs) or 'plain' (one unpinned worker).
-      num_stages: K.
+      num_stages: K (for 'gpipe': the workers, R x K with replicas).
 
     Returns:
       A LocalCluster.
@@ -348,7 +365,7 @@ class Runner:
     return self._clusters[key]
 
   def Devices(self, config):
-    cluster = self.Cluster(config.impl, config.num_stages)
+    cluster = self.Cluster(config.impl, config.num_workers)
     if config.impl in ('gpipe', 'inline'):
       return cluster.devices
     device = cluster.devices[0]
@@ -356,7 +373,7 @@ class Runner:
 
   def Add(self, config):
     """Builds a configuration's step; returns the Step."""
-    cluster = self.Cluster(config.impl, config.num_stages)
+    cluster = self.Cluster(config.impl, config.num_workers)
     step = Step(config, cluster.target, self.Devices(config))
     self._log('built %-28s in %5.1f s, %6d ops' %
               (config.label, step.build_seconds, step.num_ops))

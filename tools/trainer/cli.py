@@ -48,6 +48,7 @@ from tools.trainer import decoder
 from tools.trainer import evaler
 from tools.trainer import inspect_model
 from tools.trainer import model_select
+from tools.trainer import placement as placement_lib
 from tools.trainer import run_config
 from tools.trainer import train_loop
 # pylint: enable=g-import-not-at-top,wrong-import-position
@@ -92,6 +93,18 @@ flags.DEFINE_string(
     'precision (variables, optimizer slots, gradient accumulation and the '
     'loss stay float32; see gpipe/precision.py). float16 is refused (it '
     'needs loss scaling).')
+flags.DEFINE_integer(
+    'data_parallel', 1,
+    'R: train R data-parallel replicas of the pipeline on R x K workers '
+    '(--worker_processes=R*K or --cluster_spec with R*K servers; default: '
+    'R x K virtual CPUs). Replica r takes 1/R of each mini-batch on workers '
+    'r*K .. r*K+K-1; the gradients are summed in the graph, one update, one '
+    'copy of the variables (checkpoints do not depend on R).')
+flags.DEFINE_integer(
+    'max_worker_restarts', 0,
+    'With --worker_processes: when a worker dies, stop the workers, start '
+    'fresh ones, restore the newest checkpoint and go on, at most this many '
+    'times (0: stop with an error).')
 flags.DEFINE_integer('checkpoint_every_n_steps', 100, 'Checkpoint period.')
 flags.DEFINE_integer('log_every_n_steps', 10,
                      'Console progress line and summary period.')
@@ -117,7 +130,8 @@ USER_ERRORS = (model_select.UnknownModelError, run_config.LogdirError,
                checkpoints.CheckpointCorruptError,
                checkpoints.NoCheckpointError,
                train_loop.NonFiniteLossError, train_loop.WorkerLostError,
-               local_cluster.WorkerDiedError, ValueError)
+               local_cluster.WorkerDiedError, placement_lib.WorkerRestartError,
+               ValueError)
 
 
 def SettleFromFlags():
@@ -130,7 +144,9 @@ def SettleFromFlags():
       worker_processes=FLAGS.worker_processes,
       cluster_spec=FLAGS.cluster_spec, pin_cores=FLAGS.pin_cores,
       loop_stages=FLAGS.loop_stages, fprop_dtype=FLAGS.fprop_dtype,
-      step_timeout_secs=FLAGS.step_timeout_secs, seed=FLAGS.seed,
+      step_timeout_secs=FLAGS.step_timeout_secs,
+      data_parallel=FLAGS.data_parallel,
+      max_worker_restarts=FLAGS.max_worker_restarts, seed=FLAGS.seed,
       max_steps=FLAGS.max_steps,
       checkpoint_every_n_steps=FLAGS.checkpoint_every_n_steps,
       log_every_n_steps=FLAGS.log_every_n_steps,
@@ -162,6 +178,11 @@ def Main(run, echo):
       decoder.Decode(run, echo=echo)
     else:
       _Train(run, echo)
+    if placement.cluster is not None:
+      peaks = placement.cluster.PeakRssBytes()
+      echo('worker peak memory (VmHWM): %s' % ', '.join(
+          '%d: %s' % (i, '%.0f MiB' % (b / 2**20) if b else '?')
+          for i, b in enumerate(peaks)))
     return 0
   finally:
     placement.Stop()
@@ -170,10 +191,30 @@ def Main(run, echo):
 def _Train(run, echo):
   """Modes train and train_and_eval."""
   evaluate = lambda path: evaler.Evaluate(run, path=path, echo=echo)
-  loop = train_loop.TrainLoop(
-      run, after_checkpoint=evaluate if run.mode == 'train_and_eval' else None,
-      echo=echo)
-  step, path = loop.Run()
+  placement = run.placement
+  while True:
+    loop = train_loop.TrainLoop(
+        run,
+        after_checkpoint=evaluate if run.mode == 'train_and_eval' else None,
+        echo=echo)
+    try:
+      step, path = loop.Run()
+      break
+    except train_loop.WorkerLostError as e:
+      if not run.max_worker_restarts:
+        raise
+      if placement.restarts >= run.max_worker_restarts:
+        raise train_loop.WorkerLostError('%s%s' % (e, train_loop.GaveUpNote(
+            placement.restarts, run.max_worker_restarts))) from e
+      # The error's advice (run the command again) is what happens next.
+      echo('worker lost: %s' % str(e).split(': training stopped')[0])
+      echo('restarting the worker processes (restart %d of %d), then '
+           'resuming from the newest checkpoint' %
+           (placement.restarts + 1, run.max_worker_restarts))
+      placement.Restart()
+      echo('restarted %d worker processes (pids %s) serving %s' %
+           (len(placement.cluster.pids), placement.cluster.pids,
+            ', '.join(placement.cluster.ClusterSpecDict()['worker'])))
   if run.mode == 'train' and run.eval_after_train and path:
     _, metrics = evaluate(path)
     for name in ('accuracy', 'top5_accuracy', 'bleu'):
@@ -194,8 +235,15 @@ def main(argv):
   # Flushed: progress must show up at once when stdout is a file or pipe.
   echo = functools.partial(print, flush=True)
   try:
-    return Main(SettleFromFlags(), echo)
-  except train_loop.WorkerLostError as e:
+    code = Main(SettleFromFlags(), echo)
+    if train_loop.AbandonedSessions():
+      # A session of workers lost before a restart cannot be closed (it
+      # would wait for them forever): skip the interpreter's cleanup.
+      sys.stdout.flush()
+      sys.stderr.flush()
+      os._exit(code)  # pylint: disable=protected-access
+    return code
+  except (train_loop.WorkerLostError, placement_lib.WorkerRestartError) as e:
     print('trainer: error: %s' % e, file=sys.stderr, flush=True)
     sys.stdout.flush()
     # The session to the lost worker cannot be closed (it would wait for the

@@ -71,5 +71,9 @@ def Describe(layer):
                  'devices %s' % (pipe.path, pipe.num_stages, micro,
                                  p.schedule, p.remat,
                                  ', '.join(pipe.stage_devices)))
+    if pipe.num_replicas > 1:
+      lines.append('pipeline %s: %d data-parallel replicas, on %s' % (
+          pipe.path, pipe.num_replicas, ' | '.join(
+              ', '.join(devices) for devices in pipe.replica_devices)))
     lines.append(pipe.PartitionReport())
   return lines

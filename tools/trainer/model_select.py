@@ -226,15 +226,20 @@ def SetPipelineShape(cfg, num_stages=None, num_micro_batches=None,
   return found
 
 
-def SetStageDevices(cfg, devices, keep_explicit=False, loop=False):
+def SetStageDevices(cfg, devices, keep_explicit=False, loop=False,
+                    data_parallel=1):
   """Places stage k of every pipeline in `cfg` on devices[k].
 
   Args:
     cfg: model params (changed in place).
-    devices: device strings, at least K of them (any number with `loop`).
-    keep_explicit: leave pipelines whose params already name devices alone.
+    devices: device strings, at least K of them (any number with `loop`);
+      with data_parallel=R, R equal groups of them, one per replica.
+    keep_explicit: leave pipelines whose params already name devices alone
+      (not with data_parallel > 1: the replicas need the devices given).
     loop: place stage k on devices[k % D]: with fewer devices than stages a
       device holds several stages (run breadth-first, a smaller bubble).
+    data_parallel: R, data-parallel replicas of each pipeline: replica r runs
+      on the r-th of R equal groups of `devices` (p.replica_devices).
 
   A pipeline whose schedule places several stages per device gets its
   placement: 'zb_v' a V over K/2 devices (stage s on device min(s, K-1-s)),
@@ -242,34 +247,86 @@ def SetStageDevices(cfg, devices, keep_explicit=False, loop=False):
   stages.
 
   Raises:
-    ValueError: fewer devices than stages (without `loop`).
+    ValueError: fewer devices than stages (without `loop`); with
+      data_parallel, a device count that is not R x the devices one replica
+      needs.
   """
   for path, pp in FindPipelines(cfg):
-    if keep_explicit and pp.stage_devices:
+    if (keep_explicit and data_parallel == 1 and
+        (pp.stage_devices or pp.replica_devices)):
       continue
-    k = NumStages(pp)
-    if pp.schedule == 'zb_v':
-      if k % 2 or len(devices) < k // 2:
-        raise ValueError(
-            "the pipeline at %s runs schedule 'zb_v' (two stages per device "
-            'in a V) but has %d stages for %d devices/workers: use an even '
-            '--num_stages of at most %d' % (path, k, len(devices),
-                                            2 * len(devices)))
-      pp.stage_devices = [devices[d] for d in gpipe_schedule.VPlacement(k)]
-      continue
-    if loop or (pp.schedule == 'interleaved_1f1b' and len(devices) < k):
-      pp.stage_devices = [devices[s % len(devices)] for s in range(k)]
-      continue
-    if len(devices) < k:
+    if data_parallel > 1:
+      groups = _ReplicaGroups(path, pp, devices, data_parallel, loop)
+      pp.replica_devices = [_StageDevices(path, pp, g, loop) for g in groups]
+      pp.stage_devices = list(pp.replica_devices[0])
+    else:
+      pp.stage_devices = _StageDevices(path, pp, devices, loop)
+
+
+def DevicesPerReplica(pipeline_params):
+  """The devices one pipeline needs: K, or K/2 for 'zb_v' (a V)."""
+  k = NumStages(pipeline_params)
+  return k // 2 if pipeline_params.schedule == 'zb_v' else k
+
+
+def _ReplicaGroups(path, pp, devices, data_parallel, loop):
+  """`devices` cut into R groups for R replicas of the pipeline at `path`."""
+  need = DevicesPerReplica(pp)
+  per = len(devices) // data_parallel
+  if len(devices) % data_parallel or (not loop and per != need):
+    total = data_parallel * need
+    raise ValueError(
+        '--data_parallel=%d: the pipeline at %s needs %d device(s) per '
+        'replica (%d stages%s), so R x K = %d workers/devices, but %d were '
+        'given: set --worker_processes=%d (or --cluster_spec with %d '
+        'servers), or change --data_parallel or --num_stages' %
+        (data_parallel, path, need, NumStages(pp),
+         ', two per device in a V' if pp.schedule == 'zb_v' else '', total,
+         len(devices), total, total))
+  return [devices[r * per:(r + 1) * per] for r in range(data_parallel)]
+
+
+def _StageDevices(path, pp, devices, loop):
+  """The stage devices of the pipeline at `path` on `devices`."""
+  k = NumStages(pp)
+  if pp.schedule == 'zb_v':
+    if k % 2 or len(devices) < k // 2:
       raise ValueError(
-          'the pipeline at %s has %d stages but only %d devices/workers were '
-          'given (%s): start as many workers as stages, pass '
-          '--num_stages=%d, or --loop_stages to put several stages on each' %
-          (path, k, len(devices), devices, len(devices)))
-    pp.stage_devices = list(devices[:k])
+          "the pipeline at %s runs schedule 'zb_v' (two stages per device "
+          'in a V) but has %d stages for %d devices/workers: use an even '
+          '--num_stages of at most %d' % (path, k, len(devices),
+                                          2 * len(devices)))
+    return [devices[d] for d in gpipe_schedule.VPlacement(k)]
+  if loop or (pp.schedule == 'interleaved_1f1b' and len(devices) < k):
+    return [devices[s % len(devices)] for s in range(k)]
+  if len(devices) < k:
+    raise ValueError(
+        'the pipeline at %s has %d stages but only %d devices/workers were '
+        'given (%s): start as many workers as stages, pass '
+        '--num_stages=%d, or --loop_stages to put several stages on each' %
+        (path, k, len(devices), devices, len(devices)))
+  return list(devices[:k])
 
 
 def MaxStages(cfg):
   """The largest K of the pipelines in `cfg` (1 without any)."""
   return max([NumStages(pp) for _, pp in FindPipelines(cfg)] or [1])
+
+
+def CheckDataParallel(cfg, data_parallel):
+  """Raises a clear ValueError if `cfg` cannot run R data-parallel replicas.
+
+  Args:
+    cfg: model params.
+    data_parallel: R (1: nothing to check).
+  """
+  if data_parallel < 1:
+    raise ValueError('--data_parallel=%d: give the number of replicas, >= 1' %
+                     data_parallel)
+  if data_parallel > 1 and not FindPipelines(cfg):
+    raise ValueError(
+        '--data_parallel=%d: this model has no gpipe PipeliningLayer in its '
+        'params, and data parallelism here runs R replicas of a pipeline. '
+        'Use a pipelined model (see params/) or drop --data_parallel' %
+        data_parallel)
 

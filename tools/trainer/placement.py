@@ -15,6 +15,8 @@ Each step runs with a timeout, so a lost worker fails the step with an error
 instead of blocking forever.
 """
 
+import os
+
 from gpipe import lingvo_import  # pylint: disable=unused-import
 from gpipe import local_cluster
 from lingvo import compat as tf
@@ -51,6 +53,10 @@ def ParseClusterSpec(text):
   return jobs
 
 
+class WorkerRestartError(RuntimeError):
+  """Lost local workers could not be replaced by fresh ones."""
+
+
 class Placement:
   """Stage devices, the session target/config, and worker liveness."""
 
@@ -72,9 +78,11 @@ class Placement:
     self.num_stages = num_stages
     self.step_timeout_ms = int(step_timeout_secs * 1000)
     self.cluster = None
+    self.restarts = 0
+    self._worker_args = dict(pin_cores=pin_cores, log_dir=log_dir)
     if worker_processes:
-      self.cluster = local_cluster.LocalCluster(
-          worker_processes, pin_cores=pin_cores, log_dir=log_dir)
+      self.cluster = local_cluster.LocalCluster(worker_processes,
+                                                **self._worker_args)
       self.devices = self.cluster.devices
       self.target = self.cluster.target
       self.num_cpus = 1
@@ -137,3 +145,36 @@ class Placement:
   def Stop(self):
     if self.cluster is not None:
       self.cluster.Stop()
+
+  def Restart(self):
+    """Stops every local worker and starts fresh ones in their places.
+
+    The devices (task i of job 'worker') stay the same; the ports and the
+    session target change, so a new graph and session are needed. Worker
+    logs of restart n go to <log_dir>/restart_<n>/.
+
+    Raises:
+      WorkerRestartError: there are no local workers to restart, or the
+        fresh workers did not start (the reason is in the message).
+    """
+    if self.cluster is None:
+      raise WorkerRestartError(
+          'the trainer can only restart local worker processes it started '
+          '(--worker_processes)')
+    num = self.cluster.num_workers
+    self.cluster.Stop()
+    self.restarts += 1
+    args = dict(self._worker_args)
+    if args['log_dir']:
+      args['log_dir'] = os.path.join(args['log_dir'],
+                                     'restart_%d' % self.restarts)
+    try:
+      self.cluster = local_cluster.LocalCluster(num, **args)
+    except (RuntimeError, OSError) as e:
+      raise WorkerRestartError(
+          'could not restart the %d local worker processes (restart %d): %s. '
+          'Check the worker logs%s and the machine (memory, processes), '
+          'then run the same command again to resume from the newest '
+          'checkpoint' % (num, self.restarts, e, (' in %s' % args['log_dir'])
+                          if args['log_dir'] else '')) from e
+    self.target = self.cluster.target

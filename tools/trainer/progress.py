@@ -6,7 +6,8 @@ after the step it restored, so the file always describes the one history
 that the checkpoints continue (tests compare it across runs).
 
 ``Progress`` formats the console line printed every N steps: step, loss,
-examples/s and the estimated time to max_steps.
+examples/s (with data-parallel replicas also per replica) and the estimated
+time to max_steps.
 """
 
 import json
@@ -75,8 +76,18 @@ def FormatSeconds(seconds):
 class Progress:
   """Throughput over the last interval and the ETA to max_steps."""
 
-  def __init__(self, start_step, max_steps, clock=time.time):
+  def __init__(self, start_step, max_steps, clock=time.time, replicas=1):
+    """Starts the first interval.
+
+    Args:
+      start_step: the global step the run starts from.
+      max_steps: the step it trains to.
+      clock: returns the time in seconds.
+      replicas: R data-parallel replicas: the line also gives examples/s
+        per replica (each takes 1/R of every mini-batch).
+    """
     self._clock = clock
+    self._replicas = replicas
     self._max_steps = max_steps
     self._last_step = start_step
     self._last_time = clock()
@@ -104,7 +115,11 @@ class Progress:
     shown = ['loss %.4f' % metrics['loss']] + [
         '%s %.4g' % (k, v) for k, v in sorted(metrics.items()) if k != 'loss'
     ]
-    line = 'step %d/%d  %s  %.1f examples/s  ETA %s' % (
-        step, self._max_steps, '  '.join(shown), rate, FormatSeconds(eta))
+    speed = '%.1f examples/s' % rate
+    if self._replicas > 1:
+      speed += ' (%.1f per replica x %d)' % (rate / self._replicas,
+                                             self._replicas)
+    line = 'step %d/%d  %s  %s  ETA %s' % (
+        step, self._max_steps, '  '.join(shown), speed, FormatSeconds(eta))
     self._last_step, self._last_time, self._examples = step, now, 0
     return line, rate

@@ -48,6 +48,9 @@ class RunConfig:
     eval_after_train: in train mode, evaluate on Test() at the end.
     decode_max_batches: decode at most this many batches (None: all).
     fprop_dtype: the layers' compute dtype, 'float32' or 'bfloat16'.
+    data_parallel: R, data-parallel replicas of the training pipeline(s).
+    max_worker_restarts: how often a lost local worker may be replaced by
+      restarting the workers and resuming from the newest checkpoint.
   """
   model: str
   mode: str
@@ -63,6 +66,8 @@ class RunConfig:
   eval_after_train: bool = True
   decode_max_batches: Optional[int] = None
   fprop_dtype: str = 'float32'
+  data_parallel: int = 1
+  max_worker_restarts: int = 0
 
 
 def PrepareLogdir(logdir, mode):
@@ -101,7 +106,8 @@ def Settle(model, mode, logdir=None, override='', num_stages=None,
            num_micro_batches=None, schedule=None, input_seed=None,
            worker_processes=0,
            cluster_spec='', pin_cores=False, loop_stages=False,
-           step_timeout_secs=300, fprop_dtype='float32', **settings):
+           step_timeout_secs=300, fprop_dtype='float32', data_parallel=1,
+           max_worker_restarts=0, **settings):
   """Decides the run: params, placement, stage devices (see module doc).
 
   Args:
@@ -120,6 +126,10 @@ def Settle(model, mode, logdir=None, override='', num_stages=None,
     fprop_dtype: 'float32' or 'bfloat16' (mixed precision, gpipe.precision);
       anything else is a ValueError saying what to use.
     step_timeout_secs: the longest a session run may take.
+    data_parallel: R replicas of the training pipeline on R x K devices
+      (evaluation and decoding run one pipeline, on the first replica's).
+    max_worker_restarts: restarts of lost local workers (needs
+      worker_processes).
     **settings: the other RunConfig fields (seed, max_steps, periods...).
 
   Returns:
@@ -134,20 +144,39 @@ def Settle(model, mode, logdir=None, override='', num_stages=None,
            fprop_dtype)
   train = _ModelParams(model, 'Train', *shape)
   settings['fprop_dtype'] = fprop_dtype
+  model_select.CheckDataParallel(train, data_parallel)
+  if max_worker_restarts < 0:
+    raise ValueError('--max_worker_restarts=%d: give a count >= 0' %
+                     max_worker_restarts)
+  if max_worker_restarts and not worker_processes:
+    raise ValueError(
+        '--max_worker_restarts=%d: the trainer can only restart the local '
+        'worker processes it starts itself (--worker_processes=N); servers '
+        'of --cluster_spec or in-process devices cannot be restarted by it. '
+        'Use --worker_processes, or restart the servers yourself and run '
+        'the same command again to resume' % max_worker_restarts)
+  settings.update(data_parallel=data_parallel,
+                  max_worker_restarts=max_worker_restarts)
   if mode == 'inspect_model':
     return RunConfig(model=model, mode=mode, logdir=None, placement=None,
                      train=train, test=None, **settings)
   logdir = PrepareLogdir(logdir, mode)
   test = _ModelParams(model, 'Test', *shape)
   placement = placement_lib.Placement(
-      model_select.MaxStages(train), worker_processes=worker_processes,
+      model_select.MaxStages(train) * data_parallel,
+      worker_processes=worker_processes,
       cluster_spec=cluster_spec, step_timeout_secs=step_timeout_secs,
       log_dir=os.path.join(logdir, 'workers'), pin_cores=pin_cores)
   try:
-    for cfg in (train, test):
-      model_select.SetStageDevices(
-          cfg, placement.devices, keep_explicit=not placement.distributed,
-          loop=loop_stages and placement.distributed)
+    model_select.SetStageDevices(
+        train, placement.devices, keep_explicit=not placement.distributed,
+        loop=loop_stages and placement.distributed,
+        data_parallel=data_parallel)
+    # Evaluation runs one pipeline, on the first replica's devices.
+    model_select.SetStageDevices(
+        test, placement.devices[:len(placement.devices) // data_parallel],
+        keep_explicit=not placement.distributed,
+        loop=loop_stages and placement.distributed)
   except BaseException:
     placement.Stop()
     raise

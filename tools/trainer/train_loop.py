@@ -14,7 +14,9 @@ mini-batch. The loop:
   writes that step's timeline to logdir/traces/step_<N>.trace.json, which
   Perfetto and chrome://tracing open);
 * stops with a clear error, without saving, on a NaN/Inf loss, and on a dead
-  worker process or a step that exceeds its timeout.
+  worker process or a step that exceeds its timeout (with
+  ``--max_worker_restarts`` the trainer then restarts the workers and runs a
+  new loop from the newest checkpoint: tools/trainer/cli.py).
 """
 
 import math
@@ -42,6 +44,11 @@ _ABANDONED_SESSIONS = []
 # Trace files of traced steps (Trace Event Format: open them in
 # https://ui.perfetto.dev or chrome://tracing).
 TRACE_DIR = 'traces'
+
+
+def AbandonedSessions():
+  """How many sessions of lost workers were left open (see _RunSession)."""
+  return len(_ABANDONED_SESSIONS)
 
 
 def TracePath(logdir, step):
@@ -128,8 +135,10 @@ class TrainLoop:
     """Trains to max_steps; returns (global step, path of last checkpoint)."""
     cfg, resume = self._TrainParams()
     max_steps = self._run.max_steps or cfg.task.train.max_steps
+    started = time.time()
     built = model_graph.Build(cfg, self._placement, 'train', self._run.seed)
     task = built.task
+    self._echo('built the training graph in %.1f s' % (time.time() - started))
     for line in model_graph.Describe(built.model):
       self._echo(line)
     with built.graph.as_default():
@@ -192,7 +201,13 @@ class TrainLoop:
     """Runs steps until max_steps; see the module docstring."""
     writer = summaries.Writer(self._logdir)
     step_log = progress.StepLog(self._logdir, resume_step=step)
-    meter = progress.Progress(step, max_steps)
+    replicas = self._run.data_parallel
+    meter = progress.Progress(step, max_steps, replicas=replicas)
+    if self._placement.restarts:
+      # TensorBoard shows where the run went on after a restart.
+      writer.Scalars(step, {'trainer/worker_restarts':
+                                self._placement.restarts})
+      writer.Flush()
     start_step = step
     saved_step = step if last_ckpt else None
     self._last_saved = last_ckpt
@@ -228,6 +243,9 @@ class TrainLoop:
           self._echo(line)
           scalars = dict(metrics)
           scalars['examples_per_sec'] = rate
+          if replicas > 1:
+            # A synchronous step: each replica takes 1/R of the mini-batch.
+            scalars['examples_per_sec_per_replica'] = rate / replicas
           lr = LearningRate(metrics)
           if lr is not None:
             scalars['learning_rate'] = lr
@@ -326,7 +344,11 @@ class TrainLoop:
       What run() returns.
     """
     try:
-      with _DeathWatch(self._placement, doing, last_ckpt):
+      with _DeathWatch(self._placement, doing, last_ckpt,
+                       recoverable=(self._placement.restarts <
+                                    self._run.max_worker_restarts),
+                       note=GaveUpNote(self._placement.restarts,
+                                       self._run.max_worker_restarts)):
         return run()
     except tf.errors.DeadlineExceededError as e:
       self._CheckWorkers(doing, last_ckpt, wait_secs=3)
@@ -362,6 +384,14 @@ class TrainLoop:
     writer.Flush()
 
 
+def GaveUpNote(restarts, max_restarts):
+  """' (gave up after N worker restart(s), ...)' once restarts ran out."""
+  if not max_restarts:
+    return ''
+  return ' (gave up after %d worker restart(s), --max_worker_restarts=%d)' % (
+      restarts, max_restarts)
+
+
 class _DeathWatch:
   """Ends the process if a local worker dies while a step stays blocked.
 
@@ -373,8 +403,10 @@ class _DeathWatch:
   """
 
   def __init__(self, placement, doing, last_ckpt, poll_secs=0.5,
-               grace_secs=5.0):
+               grace_secs=5.0, recoverable=False, note=''):
     self._placement = placement
+    self._recoverable = recoverable
+    self._note = note
     self._doing = doing
     self._last_ckpt = last_ckpt
     self._poll_secs = poll_secs
@@ -398,11 +430,16 @@ class _DeathWatch:
       except local_cluster.WorkerDiedError as e:
         if self._done.wait(self._grace_secs):
           return  # The step returned; the loop reports the dead worker.
+        if self._recoverable:
+          # Stopping every worker fails the blocked run with an RPC error;
+          # the loop then restarts the workers.
+          self._placement.Stop()
+          return
         sys.stderr.write(
             'trainer: error: %s %s, and the session run did not return: '
-            'training stopped. The last checkpoint (%s) is intact: run the '
+            'training stopped%s. The last checkpoint (%s) is intact: run the '
             'same command again to resume from it.\n' %
-            (e, self._doing, self._last_ckpt or 'none yet'))
+            (e, self._doing, self._note, self._last_ckpt or 'none yet'))
         sys.stderr.flush()
         sys.stdout.flush()
         self._placement.Stop()

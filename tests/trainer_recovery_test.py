@@ -1,0 +1,149 @@
+"""--max_worker_restarts: a killed worker is replaced and training goes on."""
+
+from gpipe import lingvo_import  # pylint: disable=unused-import
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+from lingvo import compat as tf
+from lingvo.core import test_utils
+from tests import trainer_testlib
+from tools.trainer import checkpoints
+from tools.trainer import progress
+from tools.trainer import summaries
+
+TOY = trainer_testlib.TOY
+EVERY = 10
+FLAGS = ['--model=' + TOY, '--checkpoint_every_n_steps=%d' % EVERY,
+         '--log_every_n_steps=1000', '--trace_every_n_steps=0',
+         '--eval_after_train=false', '--worker_processes=2',
+         '--max_steps=1000000']
+
+
+def _Losses(logdir):
+  path = os.path.join(logdir, progress.STEP_LOG)
+  return [(r['step'], r['loss'], r['accuracy'])
+          for r in progress.ReadStepLog(path)]
+
+
+def _Read(path):
+  with open(path) as f:
+    return f.read()
+
+
+class TrainerRecoveryTest(test_utils.TestCase):
+
+  def _WaitFor(self, proc, log_path, ready, what):
+    deadline = time.time() + 240
+    while not ready():
+      if proc.poll() is not None:
+        self.fail('the trainer exited before %s:\n%s' % (what,
+                                                          _Read(log_path)))
+      self.assertLess(time.time(), deadline,
+                      'no %s:\n%s' % (what, _Read(log_path)))
+      time.sleep(0.05)
+
+  def _KillMidInterval(self, proc, logdir, log_path, pid):
+    """SIGKILLs `pid` a few steps after a checkpoint: those steps are lost."""
+
+    def Ready():
+      newest = checkpoints.Newest(logdir)
+      records = progress.ReadStepLog(os.path.join(logdir, progress.STEP_LOG))
+      if not newest or not records:
+        return False
+      return 2 < records[-1]['step'] - checkpoints.GlobalStepOf(newest) <= 5
+
+    self._WaitFor(proc, log_path, Ready, 'checkpoint and steps after it')
+    os.kill(pid, signal.SIGKILL)
+    return checkpoints.GlobalStepOf(checkpoints.Newest(logdir))
+
+  def testKilledWorkerIsReplacedUntilTheRestartsRunOut(self):
+    logdir = self.create_tempdir().full_path
+    log_path = os.path.join(self.create_tempdir().full_path, 'trainer.log')
+    proc = trainer_testlib.Popen(
+        FLAGS + ['--logdir=' + logdir, '--max_worker_restarts=1'], log_path)
+    try:
+      self._WaitFor(proc, log_path,
+                    lambda: re.search(r'pids \[\d+, \d+\]', _Read(log_path)),
+                    'workers')
+      first = re.search(r'pids \[(\d+), (\d+)\]', _Read(log_path))
+      resume_step = self._KillMidInterval(proc, logdir, log_path,
+                                          int(first.group(2)))
+      # Training goes on with fresh workers from the newest checkpoint.
+      restarted = r'restarted 2 worker processes \(pids \[(\d+), (\d+)\]\)'
+      self._WaitFor(
+          proc, log_path,
+          lambda: (re.search(restarted, _Read(log_path)) and
+                   len(_Losses(logdir)) > resume_step + 2 * EVERY),
+          'steps after the restart')
+      second = re.search(restarted, _Read(log_path))
+      # A second loss exceeds --max_worker_restarts=1: a clear error.
+      os.kill(int(second.group(1)), signal.SIGKILL)
+      proc.wait(timeout=60)
+    finally:
+      if proc.poll() is None:
+        proc.kill()
+        proc.wait()
+    log = _Read(log_path)
+    self.assertEqual(1, proc.returncode, log)
+    self.assertRegex(
+        log, r'worker lost: pipeline worker 1 \(pid %s, localhost:\d+\) '
+        r'exited with code -9' % first.group(2))
+    self.assertIn('restarting the worker processes (restart 1 of 1), then '
+                  'resuming from the newest checkpoint', log)
+    self.assertIn('resumed from %s/ckpt-%d at step %d' %
+                  (logdir, resume_step, resume_step), log)
+    self.assertRegex(
+        log, r'trainer: error: pipeline worker 0 \(pid %s, localhost:\d+\) '
+        r'exited with code -9 .*\(gave up after 1 worker restart\(s\), '
+        r'--max_worker_restarts=1\)' % second.group(1))
+    self.assertIn('trainer/worker_restarts', summaries.Read(logdir))
+    self.assertEqual([(resume_step, 1.0)],
+                     summaries.Read(logdir)['trainer/worker_restarts'])
+    # One history, with the redone steps: the losses of an uninterrupted run.
+    recovered = _Losses(logdir)
+    steps = [s for s, _, _ in recovered]
+    self.assertEqual(list(range(1, len(steps) + 1)), steps)
+    reference_dir = self.create_tempdir().full_path
+    code, _, err = trainer_testlib.RunInProcess(
+        model=TOY, logdir=reference_dir, max_steps=len(steps),
+        checkpoint_every_n_steps=1000, log_every_n_steps=1000,
+        trace_every_n_steps=0, eval_after_train=False)
+    self.assertEqual(0, code, err)
+    self.assertAllClose(_Losses(reference_dir), recovered, rtol=1e-5)
+
+  def testWorkersThatCannotBeRestartedStopTheRun(self):
+    logdir = self.create_tempdir().full_path
+    log_path = os.path.join(self.create_tempdir().full_path, 'trainer.log')
+    with open(log_path, 'w') as log:
+      proc = subprocess.Popen(
+          [sys.executable, '-m', 'tests.restart_failure_probe'] + FLAGS +
+          ['--logdir=' + logdir, '--max_worker_restarts=2'],
+          cwd=trainer_testlib.ROOT, env=trainer_testlib.Environment(),
+          stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    try:
+      self._WaitFor(proc, log_path,
+                    lambda: re.search(r'pids \[\d+, \d+\]', _Read(log_path)),
+                    'workers')
+      pids = re.search(r'pids \[(\d+), (\d+)\]', _Read(log_path))
+      self._KillMidInterval(proc, logdir, log_path, int(pids.group(2)))
+      proc.wait(timeout=60)
+    finally:
+      if proc.poll() is None:
+        proc.kill()
+        proc.wait()
+    log = _Read(log_path)
+    self.assertEqual(1, proc.returncode, log)
+    self.assertIn(
+        'trainer: error: could not restart the 2 local worker processes '
+        '(restart 1): worker 0 exited with code 1 while starting', log)
+    self.assertIn('then run the same command again to resume from the '
+                  'newest checkpoint', log)
+
+
+if __name__ == '__main__':
+  tf.test.main()
