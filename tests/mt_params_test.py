@@ -96,6 +96,21 @@ class MtParamsTest(test_utils.TestCase, parameterized.TestCase):
     self.assertEqual(p.task.max_decode_len, p.input.tgt_len)
     self.assertEqual(p.input.batch_size % network.num_micro_batches, 0)
 
+  def testT64StructureHasTheLayersStagesAndMicroBatchesOfT64(self):
+    # The 16-worker scale run (docs/BENCHMARKS.md): T64_16384_32's shape.
+    small = model_registry.GetParams('mt.T64Structure_Numbers', 'Train')
+    big = model_registry.GetParams('mt.T64_16384_32', 'Train')
+    layers = small.task.network.layers
+    self.assertLen(layers, len(big.task.network.layers))
+    self.assertLen(layers, 130)  # 64 + 64 Transformer layers, emb, softmax
+    self.assertEqual([lp.cls for lp in big.task.network.layers],
+                     [lp.cls for lp in layers])
+    self.assertEqual(16, small.task.network.num_stages)
+    self.assertEqual(big.task.network.num_stages,
+                     small.task.network.num_stages)
+    self.assertEqual(32, small.task.network.num_micro_batches)
+    self.assertEqual(0, small.input.batch_size % 32)
+
   def testNumbersSmallBuildsTwoStagesOfFourMicroBatches(self):
     p = model_registry.GetParams('mt.NumbersSmall', 'Train')
     self.assertEqual(p.task.network.num_micro_batches, 4)
