@@ -246,16 +246,6 @@ class PipeliningLayer(executor.PipelineExecutor, base_layer.BaseLayer):
     """R lists of the K stage devices of each replica."""
     return [list(devices) for devices in self._replica_devices]
 
-  @property
-  def num_replicas(self):
-    """R, the data-parallel replicas of the pipeline (1 without)."""
-    return len(self._replica_devices)
-
-  @property
-  def replica_devices(self):
-    """R lists of the K stage devices of each replica."""
-    return [list(devices) for devices in self._replica_devices]
-
   def PartitionReport(self):
     """A table of the stages: layers, parameters and cost."""
     return partition.Report(self._layer_params, self._stage_sizes, self._costs,
