@@ -97,7 +97,8 @@ def DataParallel(args):
   """R=2 replicas over R=1 on pinned one-core workers; all-reduce share."""
   models = (throughput.QUICK_THROUGHPUT_MODELS if args.quick else
             throughput.THROUGHPUT_MODELS)
-  names = args.models.split(',') if args.models else list(models)
+  names = (args.models.split(',') if args.models else
+           ['transformer', 'amoeba'])  # one-tensor stacks with replicas
   settings = dict(remat=args.remat, steps=args.steps, warmup=args.warmup,
                   traces=args.trace_steps, priority=args.priority,
                   workers='R x K processes, one pinned core each (worker i '
