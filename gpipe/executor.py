@@ -21,6 +21,7 @@ from gpipe import schedule
 from gpipe import separability
 from gpipe import split_backward
 from gpipe import stage as stage_lib
+from gpipe import weight_batching
 from lingvo import compat as tf
 from lingvo.core import py_utils
 
@@ -52,9 +53,14 @@ class PipelineExecutor:
   def num_replicas(self):
     return len(self.replica_devices)
 
-  def _StageFns(self, micro_batch_inputs, replica=0):
+  def _BatchedWeights(self):
+    """Whether each stage computes its weight gradients once per step."""
+    return bool(getattr(self.params, 'batched_weight_gradients', False))
+
+  def _StageFns(self, micro_batch_inputs, replica=0, num_micro_batches=1):
     """The StageFunctions for this mode, input signature and replica."""
-    key = (replica, self.do_eval, tuple(
+    batched = self._BatchedWeights() and not self.do_eval
+    key = (replica, self.do_eval, batched and num_micro_batches, tuple(
         (tuple(t.shape.as_list()), t.dtype.name)
         for t in micro_batch.Present(micro_batch_inputs)),
            str(tf.nest.map_structure(lambda t: t is None,
@@ -62,9 +68,13 @@ class PipelineExecutor:
     cache = self.__dict__.setdefault('_stage_fns', {})
     if key not in cache:
       p = self.params
-      split = schedule.Spec(p.schedule).split_backward
+      split = schedule.Spec(p.schedule).split_backward or batched
       cls = (split_backward.SplitStageFunctions if split else
              stage_lib.StageFunctions)
+      extra = {}
+      if split:
+        extra = dict(batch_weights_over=num_micro_batches if batched else None,
+                     batch_dim=p.batch_dim)
       loss_key, loss_layer = self._LossLayer()
       devices = self.replica_devices[replica]
       fns = []
@@ -76,7 +86,7 @@ class PipelineExecutor:
         fns.append(
             cls(k, layers, keys, devices[k], remat,
                 loss_layer=loss_layer if last else None,
-                loss_key=loss_key if last else None))
+                loss_key=loss_key if last else None, **extra))
       cache[key] = fns
     return cache[key]
 
@@ -176,13 +186,17 @@ class PipelineExecutor:
             per_replica, schedule.RematCosts(p.remat != 'never'))
       except ValueError as e:
         raise ValueError('%s: %s' % (p.name, e)) from None
+      if self._BatchedWeights():
+        orders = weight_batching.Orders(orders)
       all_orders.append(orders)
     registry = pipeline_tasks.TaskRegistry([
         order for r, orders in enumerate(all_orders)
         for order in replicas.ShiftOrders(orders, r * per_replica)
     ])
-    weight_phase = (pipeline_tasks.WEIGHT if spec.split_backward else
-                    pipeline_tasks.BACKWARD)
+    # The accumulation views follow the order of the weight gradients (one
+    # batched W: the order of the B tasks, which each give theta nothing).
+    weight_phase = (pipeline_tasks.WEIGHT if spec.split_backward and
+                    not self._BatchedWeights() else pipeline_tasks.BACKWARD)
     check = None
     if spec.per_micro_batch_loss:
       check = separability.Checker(p.name, p.schedule, registry,
@@ -204,8 +218,9 @@ class PipelineExecutor:
     for r, orders in enumerate(all_orders):
       first = r * per_replica
       current = inputs_mb[first:first + per_replica]
-      for fns in self._StageFns(current[0], r):
+      for fns in self._StageFns(current[0], r, per_replica):
         k = fns.index
+        fns.BeginStep()
         theta_k, low_dtypes = precision.MasterTheta(
             stage_lib.NestedTheta(theta, fns.keys))
         theta_k = stage_lib.ReadTheta(theta_k, fns.device)
@@ -369,6 +384,13 @@ def DefineParams(p):
       "but 'gpipe' need the loss computed per micro-batch in the last stage "
       '(gpipe.PipeliningLayer.loss_tpl).')
   p.Define('seed', 0, 'Mixed into every micro-batch seed.')
+  p.Define(
+      'batched_weight_gradients', False,
+      'Compute each stage\'s weight gradients once per step for all '
+      'micro-batches, after its last backward task, instead of once per '
+      'micro-batch (gpipe.weight_batching): one large matmul per weight '
+      'instead of M small ones and no running sum; costs the memory of what '
+      'the weight gradients read until the end of the backward pass.')
 
 
 def CheckParams(p):

@@ -11,7 +11,10 @@ micro-batch:
 * ``W`` (weights): only in schedules with a split backward (zero bubble):
   the gradient of the stage's weights for micro-batch m, from what B kept.
   W is off the critical path: nothing downstream waits for it, so a schedule
-  can delay it into what would be a bubble.
+  can delay it into what would be a bubble. With batched weight gradients
+  (``gpipe.weight_batching``) a stage has one W task for all micro-batches,
+  whose micro-batch index is ``ALL`` (printed ``W*s1``, op scope
+  ``stage1_Wall``).
 
 Printed as ``F3s1`` (phase, micro-batch, stage). In the graph every task is
 one function call op inside the name scope ``stage<k>_<phase><m>``
@@ -30,18 +33,27 @@ BACKWARD = 'B'
 WEIGHT = 'W'
 PHASES = (FORWARD, BACKWARD, WEIGHT)
 
+# The micro-batch index of a task that covers every micro-batch (the one
+# batched W task of a stage).
+ALL = -1
+_ALL_NAME = 'all'
+
 _CALL = re.compile(
-    r'(?:^|/)stage(\d+)_([%s])(\d+)/(?:Stateful)?PartitionedCall$' %
-    ''.join(PHASES))
+    r'(?:^|/)stage(\d+)_([%s])(\d+|%s)/(?:Stateful)?PartitionedCall$' %
+    (''.join(PHASES), _ALL_NAME))
 
 
 def Label(task):
   """'F3s1': phase, micro-batch, stage."""
+  if task.micro_batch == ALL:
+    return '%s*s%d' % (task.phase, task.stage)
   return '%s%ds%d' % (task.phase, task.micro_batch, task.stage)
 
 
 def OpScope(stage, phase, micro_batch):
   """The name scope of a task's call op: 'stage1_B3'."""
+  if micro_batch == ALL:
+    return 'stage%d_%s%s' % (stage, phase, _ALL_NAME)
   return 'stage%d_%s%d' % (stage, phase, micro_batch)
 
 
@@ -50,7 +62,9 @@ def ParseOpName(node_name):
   match = _CALL.search(node_name)
   if not match:
     return None
-  return Task(int(match.group(1)), int(match.group(3)), match.group(2))
+  m = match.group(3)
+  return Task(int(match.group(1)), ALL if m == _ALL_NAME else int(m),
+              match.group(2))
 
 
 class TaskRegistry:

@@ -268,6 +268,9 @@ class StageFunctions:
       self._Build(theta_flat, args_flat, acc_values)
     return theta_flat, args_flat
 
+  def BeginStep(self):
+    """Called before a pipeline's calls of this stage (per FProp, replica)."""
+
   def InitialAccumulatorValues(self):
     """The accumulators' values before the first call (outer graph)."""
     with tf.device(self.device):

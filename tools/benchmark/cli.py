@@ -113,6 +113,10 @@ def _Parser():
   p.add_argument('--micro_batches', type=int, default=32)
   p.add_argument('--remat', default='never', choices=pipeline.REMAT_MODES)
   p.add_argument('--fprop_dtype', default='float32')
+  p.add_argument('--batched_weight_gradients', default=True,
+                 action=argparse.BooleanOptionalAction,
+                 help='also run K x M with batched weight gradients (one W '
+                 'task per stage) beside the default')
   p.add_argument('--steps', type=int, default=3,
                  help='timed and traced steps per configuration (median)')
   p.add_argument('--warmup', type=int, default=2)

@@ -19,12 +19,19 @@ worker's traced op time by kind:
 
 and the idle time of each worker over the step. Per-micro-batch figures are
 the K x M step's time of a kind minus the K=1 M=1 step's, over M.
+
+A second table gives each worker's time in the stage calls of each task
+kind (F, B, W; ``W*`` is the one batched W of a stage) and the number of
+calls. With ``--batched_weight_gradients`` (default on) the K x M step is
+also run with ``PipeliningLayer.batched_weight_gradients`` beside the
+default, so the cut is measured in the same run.
 """
 
 import collections
 import re
 import statistics
 
+from gpipe import pipeline_tasks
 from tools.benchmark import report
 from tools.benchmark import runner as runner_lib
 from tools.benchmark import throughput
@@ -58,6 +65,25 @@ def _Union(intervals):
       total += e - end
       end = e
   return total
+
+
+def TaskCalls(step_stats):
+  """{device: {'F'|'B'|'W'|'W*': [microseconds, calls]}} of a traced step."""
+  out = {}
+  for dev in step_stats.dev_stats:
+    if '/device:CPU' not in dev.device or 'stream' in dev.device:
+      continue
+    tasks = collections.defaultdict(lambda: [0, 0])
+    for n in dev.node_stats:
+      task = pipeline_tasks.ParseOpName(n.node_name.split(':')[0])
+      if task is None:
+        continue
+      phase = task.phase + ('*' if task.micro_batch == pipeline_tasks.ALL
+                            else '')
+      tasks[phase][0] += max(n.all_end_rel_micros, 0)
+      tasks[phase][1] += 1
+    out[dev.device] = dict(tasks)
+  return out
 
 
 def Breakdown(step_stats):
@@ -126,46 +152,70 @@ def Cost(args):
                   warmup=args.warmup)
   header, info = report.Header('Per-micro-batch cost', settings)
   runner = runner_lib.Runner(priority=args.priority, log=report.Log)
-  configs = [(1, 1), (args.num_stages, m)]
+  configs = [(1, 1, False), (args.num_stages, m, False)]
+  if args.batched_weight_gradients:
+    configs.append((args.num_stages, m, True))
   result = dict(machine=info, settings=settings, configs=[])
   sections = []
   try:
-    for k, mb in configs:
-      step = runner.Add(runner_lib.Config(
-          'gpipe', args.model, shape['num_layers'], shape['batch'], k, mb,
-          args.remat, shape['width'], fprop_dtype=args.fprop_dtype))
-      for _ in range(args.warmup):
-        step.Run()
-      times = [step.Run() for _ in range(args.steps)]
+    steps = [runner.Add(runner_lib.Config(
+        'gpipe', args.model, shape['num_layers'], shape['batch'], k, mb,
+        args.remat, shape['width'], fprop_dtype=args.fprop_dtype,
+        batched_weights=batched)) for k, mb, batched in configs]
+    # Untimed warm-up, then timed rounds interleaved (the same load on all).
+    times = runner.TimeInterleaved(steps, args.steps, warmup=args.warmup)
+    for (k, mb, batched), step in zip(configs, steps):
       traced = [step.Run(trace=True) for _ in range(args.steps)]
       med = _Median([Breakdown(md.step_stats) for _, md in traced])
-      rec = dict(K=k, M=mb, step_seconds=statistics.median(times),
+      calls = TaskCalls(traced[len(traced) // 2][1].step_stats)
+      rec = dict(K=k, M=mb, batched_weights=batched,
+                 step_seconds=times[step.config.label],
                  traced_step_seconds=statistics.median(t for t, _ in traced),
-                 breakdown_ms=med)
+                 breakdown_ms=med,
+                 task_calls={d: {ph: [v[0] / 1e3, v[1]] for ph, v in c.items()}
+                             for d, c in calls.items()})
       result['configs'].append(rec)
       rows = [[d.split('/job:')[-1]] + ['%.1f' % med[d][kind] for kind in KINDS]
               for d in med]
+      task_rows = [[d.split('/job:')[-1]] + [
+          '%.1f (%d)' % tuple(rec['task_calls'][d].get(ph, [0, 0]))
+          for ph in ('F', 'B', 'W', 'W*')] for d in rec['task_calls']]
       sections.append(
-          '### K=%d M=%d: %.0f ms per step (untraced median; traced %.0f ms)'
-          '\n\n' % (k, mb, 1e3 * rec['step_seconds'],
+          '### %s: %.0f ms per step (untraced median; traced %.0f ms)'
+          '\n\n' % (step.config.label, 1e3 * rec['step_seconds'],
                     1e3 * rec['traced_step_seconds']) +
-          report.Table(['worker'] + ['%s ms' % kind for kind in KINDS], rows))
+          report.Table(['worker'] + ['%s ms' % kind for kind in KINDS],
+                       rows) + '\n\nStage calls, ms (calls):\n\n' +
+          report.Table(['worker', 'F', 'B', 'W', 'W*'], task_rows))
   finally:
     runner.Close()
-  base, piped = result['configs']
-  # Per micro-batch: the extra time of a kind on the busiest worker over M.
+  base = result['configs'][0]
+  # Per micro-batch: the extra time of a kind on all workers over M.
   rows = []
+  per_mb = []
+  for piped in result['configs'][1:]:
+    per_mb.append({
+        kind: max(sum(piped['breakdown_ms'][d][kind]
+                      for d in piped['breakdown_ms']) -
+                  sum(base['breakdown_ms'][d][kind]
+                      for d in base['breakdown_ms']), 0.0) / m
+        for kind in KINDS})
   for kind in KINDS:
-    extra = max(sum(piped['breakdown_ms'][d][kind]
-                    for d in piped['breakdown_ms']) -
-                sum(base['breakdown_ms'][d][kind]
-                    for d in base['breakdown_ms']), 0.0)
-    rows.append([kind, '%.2f' % (extra / m)])
-  result['per_micro_batch_ms'] = {r[0]: float(r[1]) for r in rows}
+    rows.append([kind] + ['%.2f' % p[kind] for p in per_mb])
+  result['per_micro_batch_ms'] = per_mb[0]
+  if len(per_mb) > 1:
+    result['per_micro_batch_ms_batched_weights'] = per_mb[1]
+  speedups = ', '.join(
+      '%s %.2fx' % (steps[i].config.label,
+                    base['step_seconds'] / result['configs'][i]['step_seconds'])
+      for i in range(1, len(configs)))
   text = header + '\n' + '\n\n'.join(sections) + (
       '\n\n### Added per micro-batch (all workers, K=%d M=%d minus K=1 M=1, '
       'over M)\n\n' % (args.num_stages, m)) + report.Table(
-          ['kind', 'ms per micro-batch'], rows)
+          ['kind'] + ['ms per micro-batch' + (' (batched W)' if b else '')
+                      for _, _, b in configs[1:]], rows) + (
+              '\n\nSpeed-up over K=1 M=1 (untraced, interleaved): %s.'
+              % speedups)
   print(text)
   result['markdown'] = text
   report.Write(args, result, None)

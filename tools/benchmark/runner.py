@@ -61,8 +61,8 @@ class Config(
     collections.namedtuple('Config', [
         'impl', 'model', 'num_layers', 'batch', 'num_stages',
         'num_micro_batches', 'remat', 'width', 'stages_per_device',
-        'schedule', 'fprop_dtype', 'replicas'
-    ], defaults=(1, None, 'float32', 1))):
+        'schedule', 'fprop_dtype', 'replicas', 'batched_weights'
+    ], defaults=(1, None, 'float32', 1, False))):
   """One benchmark configuration (see the module docstring).
 
   `schedule` (impl 'gpipe' only): None trains with the loss on the merged
@@ -75,6 +75,9 @@ class Config(
   `replicas` (impl 'gpipe' only): R data-parallel replicas of the pipeline
   (``p.replica_devices``) on R x K pinned one-core workers, each taking 1/R
   of the batch in M micro-batches; the variables live on the first replica.
+
+  `batched_weights` (impl 'gpipe' only): each stage computes its weight
+  gradients once per step (``p.batched_weight_gradients``).
   """
 
   @property
@@ -84,10 +87,11 @@ class Config(
     sched = ' ' + self.schedule if self.schedule else ''
     dtype = '' if self.fprop_dtype == 'float32' else ' ' + self.fprop_dtype
     replicas = ' R=%d' % self.replicas if self.replicas > 1 else ''
-    return '%s%s%s K=%d%s M=%d %s%s' % (self.impl, sched, replicas,
-                                        self.num_stages, loop,
-                                        self.num_micro_batches, self.remat,
-                                        dtype)
+    batched = ' batched-W' if self.batched_weights else ''
+    return '%s%s%s K=%d%s M=%d %s%s%s' % (self.impl, sched, replicas,
+                                          self.num_stages, loop,
+                                          self.num_micro_batches, self.remat,
+                                          dtype, batched)
 
   @property
   def scope(self):
@@ -97,7 +101,8 @@ class Config(
         self.stages_per_device, self.num_micro_batches, self.remat,
         '_' + self.schedule if self.schedule else '') + (
             '' if self.fprop_dtype == 'float32' else '_' + self.fprop_dtype) + (
-            '_R%d' % self.replicas if self.replicas > 1 else '')
+            '_R%d' % self.replicas if self.replicas > 1 else '') + (
+                '_bw' if self.batched_weights else '')
 
   @property
   def num_workers(self):
@@ -189,7 +194,8 @@ class Step:
               name='pipe', layers=layers, num_stages=num_stages,
               stage_sizes=_EvenStageSizes(c.num_layers, num_stages),
               num_micro_batches=c.num_micro_batches, remat=c.remat,
-              stage_devices=[devices[d] for d in where])
+              stage_devices=[devices[d] for d in where],
+              batched_weight_gradients=c.batched_weights)
           precision.SetFPropDtype(p, c.fprop_dtype)
           if c.replicas > 1:
             p.replica_devices = [[

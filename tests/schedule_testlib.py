@@ -1,0 +1,95 @@
+"""Shared by the schedule tests: the toy pipeline, its reference, its ops."""
+
+from gpipe import lingvo_import  # pylint: disable=unused-import
+
+from gpipe import pipeline
+from gpipe import pipeline_tasks
+from gpipe import schedule
+from lingvo import compat as tf
+from lingvo.core import py_utils
+from tests import toy_layers
+
+CONFIG = tf.compat.v1.ConfigProto(device_count={'CPU': 4})
+NUM_LAYERS = 6
+# Layers per stage: uneven wherever the stage count allows it.
+UNEVEN_SIZES = {1: [6], 2: [2, 4], 4: [1, 2, 2, 1]}
+
+
+def Placement(name, k):
+  """Stage devices (indices) for schedule `name` with K stages, or None."""
+  if name == 'interleaved_1f1b':
+    d = max(1, k // 2)  # v = 2 stages per device where K allows.
+    return schedule.RoundRobinPlacement(k, d)
+  if name == 'zb_v':
+    return schedule.VPlacement(k) if k % 2 == 0 else None
+  return list(range(k))
+
+
+def Allowed(name, k, m):
+  """Whether `name` runs K stages and M micro-batches."""
+  devices = Placement(name, k)
+  if devices is None:
+    return False
+  try:
+    schedule.Orders(name, devices, m)
+  except ValueError:
+    return False
+  return True
+
+
+def Layers(use_bn=False, keep_prob=0.8):
+  return [
+      toy_layers.DenseDropout.Params().Set(
+          name='dense%d' % i, keep_prob=keep_prob, use_bn=use_bn,
+          dtype=tf.float64,
+          params_init=py_utils.WeightInit.Gaussian(0.5, seed=100 + i))
+      for i in range(NUM_LAYERS)
+  ]
+
+
+def Net(name, k, m, remat, layers=None, **kwargs):
+  p = pipeline.PipeliningLayer.Params().Set(
+      name='pipe', layers=layers or Layers(), num_stages=k,
+      num_micro_batches=m, stage_sizes=UNEVEN_SIZES[k], remat=remat,
+      schedule=name, dtype=tf.float64,
+      stage_devices=['/device:CPU:%d' % d for d in Placement(name, k)],
+      loss_tpl=toy_layers.SquaredErrorLoss.Params().Set(dtype=tf.float64))
+  p.Set(**kwargs)
+  return p.Instantiate()
+
+
+def LossAndGrads(net, inputs, targets, pipelined):
+  fprop = net.FProp if pipelined else net.FPropUnpipelined
+  out = fprop(net.theta, *inputs, targets=targets)
+  loss = tf.reduce_mean(out.per_example)
+  xs = Trainable(net) + [
+      x for x in tf.nest.flatten(inputs) if x.dtype.is_floating]
+  grads = tf.gradients(loss, xs, colocate_gradients_with_ops=True)
+  return loss, grads
+
+
+def Trainable(net):
+  return [v for v in net.vars.Flatten() if v.trainable]
+
+
+def CallOps(graph):
+  """{Task: call op} of every stage task in `graph`."""
+  found = {}
+  for op in graph.get_operations():
+    task = pipeline_tasks.ParseOpName(op.name)
+    if task is not None:
+      found[task] = op
+  return found
+
+
+def AssertMatches(test, net, inputs, targets, sess):
+  """Loss and every gradient of `net` equal the unpipelined ones."""
+  loss, grads = LossAndGrads(net, inputs, targets, pipelined=True)
+  ref_loss, ref_grads = LossAndGrads(net, inputs, targets, pipelined=False)
+  sess.run(tf.global_variables_initializer())
+  values, refs = sess.run([[loss] + grads, [ref_loss] + ref_grads])
+  num_float_inputs = len(
+      [x for x in tf.nest.flatten(inputs) if x.dtype.is_floating])
+  test.assertLen(values, 1 + len(Trainable(net)) + num_float_inputs)
+  for v, r in zip(values, refs):
+    test.assertAllClose(r, v, rtol=1e-10, atol=1e-12)

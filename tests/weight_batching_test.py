@@ -1,0 +1,208 @@
+"""Batched weight gradients: exact gradients, one W task per stage, errors."""
+
+from gpipe import lingvo_import  # pylint: disable=unused-import
+
+from absl.testing import parameterized
+from gpipe import pipeline
+from gpipe import pipeline_tasks
+from gpipe import precision
+from gpipe import schedule
+from gpipe import weight_batching
+import numpy as np
+from lingvo import compat as tf
+from lingvo.core import base_layer
+from lingvo.core import py_utils
+from lingvo.core import test_utils
+from tests import schedule_testlib as spt
+from tests import toy_layers
+
+CONFIG = spt.CONFIG
+
+
+def _Cases():
+  """(schedule, K, M, remat) for every schedule, K in {2, 4}, each remat."""
+  for name in schedule.SCHEDULES:
+    for i, (k, m) in enumerate(((2, 4), (4, 4), (2, 3))):
+      if spt.Allowed(name, k, m):
+        yield name, k, m, pipeline.REMAT_MODES[i % 3]
+
+
+class _ScaledByMean(base_layer.BaseLayer):
+  """x w + mean(x) w: its weight gradient reads a per-micro-batch scalar."""
+
+  @classmethod
+  def Params(cls):
+    p = super().Params()
+    p.Define('dim', 8, 'Features.')
+    return p
+
+  def __init__(self, params):
+    super().__init__(params)
+    self.CreateVariable('w', py_utils.WeightParams(
+        [self.params.dim], py_utils.WeightInit.Gaussian(0.5, seed=3),
+        self.params.dtype))
+
+  @classmethod
+  def FPropMeta(cls, p, x):
+    return py_utils.NestedMap(flops=x.num_elements(), out_shapes=(x,))
+
+  def FProp(self, theta, x):
+    return x * theta.w + tf.reduce_mean(x) * theta.w
+
+
+class WeightBatchingTest(test_utils.TestCase, parameterized.TestCase):
+
+  @parameterized.named_parameters(
+      ('%s_K%d_M%d_%s' % case, *case) for case in _Cases())
+  def testGradientsMatchUnpipelined(self, name, k, m, remat):
+    with self.session(graph=tf.Graph(), config=CONFIG) as sess:
+      net = spt.Net(name, k, m, remat, batched_weight_gradients=True)
+      rng = np.random.RandomState(k * 10 + m)
+      x = tf.constant(rng.randn(2 * m, 8))
+      targets = tf.constant(rng.randn(2 * m, 8))
+      spt.AssertMatches(self, net, (x,), targets, sess)
+
+  def testMicroBatchBatchNormIsRefusedNamingTheStatistic(self):
+    # Its scale's gradient reads each micro-batch's own 1/std: not a sum
+    # over examples of one whole-batch expression.
+    with tf.Graph().as_default():
+      net = spt.Net('gpipe', 2, 4, 'never', layers=spt.Layers(use_bn=True),
+                     batched_weight_gradients=True)
+      with self.assertRaisesRegex(
+          ValueError, r'stage 0 \(dense0, dense1\): the weight gradient reads '
+          r'\S*batchnorm\S* \(shape \(8,\) per micro-batch, \(8,\) for the '
+          r'whole batch\).*batched_weight_gradients=False'):
+        net.FProp(net.theta, tf.ones([16, 8], tf.float64),
+                  targets=tf.zeros([16, 8], tf.float64))
+
+  def testSparseEmbeddingGradientMatches(self):
+    with self.session(graph=tf.Graph(), config=CONFIG) as sess:
+      layers = [toy_layers.Embedding.Params().Set(
+          name='emb', dtype=tf.float64,
+          params_init=py_utils.WeightInit.Gaussian(0.5, seed=1))]
+      layers += spt.Layers()[:3]
+      p = pipeline.PipeliningLayer.Params().Set(
+          name='pipe', layers=layers, num_stages=2, num_micro_batches=4,
+          schedule='1f1b', dtype=tf.float64, stage_sizes=[1, 3],
+          stage_devices=['/device:CPU:0', '/device:CPU:1'],
+          batched_weight_gradients=True,
+          loss_tpl=toy_layers.SquaredErrorLoss.Params().Set(dtype=tf.float64))
+      net = p.Instantiate()
+      rng = np.random.RandomState(4)
+      ids = tf.constant(rng.randint(0, 10, size=[8]), tf.int32)
+      targets = tf.constant(rng.randn(8, 8))
+      results = []
+      for fprop in (net.FProp, net.FPropUnpipelined):
+        loss = tf.reduce_mean(fprop(net.theta, ids,
+                                    targets=targets).per_example)
+        grads = tf.gradients(loss, spt.Trainable(net))
+        results.append([loss] + [tf.convert_to_tensor(g) for g in grads])
+      sess.run(tf.global_variables_initializer())
+      values, refs = sess.run(results)
+      for v, r in zip(values, refs):
+        self.assertAllClose(r, v, rtol=1e-10, atol=1e-12)
+
+  def testReplicasMatch(self):
+    with self.session(graph=tf.Graph(), config=CONFIG) as sess:
+      net = spt.Net('gpipe', 2, 2, 'always', batched_weight_gradients=True,
+                     replica_devices=[['/device:CPU:0', '/device:CPU:1'],
+                                      ['/device:CPU:2', '/device:CPU:3']])
+      rng = np.random.RandomState(9)
+      x = tf.constant(rng.randn(8, 8))
+      targets = tf.constant(rng.randn(8, 8))
+      spt.AssertMatches(self, net, (x,), targets, sess)
+
+  @parameterized.named_parameters(('gpipe', 'gpipe', 2, 3),
+                                  ('1f1b', '1f1b', 4, 5),
+                                  ('zb_h1', 'zb_h1', 2, 4),
+                                  ('zb_v', 'zb_v', 4, 4))
+  def testOneWeightTaskPerStageAfterItsLastBackward(self, name, k, m):
+    with tf.Graph().as_default() as graph:
+      net = spt.Net(name, k, m, 'always', batched_weight_gradients=True)
+      x = tf.constant(np.random.RandomState(1).randn(2 * m, 8))
+      spt.LossAndGrads(net, (x,), tf.zeros([2 * m, 8], tf.float64), True)
+      calls = spt.CallOps(graph)
+      transposes = [op for op in graph.get_operations()
+                    if '_transposed_weights/' in op.name and
+                    op.type == 'Transpose']
+    _, orders = schedule.Orders(name, spt.Placement(name, k), m,
+                                schedule.RematCosts(True))
+    orders = weight_batching.Orders(orders)
+    weights = [t for t in calls if t.phase == pipeline_tasks.WEIGHT]
+    self.assertCountEqual(
+        weights, [pipeline_tasks.Task(s, pipeline_tasks.ALL, 'W')
+                  for s in range(k)])
+    self.assertCountEqual(calls, [t for order in orders for t in order])
+    for order in orders:
+      for prev, nxt in zip(order, order[1:]):
+        self.assertIn(calls[prev], calls[nxt].control_inputs,
+                      '%s before %s' % (pipeline_tasks.Label(prev),
+                                        pipeline_tasks.Label(nxt)))
+    # Stages with weights read in dy W^T transpose them once per step, not
+    # in each of the M backward calls (toy layers: 2 rows per micro-batch).
+    self.assertNotEmpty(transposes)
+    self.assertLessEqual(len(transposes), spt.NUM_LAYERS)
+
+  def testOrdersMoveWeightTasksAfterTheLastBackward(self):
+    _, orders = schedule.Orders('zb_h1', 2, 3)
+    batched = weight_batching.Orders(orders)
+    labels = [[pipeline_tasks.Label(t) for t in order] for order in batched]
+    for k, order in enumerate(labels):
+      self.assertEqual(order[-1], 'W*s%d' % k)
+      self.assertLen([t for t in order if t.startswith('W')], 1)
+      self.assertEqual(
+          [t for t in order if t[0] != 'W'],
+          [pipeline_tasks.Label(t) for t in orders[k] if t.phase != 'W'])
+    # Schedules without a split backward get one W per stage too.
+    _, orders = schedule.Orders('gpipe', 2, 2)
+    self.assertEqual(
+        [pipeline_tasks.Label(t) for t in weight_batching.Orders(orders)[0]],
+        ['F0s0', 'F1s0', 'B1s0', 'B0s0', 'W*s0'])
+    self.assertEqual(
+        pipeline_tasks.ParseOpName('pipe/stage1_Wall/PartitionedCall'),
+        pipeline_tasks.Task(1, pipeline_tasks.ALL, 'W'))
+
+  def testAWeightGradientReadingAScalarPerMicroBatchIsRefused(self):
+    with tf.Graph().as_default():
+      p = pipeline.PipeliningLayer.Params().Set(
+          name='pipe', num_stages=2, num_micro_batches=2, dtype=tf.float64,
+          layers=[_ScaledByMean.Params().Set(name='scaled%d' % i,
+                                             dtype=tf.float64)
+                  for i in range(2)],
+          stage_devices=['/device:CPU:0', '/device:CPU:1'],
+          batched_weight_gradients=True)
+      net = p.Instantiate()
+      with self.assertRaisesRegex(
+          ValueError, r'stage 0 \(scaled0\): the weight gradient reads '
+          r'.*shape \(\) per micro-batch.*batched_weight_gradients=False'):
+        net.FProp(net.theta, tf.ones([4, 8], tf.float64))
+
+  def testBfloat16GradientsCloseToFloat32(self):
+    grads = {}
+    for dtype in ('float32', 'bfloat16'):
+      with self.session(graph=tf.Graph(), config=CONFIG) as sess:
+        layers = [
+            toy_layers.DenseDropout.Params().Set(
+                name='dense%d' % i, keep_prob=1.0, dtype=tf.float32,
+                params_init=py_utils.WeightInit.Gaussian(0.5, seed=100 + i))
+            for i in range(4)]
+        p = pipeline.PipeliningLayer.Params().Set(
+            name='pipe', layers=layers, num_stages=2, num_micro_batches=4,
+            stage_devices=['/device:CPU:0', '/device:CPU:1'],
+            batched_weight_gradients=True, remat='never')
+        precision.SetFPropDtype(p, dtype)
+        net = p.Instantiate()
+        x = tf.constant(np.random.RandomState(3).randn(16, 8), tf.float32)
+        out = net.FProp(net.theta, x)
+        loss = tf.reduce_mean(tf.square(out))
+        g = tf.gradients(loss, net.vars.Flatten())
+        sess.run(tf.global_variables_initializer())
+        grads[dtype] = sess.run(g)
+        self.assertTrue(all(v.dtype == np.float32 for v in grads[dtype]))
+    ref = np.concatenate([v.ravel() for v in grads['float32']])
+    low = np.concatenate([v.ravel() for v in grads['bfloat16']])
+    self.assertLess(np.linalg.norm(low - ref) / np.linalg.norm(ref), 0.04)
+
+
+if __name__ == '__main__':
+  tf.test.main()
