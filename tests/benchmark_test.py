@@ -57,6 +57,31 @@ class BenchmarkTest(test_utils.TestCase):
       self.assertTrue(all(p > 0 for p in m['peak_bytes']), m)
     self.assertIn('| zb_v | 2 | 2 |', text)
 
+  def testCostRunsBatchedWeightsBesideTheDefault(self):
+    out_dir = tempfile.mkdtemp()
+    json_path = os.path.join(out_dir, 'cost.json')
+    stdout = io.StringIO()
+    with contextlib.redirect_stdout(stdout):
+      cli.main(['cost', '--quick', '--json', json_path, '--model', 'dense'])
+    with open(json_path) as f:
+      result = json.load(f)
+    got = [(c['K'], c['M'], c['batched_weights']) for c in result['configs']]
+    self.assertEqual(got, [(1, 1, False), (2, 2, False), (2, 2, True)])
+    for c in result['configs']:
+      self.assertGreater(c['step_seconds'], 0)
+      self.assertLen(c['breakdown_ms'], c['K'])
+      for calls in c['task_calls'].values():
+        # Each worker runs its stage's M forwards and M backwards ...
+        self.assertEqual(calls['F'][1], c['M'])
+        self.assertEqual(calls['B'][1], c['M'])
+        # ... and, batched, one W task for all of them.
+        self.assertEqual(calls.get('W*', [0, 0])[1],
+                         1 if c['batched_weights'] else 0)
+    self.assertEqual(result['configs'][1]['added_per_micro_batch_ms'].keys(),
+                     result['configs'][2]['added_per_micro_batch_ms'].keys())
+    self.assertIn('M=2 batched W', stdout.getvalue())
+    self.assertIn('Speed-up over K=1 M=1', stdout.getvalue())
+
   def testThroughput(self):
     result, text, _ = self._Run('throughput', '--models', 'transformer')
     configs = result['models']['transformer']['configs']

@@ -110,7 +110,8 @@ def _Parser():
   p.add_argument('--model', default='dense',
                  choices=sorted(throughput.THROUGHPUT_MODELS))
   p.add_argument('--num_stages', type=int, default=2)
-  p.add_argument('--micro_batches', type=int, default=32)
+  p.add_argument('--micro_batches', default='32',
+                 help='comma-separated M values (all timed interleaved)')
   p.add_argument('--remat', default='never', choices=pipeline.REMAT_MODES)
   p.add_argument('--fprop_dtype', default='float32')
   p.add_argument('--batched_weight_gradients', default=True,
@@ -155,8 +156,8 @@ def _ApplyQuick(args):
     args.memory_m = 4 if args.memory_m == 16 else args.memory_m
     args.trace_steps = 1
     args.timeline_m = 2
-  if args.command == 'cost' and args.micro_batches == 32:
-    args.micro_batches = 2
+  if args.command == 'cost' and args.micro_batches == '32':
+    args.micro_batches = '2'
   if args.command == 'data_parallel':
     args.trace_steps = 1
   if args.command == 'memory':

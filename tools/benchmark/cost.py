@@ -146,15 +146,17 @@ def Cost(args):
   shapes = (throughput.QUICK_THROUGHPUT_MODELS if args.quick else
             throughput.THROUGHPUT_MODELS)
   shape = shapes[args.model]
-  m = args.micro_batches
-  settings = dict(model=args.model, K=args.num_stages, M=m, remat=args.remat,
+  mbs = [int(m) for m in str(args.micro_batches).split(',')]
+  settings = dict(model=args.model, K=args.num_stages, M=mbs, remat=args.remat,
                   fprop_dtype=args.fprop_dtype, steps=args.steps,
                   warmup=args.warmup)
   header, info = report.Header('Per-micro-batch cost', settings)
   runner = runner_lib.Runner(priority=args.priority, log=report.Log)
-  configs = [(1, 1, False), (args.num_stages, m, False)]
-  if args.batched_weight_gradients:
-    configs.append((args.num_stages, m, True))
+  configs = [(1, 1, False)]
+  for m in mbs:
+    configs.append((args.num_stages, m, False))
+    if args.batched_weight_gradients:
+      configs.append((args.num_stages, m, True))
   result = dict(machine=info, settings=settings, configs=[])
   sections = []
   try:
@@ -198,22 +200,22 @@ def Cost(args):
         kind: max(sum(piped['breakdown_ms'][d][kind]
                       for d in piped['breakdown_ms']) -
                   sum(base['breakdown_ms'][d][kind]
-                      for d in base['breakdown_ms']), 0.0) / m
+                      for d in base['breakdown_ms']), 0.0) / piped['M']
         for kind in KINDS})
+    piped['added_per_micro_batch_ms'] = per_mb[-1]
+    piped['speedup_vs_K1M1'] = base['step_seconds'] / piped['step_seconds']
   for kind in KINDS:
     rows.append([kind] + ['%.2f' % p[kind] for p in per_mb])
   result['per_micro_batch_ms'] = per_mb[0]
-  if len(per_mb) > 1:
-    result['per_micro_batch_ms_batched_weights'] = per_mb[1]
   speedups = ', '.join(
       '%s %.2fx' % (steps[i].config.label,
-                    base['step_seconds'] / result['configs'][i]['step_seconds'])
+                    result['configs'][i]['speedup_vs_K1M1'])
       for i in range(1, len(configs)))
   text = header + '\n' + '\n\n'.join(sections) + (
-      '\n\n### Added per micro-batch (all workers, K=%d M=%d minus K=1 M=1, '
-      'over M)\n\n' % (args.num_stages, m)) + report.Table(
-          ['kind'] + ['ms per micro-batch' + (' (batched W)' if b else '')
-                      for _, _, b in configs[1:]], rows) + (
+      '\n\n### Added per micro-batch (all workers, K=%d x M minus K=1 M=1, '
+      'over M)\n\n' % args.num_stages) + report.Table(
+          ['kind'] + ['M=%d%s' % (m, ' batched W' if b else '')
+                      for _, m, b in configs[1:]], rows) + (
               '\n\nSpeed-up over K=1 M=1 (untraced, interleaved): %s.'
               % speedups)
   print(text)
