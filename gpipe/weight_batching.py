@@ -88,11 +88,13 @@ def ConcatAxis(name, per_micro_batch, whole, num_micro_batches):
     ValueError: no such single axis (a scalar per micro-batch, unknown
       dimensions, a shape that does not scale with the batch).
   """
-  mb, full = per_micro_batch.as_list() if per_micro_batch.rank is not None \
-      else None, whole.as_list() if whole.rank is not None else None
+  if num_micro_batches == 1:
+    return 0  # One micro-batch: nothing to stack.
+  known = (per_micro_batch.is_fully_defined() and whole.is_fully_defined() and
+           per_micro_batch.rank == whole.rank)
   axes = []
-  if mb is not None and full is not None and len(mb) == len(full) and (
-      None not in mb and None not in full):
+  if known:
+    mb, full = per_micro_batch.as_list(), whole.as_list()
     axes = [a for a in range(len(mb)) if mb[a] != full[a]]
     if len(axes) == 1 and full[axes[0]] != num_micro_batches * mb[axes[0]]:
       axes = []

@@ -313,3 +313,19 @@ class T64Structure_Numbers(NumbersSmall):  # pylint: disable=invalid-name
   BATCH_SIZE = 64
   SCALE_FFN_INIT = True
   LOGITS_ABS_MAX = 20.0
+
+
+@model_registry.RegisterSingleTaskModel
+class T64Structure_Tiny(T64Structure_Numbers):  # pylint: disable=invalid-name
+  """The suite's stand-in for the 16-worker scale run (``//tests:scale_test``).
+
+  The same pipeline shape as ``T64Structure_Numbers`` (16 stages on 16 worker
+  processes, the deep-model fixes) with 8 + 8 Transformer layers at d_model 16
+  and 16 micro-batches, so it builds and trains a few steps in about a
+  minute here.
+  """
+  MODEL_DIM = 16
+  HIDDEN_DIM = 32
+  NUM_LAYERS = 8
+  NUM_MICRO_BATCHES = 16
+  BATCH_SIZE = 32

@@ -107,30 +107,7 @@ class SplitBackwardTest(test_utils.TestCase, parameterized.TestCase):
   @parameterized.named_parameters(('zb_h1', 'zb_h1'), ('zb_v', 'zb_v'))
   def testEmbeddingTableGradientMatches(self, name):
     with self.session(graph=tf.Graph(), config=CONFIG) as sess:
-      layers = [toy_layers.Embedding.Params().Set(
-          name='emb', dtype=tf.float64,
-          params_init=py_utils.WeightInit.Gaussian(0.5, seed=1))]
-      layers += _Layers()[:3]
-      k = 2
-      p = pipeline.PipeliningLayer.Params().Set(
-          name='pipe', layers=layers, num_stages=k, num_micro_batches=4,
-          schedule=name, dtype=tf.float64, stage_sizes=[1, 3],
-          stage_devices=['/device:CPU:%d' % d for d in Placement(name, k)],
-          loss_tpl=toy_layers.SquaredErrorLoss.Params().Set(dtype=tf.float64))
-      net = p.Instantiate()
-      rng = np.random.RandomState(4)
-      ids = tf.constant(rng.randint(0, 10, size=[8]), tf.int32)
-      targets = tf.constant(rng.randn(8, 8))
-      results = []
-      for fprop in (net.FProp, net.FPropUnpipelined):
-        loss = tf.reduce_mean(fprop(net.theta, ids,
-                                    targets=targets).per_example)
-        grads = tf.gradients(loss, _Trainable(net))
-        results.append([loss] + [tf.convert_to_tensor(g) for g in grads])
-      sess.run(tf.global_variables_initializer())
-      values, refs = sess.run(results)
-      for v, r in zip(values, refs):
-        self.assertAllClose(r, v, rtol=1e-10, atol=1e-12)
+      schedule_testlib.AssertEmbeddingGradientMatches(self, sess, name)
 
 
 class ScheduleOrderTest(test_utils.TestCase, parameterized.TestCase):

@@ -5,6 +5,7 @@ from gpipe import lingvo_import  # pylint: disable=unused-import
 from gpipe import pipeline
 from gpipe import pipeline_tasks
 from gpipe import schedule
+import numpy as np
 from lingvo import compat as tf
 from lingvo.core import py_utils
 from tests import toy_layers
@@ -91,5 +92,39 @@ def AssertMatches(test, net, inputs, targets, sess):
   num_float_inputs = len(
       [x for x in tf.nest.flatten(inputs) if x.dtype.is_floating])
   test.assertLen(values, 1 + len(Trainable(net)) + num_float_inputs)
+  for v, r in zip(values, refs):
+    test.assertAllClose(r, v, rtol=1e-10, atol=1e-12)
+
+
+def AssertEmbeddingGradientMatches(test, sess, name, **kwargs):
+  """An embedding stage's sparse gradient equals the unpipelined one.
+
+  Args:
+    test: the TestCase.
+    sess: its session (4 CPU devices).
+    name: the schedule (K=2, M=4).
+    **kwargs: more PipeliningLayer params.
+  """
+  layers = [toy_layers.Embedding.Params().Set(
+      name='emb', dtype=tf.float64,
+      params_init=py_utils.WeightInit.Gaussian(0.5, seed=1))]
+  layers += Layers()[:3]
+  p = pipeline.PipeliningLayer.Params().Set(
+      name='pipe', layers=layers, num_stages=2, num_micro_batches=4,
+      schedule=name, dtype=tf.float64, stage_sizes=[1, 3],
+      stage_devices=['/device:CPU:%d' % d for d in Placement(name, 2)],
+      loss_tpl=toy_layers.SquaredErrorLoss.Params().Set(dtype=tf.float64))
+  p.Set(**kwargs)
+  net = p.Instantiate()
+  rng = np.random.RandomState(4)
+  ids = tf.constant(rng.randint(0, 10, size=[8]), tf.int32)
+  targets = tf.constant(rng.randn(8, 8))
+  results = []
+  for fprop in (net.FProp, net.FPropUnpipelined):
+    loss = tf.reduce_mean(fprop(net.theta, ids, targets=targets).per_example)
+    grads = tf.gradients(loss, Trainable(net))
+    results.append([loss] + [tf.convert_to_tensor(g) for g in grads])
+  sess.run(tf.global_variables_initializer())
+  values, refs = sess.run(results)
   for v, r in zip(values, refs):
     test.assertAllClose(r, v, rtol=1e-10, atol=1e-12)
