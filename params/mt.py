@@ -302,7 +302,12 @@ class T64Structure_Numbers(NumbersSmall):  # pylint: disable=invalid-name
 
     .venv/bin/python -m tools.trainer --model=mt.T64Structure_Numbers \\
         --logdir=/tmp/t64 --worker_processes=16 --max_steps=3 \\
-        --log_every_n_steps=1 --eval_after_train=false
+        --log_every_n_steps=1 --eval_after_train=false \\
+        --step_timeout_secs=2400 --trace_every_n_steps=0
+
+  (Measured in docs/BENCHMARKS.md, "Scale": its first step takes minutes and
+  worker 0, the session's master, peaks at about 10.7 GB; a traced step does
+  not fit in this machine's 23 GB.)
   """
   MODEL_DIM = 32
   HIDDEN_DIM = 64
