@@ -6,7 +6,6 @@ import itertools
 
 from absl.testing import parameterized
 from gpipe import pipeline
-from gpipe import pipeline_tasks
 from gpipe import schedule
 import numpy as np
 from lingvo import compat as tf
@@ -129,12 +128,7 @@ class ScheduleOrderTest(test_utils.TestCase, parameterized.TestCase):
     phases = {t.phase for order in orders for t in order}
     self.assertEqual(phases, {'F', 'B', 'W'} if schedule.Spec(
         name).split_backward else {'F', 'B'})
-    self.assertCountEqual(calls, [t for order in orders for t in order])
-    for order in orders:
-      for prev, nxt in zip(order, order[1:]):
-        self.assertIn(calls[prev], calls[nxt].control_inputs,
-                      '%s before %s' % (pipeline_tasks.Label(prev),
-                                        pipeline_tasks.Label(nxt)))
+    schedule_testlib.AssertCallsFollowOrders(self, calls, orders)
 
 
 class ScheduleErrorTest(test_utils.TestCase):

@@ -128,3 +128,19 @@ def AssertEmbeddingGradientMatches(test, sess, name, **kwargs):
   values, refs = sess.run(results)
   for v, r in zip(values, refs):
     test.assertAllClose(r, v, rtol=1e-10, atol=1e-12)
+
+
+def AssertCallsFollowOrders(test, calls, orders):
+  """The graph's task calls are the orders' tasks, chained in their order.
+
+  Args:
+    test: the TestCase.
+    calls: {Task: call op} (CallOps).
+    orders: per device, its Tasks in run order.
+  """
+  test.assertCountEqual(calls, [t for order in orders for t in order])
+  for order in orders:
+    for prev, nxt in zip(order, order[1:]):
+      test.assertIn(calls[prev], calls[nxt].control_inputs,
+                    '%s before %s' % (pipeline_tasks.Label(prev),
+                                      pipeline_tasks.Label(nxt)))

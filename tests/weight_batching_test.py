@@ -110,12 +110,7 @@ class WeightBatchingTest(test_utils.TestCase, parameterized.TestCase):
     self.assertCountEqual(
         weights, [pipeline_tasks.Task(s, pipeline_tasks.ALL, 'W')
                   for s in range(k)])
-    self.assertCountEqual(calls, [t for order in orders for t in order])
-    for order in orders:
-      for prev, nxt in zip(order, order[1:]):
-        self.assertIn(calls[prev], calls[nxt].control_inputs,
-                      '%s before %s' % (pipeline_tasks.Label(prev),
-                                        pipeline_tasks.Label(nxt)))
+    spt.AssertCallsFollowOrders(self, calls, orders)
     # Stages with weights read in dy W^T transpose them once per step, not
     # in each of the M backward calls (toy layers: 2 rows per micro-batch).
     self.assertNotEmpty(transposes)
