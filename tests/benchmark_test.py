@@ -11,6 +11,7 @@ import tempfile
 from lingvo import compat as tf
 from lingvo.core import test_utils
 from tools.benchmark import cli
+from tools.benchmark import floor
 from tools.benchmark import memory
 
 PNG_MAGIC = b'\x89PNG'
@@ -81,6 +82,50 @@ class BenchmarkTest(test_utils.TestCase):
                      result['configs'][2]['added_per_micro_batch_ms'].keys())
     self.assertIn('M=2 batched W', stdout.getvalue())
     self.assertIn('Speed-up over K=1 M=1', stdout.getvalue())
+    # The kernel floor of the same M, and the ceiling it implies.
+    fl = result['floor']
+    self.assertGreater(fl['K1M1_ms'], 0)
+    self.assertEqual([r['M'] for r in fl['M']], [2])
+    for r in fl['M']:
+      self.assertAllClose(r['floor_step_ms'],
+                          r['stage_both_ms'] + r['bubble_ms'])
+      self.assertAllClose(r['ceiling'], fl['K1M1_ms'] / r['floor_step_ms'])
+    self.assertIn('### Kernel floor', stdout.getvalue())
+
+  def testCostFloorIsSkippedWhereItIsNotDefined(self):
+    stdout = io.StringIO()
+    with contextlib.redirect_stdout(stdout):
+      result = cli.main(['cost', '--quick', '--model', 'transformer',
+                         '--no-batched_weight_gradients'])
+    self.assertEqual(result, 0)
+    self.assertIn('Kernel floor: measured for the dense model in float32 at '
+                  'K=2 only; this run is transformer', stdout.getvalue())
+
+  def testFloorGradientsEqualThePlainModels(self):
+    # The floor's stage work (per micro-batch forward and input gradients,
+    # batched weight gradients) computes the gradients of the plain model,
+    # with the hoisted transpose (64 rows) and without it (128 rows).
+    for micro_batches in (4, 2, 1):
+      work = floor.Work('/cpu:0', '', num_layers=3, batch=256, width=8,
+                        micro_batches=micro_batches)
+      with work.graph.as_default():
+        h = work.x
+        for w, b in zip(work.weights, work.biases):
+          h = tf.nn.relu(tf.matmul(h, w) + b)
+        loss = tf.reduce_sum(h * work.dy)
+        want = tf.gradients(loss, work.weights + work.biases)
+      got = [g for pair in work.gradients for g in pair]
+      got = got[0::2] + got[1::2]
+      got, want = work.session.run((got, want))
+      for g, w in zip(got, want):
+        self.assertAllClose(g, w, rtol=1e-5, atol=1e-4)
+      work.Close()
+
+  def testFloorErrors(self):
+    with self.assertRaisesRegex(ValueError, 'batch 10 does not divide into 4'):
+      floor.Work('/cpu:0', '', 2, 10, 8, 4)
+    with self.assertRaisesRegex(ValueError, '3 layers do not make two equal'):
+      floor.Floor(3, 8, 8, [2])
 
   def testThroughput(self):
     result, text, _ = self._Run('throughput', '--models', 'transformer')

@@ -25,6 +25,15 @@ Subcommands:
   bubble      Measured idle fraction of each stage (execution traces) vs the
               fill-drain model (K-1)/(M+K-1), and a timeline picture.
   graph       Graph build time and op count as M and L grow (no session).
+  schedules   Fill-drain, 1F1B, interleaved 1F1B, ZB-H1 and ZB-V side by
+              side: step time, measured bubble, peak memory, timelines.
+  cost        Where a pipeline step's time goes per micro-batch (traced op
+              time by kind), batched weight gradients beside the default,
+              and for the dense workload the kernel floor: each stage's work
+              as plain TensorFlow ops with no pipeline, and the K=2 ceiling
+              it leaves.
+  data_parallel  R replicas x K stages beside R=1: speed-up and the
+              all-reduce's share of the step.
 
 Every subcommand prints a markdown table, the machine and the settings, and
 writes ``--json`` and ``--plot`` if given. ``--quick`` runs a tiny version
@@ -33,9 +42,11 @@ priority (Linux autogroup niceness -N; root): on a machine shared with other
 work, pipelined stages otherwise get only part of their cores.
 
 Modules: ``cli`` (flags and dispatch), one per subcommand (``throughput``,
-``memory``, ``bubble``, ``graph``), ``report`` (their tables, header, JSON and
-plots), ``runner`` (configurations, worker clusters, timed steps) and
-``models`` (the benchmark layer stacks).
+``memory``, ``bubble``, ``graph``, ``schedules``, ``cost``,
+``data_parallel``), ``floor`` (the kernel floor ``cost`` reports),
+``report`` (their tables, header, JSON and plots), ``runner``
+(configurations, worker clusters, timed steps), ``models`` (the benchmark
+layer stacks) and ``lingvo_stack`` (Lingvo's GPipeTransformerStack).
 """
 
 from gpipe import lingvo_import  # pylint: disable=unused-import  # must be first

@@ -118,6 +118,11 @@ def _Parser():
                  action=argparse.BooleanOptionalAction,
                  help='also run K x M with batched weight gradients (one W '
                  'task per stage) beside the default')
+  p.add_argument('--floor', default=True,
+                 action=argparse.BooleanOptionalAction,
+                 help='dense, float32: also measure the kernel floor (each '
+                 "stage's work as plain TF ops, no pipeline) and the K=2 "
+                 'ceiling it leaves (tools/benchmark/floor.py)')
   p.add_argument('--steps', type=int, default=3,
                  help='timed and traced steps per configuration (median)')
   p.add_argument('--warmup', type=int, default=2)

@@ -25,6 +25,11 @@ kind (F, B, W; ``W*`` is the one batched W of a stage) and the number of
 calls. With ``--batched_weight_gradients`` (default on) the K x M step is
 also run with ``PipeliningLayer.batched_weight_gradients`` beside the
 default, so the cut is measured in the same run.
+
+For the dense model in float32 (``--floor``, default on) a last table gives
+the kernel floor of each M (``floor.py``): the same work as plain TensorFlow
+ops with no pipeline, and the K=2 speed-up ceiling it leaves, beside the
+pipeline's own.
 """
 
 import collections
@@ -32,6 +37,7 @@ import re
 import statistics
 
 from gpipe import pipeline_tasks
+from tools.benchmark import floor as floor_lib
 from tools.benchmark import report
 from tools.benchmark import runner as runner_lib
 from tools.benchmark import throughput
@@ -218,7 +224,42 @@ def Cost(args):
                       for _, m, b in configs[1:]], rows) + (
               '\n\nSpeed-up over K=1 M=1 (untraced, interleaved): %s.'
               % speedups)
+  if getattr(args, 'floor', False):
+    text += '\n\n' + _FloorSection(args, shape, mbs, result)
   print(text)
   result['markdown'] = text
   report.Write(args, result, None)
   return result
+
+
+def _FloorSection(args, shape, mbs, result):
+  """Measures the kernel floor (dense, float32) and returns its table."""
+  if (args.model != 'dense' or args.fprop_dtype != 'float32' or
+      args.num_stages != 2):
+    return ('(Kernel floor: measured for the dense model in float32 at K=2 '
+            'only; this run is %s in %s at K=%d.)' % (
+                args.model, args.fprop_dtype, args.num_stages))
+  fl = floor_lib.Floor(shape['num_layers'], shape['batch'], shape['width'],
+                       mbs, steps=args.steps, warmup=args.warmup,
+                       log=report.Log)
+  result['floor'] = fl
+  piped = {}
+  for c in result['configs'][1:]:
+    piped.setdefault(c['M'], {})[c['batched_weights']] = c['speedup_vs_K1M1']
+  rows = []
+  for rec in fl['M']:
+    got = piped.get(rec['M'], {})
+    rows.append(['%d' % rec['M']] + ['%.0f' % rec[k] for k in (
+        'stage_alone_ms', 'stage_both_ms', 'weights_alone_ms', 'bubble_ms',
+        'floor_step_ms')] + ['**%.2fx**' % rec['ceiling']] + [
+            '%.2fx' % got[b] if b in got else '-' for b in (False, True)])
+  return ('### Kernel floor: each stage\'s work as plain TensorFlow ops, no '
+          'pipeline (K=1 M=1 the same way: %.0f ms)\n\n' % fl['K1M1_ms'] +
+          report.Table(
+              ['M', 'stage alone ms', 'stage, both at once ms', 'W alone ms',
+               'bubble ms', 'floor step ms', 'K=2 ceiling',
+               'pipeline', 'pipeline batched W'], rows) +
+          '\n\nCeiling: K=1 M=1 over (stage both at once + bubble); bubble: '
+          '(stage alone - W alone) / M, one micro-batch\'s F and B '
+          '(tools/benchmark/floor.py). Pipeline: speed-up over its own K=1 '
+          'M=1 measured above.')
