@@ -13,6 +13,7 @@ from lingvo.core import test_utils
 from tools.benchmark import cli
 from tools.benchmark import floor
 from tools.benchmark import memory
+from tools.benchmark import runner
 
 PNG_MAGIC = b'\x89PNG'
 
@@ -120,6 +121,12 @@ class BenchmarkTest(test_utils.TestCase):
       for g, w in zip(got, want):
         self.assertAllClose(g, w, rtol=1e-5, atol=1e-4)
       work.Close()
+
+  def testZeroBubbleVNeedsTwoStagesPerDevice(self):
+    config = runner.Config('gpipe', 'dense', 4, 8, 2, 4, 'never', 16, 1,
+                           'zb_v')
+    with self.assertRaisesRegex(ValueError, 'set stages_per_device=2'):
+      runner.Step(config, '', ['/cpu:0', '/cpu:0'])
 
   def testFloorErrors(self):
     with self.assertRaisesRegex(ValueError, 'batch 10 does not divide into 4'):

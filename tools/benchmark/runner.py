@@ -166,6 +166,12 @@ class Step:
     """
     self.config = config
     c = config
+    if c.schedule == 'zb_v' and c.stages_per_device != 2:
+      # VPlacement of K stages puts them on K/2 devices: with one stage per
+      # device, half the workers would stay idle without a word.
+      raise ValueError(
+          "%s: 'zb_v' places 2 stages on each device in a V; set "
+          'stages_per_device=2 (v=%d given)' % (c.label, c.stages_per_device))
     self._target = target
     self.graph = tf.Graph()
     start = time.time()
