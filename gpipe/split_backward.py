@@ -117,7 +117,7 @@ class _Piece:
   """A subset of G's ops as one graph function: feeds -> outputs."""
 
   def __init__(self, name, source_graph, ops, feeds, outputs, prefix_ops=(),
-               prefix='', transposed=None):
+               prefix='', transposed=None, swapped=()):
     """Constructor.
 
     Args:
@@ -130,6 +130,8 @@ class _Piece:
       prefix: see prefix_ops.
       transposed: {op: _Transposed}: a matmul of `ops` that reads its second
         operand transposed reads the _Transposed feed untransposed instead.
+      swapped: MatMul ops of `ops` computing ``a w^T`` that are computed as
+        ``(w a^T)^T`` instead (see _SmallTransposedMatMuls).
     """
     self.name = name
     self.feeds = list(feeds)
@@ -152,6 +154,8 @@ class _Piece:
           attrs[_TRANSPOSED_SECOND[op.type]] = attr_value_pb2.AttrValue(
               b=False)
         op_name = (prefix + op.name) if op in prefix_ops else op.name
+        if op in swapped:
+          inputs = inputs[::-1]
         new = graph._create_op_internal(  # pylint: disable=protected-access
             op.type, inputs,
             dtypes=[o.dtype for o in op.outputs],
@@ -159,8 +163,12 @@ class _Piece:
         for control in op.control_inputs:
           if control in copied:
             new._add_control_input(copied[control])  # pylint: disable=protected-access
+        outputs = new.outputs
+        if op in swapped:
+          outputs = [tf.transpose(new.outputs[0])]
+          new = outputs[0].op
         copied[op] = new
-        for old, out in zip(op.outputs, new.outputs):
+        for old, out in zip(op.outputs, outputs):
           env[old.ref()] = out
       return [env[t.ref()] for t in self.outputs]
 
@@ -261,23 +269,26 @@ def _TraceAndSort(stage, theta_specs, arg_specs, acc_specs, d_out_specs,
               f_saved=f_saved)
 
 
-# Hoist a weight's transpose out of the calls when the matmul reading it has
-# at most this many rows. Measured on one core of this CPU (oneDNN, 1024x1024
-# float32 weight): dy W^T costs 1.9x dy (W^T) at 32 rows, 1.04x at 128 rows,
-# while one transpose costs about 4 such 32-row matmuls: it pays off for small
-# micro-batches only.
-HOIST_MAX_ROWS = 64
+# Small matmuls reading a weight transposed (a dense layer's input gradient
+# dy W^T) with at most this many rows are rewritten. oneDNN copies (re-packs)
+# the second operand of a matmul on every call, and at a few rows that copy of
+# the weight costs as much as the product. Measured on one core of this CPU
+# (1024x1024 float32 weight, 32 rows): dy W^T 102-109 GFLOP/s, dy (W^T) with
+# the transpose hoisted 126-132, (W dy^T)^T 142-159, where the weight is the
+# first operand, read in place; at 128 rows all three are within noise.
+SMALL_MATMUL_ROWS = 64
 
 
-def _HoistableTransposes(ops, theta, stop):
-  """Matmuls of `ops` reading a weight transposed: {op: weight tensor}.
+def _SmallTransposedMatMuls(ops, theta, stop):
+  """Small matmuls of `ops` reading a weight transposed: {op: weight}.
 
-  A weight (a tensor computed from theta alone) read transposed by a matmul,
-  e.g. the input gradient dy W^T of a dense layer, is transposed again on
-  every call of the function: at a small micro-batch that transpose costs
-  about as much as the matmul itself. Such matmuls (with at most
-  HOIST_MAX_ROWS rows) get the transposed weight as an input instead,
-  computed once per step.
+  A weight (a tensor computed from theta alone) read transposed by a matmul
+  of at most SMALL_MATMUL_ROWS rows, e.g. the input gradient dy W^T of a
+  dense layer at a small micro-batch, is re-packed on every call of the
+  function, at about the cost of the product. B computes a ``MatMul`` of
+  these as ``(W dy^T)^T`` (the weight read in place, only the small operand
+  and result transposed) and a batch matmul as ``dy (W^T)`` with the
+  weight's transpose computed once per step and fed to every call.
   """
   theta_ops = {t.op for t in theta}
   found = {}
@@ -290,7 +301,7 @@ def _HoistableTransposes(ops, theta, stop):
       continue
     rows = op.inputs[0].shape
     if (rows.rank is None or rows[-2] is None or
-        rows[-2] > HOIST_MAX_ROWS or (op.type == 'MatMul' and
+        rows[-2] > SMALL_MATMUL_ROWS or (op.type == 'MatMul' and
                                       op.get_attr('transpose_a'))):
       continue
     sources = {t.op for t in _BoundaryInputs(_Ancestors([weight], stop))}
@@ -306,8 +317,9 @@ class SplitStageFunctions(stage_lib.StageFunctions):
 
   With ``batch_weights_over=M`` the W tasks of the M micro-batches are one
   task (``gpipe.weight_batching``) that runs after the stage's last B.
-  Weights that B reads transposed are transposed once per step
-  (``BeginStep``) instead of in every call.
+  Small matmuls of B that read a weight transposed read it untransposed
+  (see ``_SmallTransposedMatMuls``): a ``MatMul`` with its operands swapped,
+  a batch matmul from the weight's transpose computed once per step.
   """
 
   BUILD_BACKWARD = False
@@ -338,8 +350,12 @@ class SplitStageFunctions(stage_lib.StageFunctions):
     self._g = g
     self._captures = t['captures']
     self._num_stats = len(g['stats'])
-    # Weights B reads transposed: transposed once per step, fed to B.
-    hoisted = _HoistableTransposes(t['b_ops'], g['theta'], t['stop'])
+    # Small matmuls reading a weight transposed: a MatMul reads the weight as
+    # its first operand instead; a batch matmul reads the weight's transpose,
+    # computed once per step and fed to B.
+    small = _SmallTransposedMatMuls(t['b_ops'], g['theta'], t['stop'])
+    swapped = {op for op in small if op.type == 'MatMul'}
+    hoisted = {op: w for op, w in small.items() if op not in swapped}
     self._transposed = {}
     for op, weight in hoisted.items():
       if weight.ref() not in self._transposed:
@@ -368,7 +384,8 @@ class SplitStageFunctions(stage_lib.StageFunctions):
         g['outs'] + g['stats'] + g['acc_out'] + t['f_saved'])
     self._pieces['B'] = _Piece(
         'B', graph, b_ops, b_feeds, t['b_targets'], prefix_ops=t['forward'],
-        prefix=stage_lib.RECOMPUTE_SCOPE + '/', transposed=rewrites)
+        prefix=stage_lib.RECOMPUTE_SCOPE + '/', transposed=rewrites,
+        swapped=swapped)
     w_feeds = _Unique(_BoundaryInputs(t['weight']) +
                       [x for x in g['d_theta'] if x.op not in t['weight']])
     self._pieces['W'] = _Piece('W', graph, t['weight'], w_feeds, g['d_theta'])

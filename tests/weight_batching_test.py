@@ -100,9 +100,10 @@ class WeightBatchingTest(test_utils.TestCase, parameterized.TestCase):
       x = tf.constant(np.random.RandomState(1).randn(2 * m, 8))
       spt.LossAndGrads(net, (x,), tf.zeros([2 * m, 8], tf.float64), True)
       calls = spt.CallOps(graph)
-      transposes = [op for op in graph.get_operations()
-                    if '_transposed_weights/' in op.name and
-                    op.type == 'Transpose']
+      hoisted = [op for op in graph.get_operations()
+                 if '_transposed_weights/' in op.name]
+      functions = {f.signature.name: f
+                   for f in graph.as_graph_def().library.function}
     _, orders = schedule.Orders(name, spt.Placement(name, k), m,
                                 schedule.RematCosts(True))
     orders = weight_batching.Orders(orders)
@@ -111,10 +112,23 @@ class WeightBatchingTest(test_utils.TestCase, parameterized.TestCase):
         weights, [pipeline_tasks.Task(s, pipeline_tasks.ALL, 'W')
                   for s in range(k)])
     spt.AssertCallsFollowOrders(self, calls, orders)
-    # Stages with weights read in dy W^T transpose them once per step, not
-    # in each of the M backward calls (toy layers: 2 rows per micro-batch).
-    self.assertNotEmpty(transposes)
-    self.assertLessEqual(len(transposes), spt.NUM_LAYERS)
+    # The backward calls compute the small dy W^T of the toy dense layers (2
+    # rows per micro-batch) as (W dy^T)^T: the weight is MatMul's first
+    # operand and nothing is transposed per step. The first layer's input
+    # gradient is that of the pipeline's input, so every layer has one.
+    swapped = 0
+    for task, op in calls.items():
+      if task.phase != pipeline_tasks.BACKWARD:
+        continue
+      nodes = functions[op.get_attr('f').name].node_def
+      transposed = {n.input[0].split(':')[0] for n in nodes
+                    if n.op == 'Transpose'}
+      for n in nodes:
+        if n.op == 'MatMul' and n.attr['transpose_b'].b:
+          self.assertIn(n.name, transposed, task)
+          swapped += 1
+    self.assertEqual(swapped, spt.NUM_LAYERS * m)
+    self.assertEmpty(hoisted)
 
   def testOrdersMoveWeightTasksAfterTheLastBackward(self):
     _, orders = schedule.Orders('zb_h1', 2, 3)

@@ -9,9 +9,9 @@ written as plain TensorFlow ops in one graph (no stage functions, no
 hand-overs between processes, no schedule):
 
   * M forward chains ``relu(x W + b)`` of B/M rows, in micro-batch order;
-  * M input-gradient chains (the ReLU mask, then ``dy W^T``; the transposed
-    weight is computed once per step when the micro-batch has at most
-    ``split_backward.HOIST_MAX_ROWS`` rows, as the pipeline does);
+  * M input-gradient chains (the ReLU mask, then ``dy W^T``, computed as
+    ``(W dy^T)^T`` when the micro-batch has at most
+    ``split_backward.SMALL_MATMUL_ROWS`` rows, as the pipeline does);
   * one batched weight gradient per layer, ``concat(x)^T concat(dy)`` and the
     bias's ``sum(dy)`` (as ``batched_weight_gradients``), and the update.
 
@@ -120,8 +120,7 @@ class Work:
     """
     num_layers = len(ws)
     reads = [w.read_value() for w in ws]
-    hoist = rows <= split_backward.HOIST_MAX_ROWS
-    transposed = [tf.transpose(w) for w in reads] if hoist else None
+    swap = rows <= split_backward.SMALL_MATMUL_ROWS
     xs = [[] for _ in range(num_layers)]
     outs = [[] for _ in range(num_layers)]
     gs = [[None] * micro_batches for _ in range(num_layers)]
@@ -142,8 +141,8 @@ class Work:
         g = tf.where(outs[l][m] > 0, g, tf.zeros_like(g))
         gs[l][m] = g
         if l:  # The first layer's input gradient is not needed.
-          g = (tf.matmul(g, transposed[l]) if hoist else
-               tf.matmul(g, reads[l], transpose_b=True))
+          g = (tf.transpose(tf.matmul(reads[l], g, transpose_b=True))
+               if swap else tf.matmul(g, reads[l], transpose_b=True))
       prev = [g]
     return xs, gs, prev
 
