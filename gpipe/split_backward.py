@@ -35,7 +35,6 @@ from gpipe import pipeline_tasks
 from gpipe import stage as stage_lib
 from gpipe import weight_batching
 from lingvo import compat as tf
-from tensorflow.core.framework import attr_value_pb2  # pylint: disable=g-direct-tensorflow-import
 
 # Attributes that tie an op to others of its original graph.
 _DROPPED_ATTRS = ('_class',)
@@ -90,53 +89,33 @@ def _Topological(ops):
   return order
 
 
-class _Transposed:
-  """A function feed standing for a tensor's transpose (last two axes).
-
-  The transpose is computed once per step outside the stage's functions
-  (see ``SplitStageFunctions``); ``ref()`` makes it a key of a Piece's env.
-  """
-
-  def __init__(self, source):
-    self.source = source
-    self.dtype = source.dtype
-    dims = source.shape.as_list()
-    self.shape = tf.TensorShape(dims[:-2] + [dims[-1], dims[-2]])
-    self.name = source.name + '^T'
-
-  def ref(self):
-    return self
-
-
-# Matmul ops that read their second operand transposed: op type -> the attr.
-_TRANSPOSED_SECOND = {'MatMul': 'transpose_b', 'BatchMatMulV2': 'adj_y',
-                      'BatchMatMulV3': 'adj_y'}
+# Matmul ops whose operands a, w can be swapped (a w^T = (w a^T)^T):
+# op type -> (the attr transposing a, the attr transposing w).
+_SWAPPABLE = {'MatMul': ('transpose_a', 'transpose_b'),
+              'BatchMatMulV2': ('adj_x', 'adj_y')}
 
 
 class _Piece:
   """A subset of G's ops as one graph function: feeds -> outputs."""
 
   def __init__(self, name, source_graph, ops, feeds, outputs, prefix_ops=(),
-               prefix='', transposed=None, swapped=()):
+               prefix='', swapped=()):
     """Constructor.
 
     Args:
-      name: 'F', 'B', 'W' (or 'P', 'W*').
+      name: 'F', 'B', 'W' (or 'W*').
       source_graph: the graph G the ops belong to.
       ops: the ops to copy.
-      feeds: the function's inputs: tensors of G (or _Transposed).
+      feeds: the function's inputs: tensors of G.
       outputs: tensors of G it returns.
       prefix_ops: ops whose copies get `prefix` on their names.
       prefix: see prefix_ops.
-      transposed: {op: _Transposed}: a matmul of `ops` that reads its second
-        operand transposed reads the _Transposed feed untransposed instead.
-      swapped: MatMul ops of `ops` computing ``a w^T`` that are computed as
+      swapped: matmul ops of `ops` computing ``a w^T`` that are computed as
         ``(w a^T)^T`` instead (see _SmallTransposedMatMuls).
     """
     self.name = name
     self.feeds = list(feeds)
     self.outputs = list(outputs)
-    transposed = transposed or {}
     ordered = _Topological(ops)
 
     def Body(*xs):
@@ -149,10 +128,6 @@ class _Piece:
         attrs = {k: v for k, v in op.node_def.attr.items()
                  if k not in _DROPPED_ATTRS}
         inputs = [env.get(t.ref()) for t in op.inputs]
-        if op in transposed:
-          inputs[1] = env[transposed[op].ref()]
-          attrs[_TRANSPOSED_SECOND[op.type]] = attr_value_pb2.AttrValue(
-              b=False)
         op_name = (prefix + op.name) if op in prefix_ops else op.name
         if op in swapped:
           inputs = inputs[::-1]
@@ -165,7 +140,7 @@ class _Piece:
             new._add_control_input(copied[control])  # pylint: disable=protected-access
         outputs = new.outputs
         if op in swapped:
-          outputs = [tf.transpose(new.outputs[0])]
+          outputs = [tf.linalg.matrix_transpose(new.outputs[0])]
           new = outputs[0].op
         copied[op] = new
         for old, out in zip(op.outputs, outputs):
@@ -270,45 +245,45 @@ def _TraceAndSort(stage, theta_specs, arg_specs, acc_specs, d_out_specs,
 
 
 # Small matmuls reading a weight transposed (a dense layer's input gradient
-# dy W^T) with at most this many rows are rewritten. oneDNN copies (re-packs)
-# the second operand of a matmul on every call, and at a few rows that copy of
-# the weight costs as much as the product. Measured on one core of this CPU
-# (1024x1024 float32 weight, 32 rows): dy W^T 102-109 GFLOP/s, dy (W^T) with
-# the transpose hoisted 126-132, (W dy^T)^T 142-159, where the weight is the
-# first operand, read in place; at 128 rows all three are within noise.
+# dy W^T) with at most this many rows are rewritten as (W dy^T)^T. oneDNN
+# copies (re-packs) the second operand of a matmul on every call, and at a few
+# rows that copy of the weight costs as much as the product. Measured on one
+# core of this CPU (1024x1024 float32 weight, 32 rows): dy W^T 102-109
+# GFLOP/s, dy (W^T) with the transpose computed once per step 126-132,
+# (W dy^T)^T 142-159, the weight read in place as the first operand; at 128
+# rows all three are within noise.
 SMALL_MATMUL_ROWS = 64
 
 
 def _SmallTransposedMatMuls(ops, theta, stop):
-  """Small matmuls of `ops` reading a weight transposed: {op: weight}.
+  """Small matmuls of `ops` that read a weight transposed: a set of ops.
 
   A weight (a tensor computed from theta alone) read transposed by a matmul
-  of at most SMALL_MATMUL_ROWS rows, e.g. the input gradient dy W^T of a
-  dense layer at a small micro-batch, is re-packed on every call of the
-  function, at about the cost of the product. B computes a ``MatMul`` of
-  these as ``(W dy^T)^T`` (the weight read in place, only the small operand
-  and result transposed) and a batch matmul as ``dy (W^T)`` with the
-  weight's transpose computed once per step and fed to every call.
+  (``MatMul`` or a batch matmul) of at most SMALL_MATMUL_ROWS rows, e.g. the
+  input gradient dy W^T of a dense layer at a small micro-batch, is re-packed
+  on every call of the function, at about the cost of the product. B
+  computes these as ``(W dy^T)^T``: the weight read in place as the first
+  operand, only the small operand and the result transposed.
   """
   theta_ops = {t.op for t in theta}
-  found = {}
+  found = set()
   for op in ops:
-    attr = _TRANSPOSED_SECOND.get(op.type)
-    if attr is None or not op.get_attr(attr):
+    if op.type not in _SWAPPABLE:
+      continue
+    a_attr, w_attr = _SWAPPABLE[op.type]
+    if op.get_attr(a_attr) or not op.get_attr(w_attr):
       continue
     weight = op.inputs[1]
-    if weight.shape.rank is None or weight.shape.rank < 2:
-      continue
     rows = op.inputs[0].shape
-    if (rows.rank is None or rows[-2] is None or
-        rows[-2] > SMALL_MATMUL_ROWS or (op.type == 'MatMul' and
-                                      op.get_attr('transpose_a'))):
+    if (weight.shape.rank is None or weight.shape.rank < 2 or
+        rows.rank is None or rows[-2] is None or
+        rows[-2] > SMALL_MATMUL_ROWS):
       continue
     sources = {t.op for t in _BoundaryInputs(_Ancestors([weight], stop))}
     if weight.op in stop:
       sources = {weight.op}
     if sources and sources <= theta_ops:
-      found[op] = weight
+      found.add(op)
   return found
 
 
@@ -317,9 +292,8 @@ class SplitStageFunctions(stage_lib.StageFunctions):
 
   With ``batch_weights_over=M`` the W tasks of the M micro-batches are one
   task (``gpipe.weight_batching``) that runs after the stage's last B.
-  Small matmuls of B that read a weight transposed read it untransposed
-  (see ``_SmallTransposedMatMuls``): a ``MatMul`` with its operands swapped,
-  a batch matmul from the weight's transpose computed once per step.
+  Small matmuls of B that read a weight transposed read it in place, their
+  operands swapped (see ``_SmallTransposedMatMuls``).
   """
 
   BUILD_BACKWARD = False
@@ -328,12 +302,10 @@ class SplitStageFunctions(stage_lib.StageFunctions):
     super().__init__(*args, **kwargs)
     self.batch_weights_over = batch_weights_over
     self._batch_dim = batch_dim
-    self._hoisted_values = None
     self._pending = []
 
   def BeginStep(self):
-    """Forgets the hoisted transposes and pending W feeds of a step."""
-    self._hoisted_values = None
+    """Forgets the pending W feeds of a step."""
     self._pending = []
 
   def _Build(self, theta_flat, args_flat, acc_flat):
@@ -350,32 +322,9 @@ class SplitStageFunctions(stage_lib.StageFunctions):
     self._g = g
     self._captures = t['captures']
     self._num_stats = len(g['stats'])
-    # Small matmuls reading a weight transposed: a MatMul reads the weight as
-    # its first operand instead; a batch matmul reads the weight's transpose,
-    # computed once per step and fed to B.
-    small = _SmallTransposedMatMuls(t['b_ops'], g['theta'], t['stop'])
-    swapped = {op for op in small if op.type == 'MatMul'}
-    hoisted = {op: w for op, w in small.items() if op not in swapped}
-    self._transposed = {}
-    for op, weight in hoisted.items():
-      if weight.ref() not in self._transposed:
-        self._transposed[weight.ref()] = _Transposed(weight)
-    rewrites = {op: self._transposed[w.ref()] for op, w in hoisted.items()}
-    weights = [x.source for x in self._transposed.values()]
-    prologue_ops = _Ancestors(weights, t['stop'])
-    self._prologue = None
-    if prologue_ops:
-      self._prologue = _Piece('P', graph, prologue_ops,
-                              _BoundaryInputs(prologue_ops),
-                              [w for w in weights if w.op in prologue_ops])
     b_ops = t['b_ops']
-    skipped = {(op, 1) for op in rewrites}
-    b_feeds = _Unique(
-        [x for op in sorted(b_ops, key=lambda o: o.name)
-         for i, x in enumerate(op.inputs)
-         if x.op not in b_ops and (op, i) not in skipped] +
-        [x for x in t['b_targets'] if x.op not in b_ops])
-    b_feeds += list(self._transposed.values())
+    b_feeds = _Unique(_BoundaryInputs(b_ops) +
+                      [x for x in t['b_targets'] if x.op not in b_ops])
     self._pieces = {}
     self._pieces['F'] = _Piece(
         'F', graph, t['f_ops'],
@@ -384,8 +333,8 @@ class SplitStageFunctions(stage_lib.StageFunctions):
         g['outs'] + g['stats'] + g['acc_out'] + t['f_saved'])
     self._pieces['B'] = _Piece(
         'B', graph, b_ops, b_feeds, t['b_targets'], prefix_ops=t['forward'],
-        prefix=stage_lib.RECOMPUTE_SCOPE + '/', transposed=rewrites,
-        swapped=swapped)
+        prefix=stage_lib.RECOMPUTE_SCOPE + '/',
+        swapped=_SmallTransposedMatMuls(b_ops, g['theta'], t['stop']))
     w_feeds = _Unique(_BoundaryInputs(t['weight']) +
                       [x for x in g['d_theta'] if x.op not in t['weight']])
     self._pieces['W'] = _Piece('W', graph, t['weight'], w_feeds, g['d_theta'])
@@ -445,19 +394,6 @@ class SplitStageFunctions(stage_lib.StageFunctions):
     self._pieces['W*'] = _Piece('W*', whole['graph'], whole['weight'],
                                 whole_feeds, wg['d_theta'])
 
-  def _Hoisted(self, env):
-    """The transposed weights of this step (computed at its first call)."""
-    if self._hoisted_values is None:
-      values = {}
-      with tf.name_scope('stage%d_transposed_weights' % self.index):
-        with tf.device(self.device):
-          if self._prologue is not None:
-            self._prologue.Call(env)
-          for key, feed in self._transposed.items():
-            values[key] = tf.linalg.matrix_transpose(env[feed.source.ref()])
-      self._hoisted_values = values
-    return self._hoisted_values
-
   def Call(self, theta, args, seed, step, micro_batch, registry,
            targets=None, check_d_outputs=None, accumulator_values=()):
     """Runs the stage on one micro-batch as tasks F, then B and W.
@@ -506,10 +442,6 @@ class SplitStageFunctions(stage_lib.StageFunctions):
         check_d_outputs(micro_batch, d_outs)
       for placeholder, d in zip(g['d_outs'], d_outs):
         env[placeholder.ref()] = d
-      if self._transposed:
-        hoisted = self._Hoisted(env)
-        for key, feed in self._transposed.items():
-          env[feed.ref()] = hoisted[key]
       Run(pipeline_tasks.BACKWARD)
       if not self.batch_weights_over:
         Run(pipeline_tasks.WEIGHT)

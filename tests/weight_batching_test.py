@@ -50,6 +50,40 @@ class _ScaledByMean(base_layer.BaseLayer):
     return x * theta.w + tf.reduce_mean(x) * theta.w
 
 
+class _SequenceDense(base_layer.BaseLayer):
+  """tanh([b, 2, 4] x [4, 4]) on [b, 8]: a batch matmul reading a weight."""
+
+  def __init__(self, params):
+    super().__init__(params)
+    self.CreateVariable('w', py_utils.WeightParams(
+        [4, 4], py_utils.WeightInit.Gaussian(0.5, seed=7), self.params.dtype))
+
+  @classmethod
+  def FPropMeta(cls, p, x):
+    return py_utils.NestedMap(flops=8 * x.num_elements(), out_shapes=(x,))
+
+  def FProp(self, theta, x):
+    y = tf.matmul(tf.reshape(x, [-1, 2, 4]), theta.w)
+    return tf.reshape(tf.tanh(y), [-1, 8])
+
+
+def _SwappedMatMuls(test, calls, functions, op_type):
+  """How many `op_type` ops of the B calls compute a w^T as (w a^T)^T."""
+  attr = 'transpose_b' if op_type == 'MatMul' else 'adj_y'
+  swapped = 0
+  for task, op in calls.items():
+    if task.phase != pipeline_tasks.BACKWARD:
+      continue
+    nodes = functions[op.get_attr('f').name].node_def
+    transposed = {n.input[0].split(':')[0] for n in nodes
+                  if n.op == 'Transpose'}
+    for n in nodes:
+      if n.op == op_type and n.attr[attr].b:
+        test.assertIn(n.name, transposed, task)
+        swapped += 1
+  return swapped
+
+
 class WeightBatchingTest(test_utils.TestCase, parameterized.TestCase):
 
   @parameterized.named_parameters(
@@ -100,8 +134,6 @@ class WeightBatchingTest(test_utils.TestCase, parameterized.TestCase):
       x = tf.constant(np.random.RandomState(1).randn(2 * m, 8))
       spt.LossAndGrads(net, (x,), tf.zeros([2 * m, 8], tf.float64), True)
       calls = spt.CallOps(graph)
-      hoisted = [op for op in graph.get_operations()
-                 if '_transposed_weights/' in op.name]
       functions = {f.signature.name: f
                    for f in graph.as_graph_def().library.function}
     _, orders = schedule.Orders(name, spt.Placement(name, k), m,
@@ -113,22 +145,29 @@ class WeightBatchingTest(test_utils.TestCase, parameterized.TestCase):
                   for s in range(k)])
     spt.AssertCallsFollowOrders(self, calls, orders)
     # The backward calls compute the small dy W^T of the toy dense layers (2
-    # rows per micro-batch) as (W dy^T)^T: the weight is MatMul's first
-    # operand and nothing is transposed per step. The first layer's input
-    # gradient is that of the pipeline's input, so every layer has one.
-    swapped = 0
-    for task, op in calls.items():
-      if task.phase != pipeline_tasks.BACKWARD:
-        continue
-      nodes = functions[op.get_attr('f').name].node_def
-      transposed = {n.input[0].split(':')[0] for n in nodes
-                    if n.op == 'Transpose'}
-      for n in nodes:
-        if n.op == 'MatMul' and n.attr['transpose_b'].b:
-          self.assertIn(n.name, transposed, task)
-          swapped += 1
-    self.assertEqual(swapped, spt.NUM_LAYERS * m)
-    self.assertEmpty(hoisted)
+    # rows per micro-batch) as (W dy^T)^T. The first layer's input gradient
+    # is that of the pipeline's input, so every layer has one.
+    self.assertEqual(_SwappedMatMuls(self, calls, functions, 'MatMul'),
+                     spt.NUM_LAYERS * m)
+
+  @parameterized.named_parameters(('never', 'never'), ('always', 'always'))
+  def testSmallBatchMatMulInputGradientsReadTheWeightInPlace(self, remat):
+    # [b, 2, 4] x [4, 4]: a batch matmul whose input gradient dy W^T has 2
+    # rows; B computes it as (W dy^T)^T, with the same gradients. (Its
+    # broadcasting weight gradient reads a shape, so W is not batched.)
+    layers = [_SequenceDense.Params().Set(name='seq%d' % i, dtype=tf.float64)
+              for i in range(4)]
+    with self.session(graph=tf.Graph(), config=CONFIG) as sess:
+      net = spt.Net('zb_h1', 2, 2, remat, layers=layers, stage_sizes=[2, 2])
+      rng = np.random.RandomState(5)
+      x = tf.constant(rng.randn(4, 8))
+      spt.AssertMatches(self, net, (x,), tf.constant(rng.randn(4, 8)), sess)
+      graph = sess.graph
+      functions = {f.signature.name: f
+                   for f in graph.as_graph_def().library.function}
+      self.assertEqual(
+          _SwappedMatMuls(self, spt.CallOps(graph), functions,
+                          'BatchMatMulV2'), 4 * 2)
 
   def testOrdersMoveWeightTasksAfterTheLastBackward(self):
     _, orders = schedule.Orders('zb_h1', 2, 3)
