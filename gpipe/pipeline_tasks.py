@@ -12,9 +12,9 @@ micro-batch:
   the gradient of the stage's weights for micro-batch m, from what B kept.
   W is off the critical path: nothing downstream waits for it, so a schedule
   can delay it into what would be a bubble. With batched weight gradients
-  (``gpipe.weight_batching``) a stage has one W task for all micro-batches,
-  whose micro-batch index is ``ALL`` (printed ``W*s1``, op scope
-  ``stage1_Wall``).
+  (``gpipe.weight_batching``) a stage has one W task for all micro-batches
+  of its pipeline, whose micro-batch index is an ``AllMicroBatches`` range,
+  not an integer (printed ``W*s1``, op scope ``stage1_Wall0to7``).
 
 Printed as ``F3s1`` (phase, micro-batch, stage). In the graph every task is
 one function call op inside the name scope ``stage<k>_<phase><m>``
@@ -33,27 +33,63 @@ BACKWARD = 'B'
 WEIGHT = 'W'
 PHASES = (FORWARD, BACKWARD, WEIGHT)
 
-# The micro-batch index of a task that covers every micro-batch (the one
-# batched W task of a stage).
-ALL = -1
-_ALL_NAME = 'all'
+
+class AllMicroBatches(collections.namedtuple('AllMicroBatches',
+                                             ['first', 'count'])):
+  """The micro-batch index of a task that covers `count` micro-batches.
+
+  A stage's one batched W task covers every micro-batch of its pipeline:
+  ``AllMicroBatches(0, M)``, or ``AllMicroBatches(r M, M)`` for data-parallel
+  replica r. It is deliberately not an integer: ``Shifted`` moves it
+  explicitly, and ``+`` raises instead of turning it into another task's
+  index.
+  """
+
+  __slots__ = ()
+
+  def __add__(self, other):
+    raise TypeError('AllMicroBatches%r is a range of micro-batches, not an '
+                    'index: use ShiftMicroBatch' % (tuple(self),))
+
+  __radd__ = __add__
+
+  def Shifted(self, offset):
+    return AllMicroBatches(self.first + offset, self.count)
+
+
+def IsAll(micro_batch):
+  """Whether a task's micro-batch index covers all micro-batches."""
+  return isinstance(micro_batch, AllMicroBatches)
+
+
+def ShiftMicroBatch(micro_batch, offset):
+  """An index, or a range of micro-batches, moved by `offset`."""
+  if IsAll(micro_batch):
+    return micro_batch.Shifted(offset)
+  return micro_batch + offset
+
 
 _CALL = re.compile(
-    r'(?:^|/)stage(\d+)_([%s])(\d+|%s)/(?:Stateful)?PartitionedCall$' %
-    (''.join(PHASES), _ALL_NAME))
+    r'(?:^|/)stage(\d+)_([%s])(\d+|all(\d+)to(\d+))/'
+    r'(?:Stateful)?PartitionedCall$' % ''.join(PHASES))
+
+
+def MicroBatchName(micro_batch):
+  """'3', or '*' for a task that covers all micro-batches."""
+  return '*' if IsAll(micro_batch) else str(micro_batch)
 
 
 def Label(task):
-  """'F3s1': phase, micro-batch, stage."""
-  if task.micro_batch == ALL:
-    return '%s*s%d' % (task.phase, task.stage)
-  return '%s%ds%d' % (task.phase, task.micro_batch, task.stage)
+  """'F3s1': phase, micro-batch, stage ('W*s1' for a batched W task)."""
+  return '%s%ss%d' % (task.phase, MicroBatchName(task.micro_batch),
+                      task.stage)
 
 
 def OpScope(stage, phase, micro_batch):
-  """The name scope of a task's call op: 'stage1_B3'."""
-  if micro_batch == ALL:
-    return 'stage%d_%s%s' % (stage, phase, _ALL_NAME)
+  """The name scope of a task's call op: 'stage1_B3', 'stage1_Wall0to7'."""
+  if IsAll(micro_batch):
+    return 'stage%d_%sall%dto%d' % (stage, phase, micro_batch.first,
+                                     micro_batch.first + micro_batch.count - 1)
   return 'stage%d_%s%d' % (stage, phase, micro_batch)
 
 
@@ -62,9 +98,12 @@ def ParseOpName(node_name):
   match = _CALL.search(node_name)
   if not match:
     return None
-  m = match.group(3)
-  return Task(int(match.group(1)), ALL if m == _ALL_NAME else int(m),
-              match.group(2))
+  if match.group(4) is not None:
+    first, last = int(match.group(4)), int(match.group(5))
+    m = AllMicroBatches(first, last - first + 1)
+  else:
+    m = int(match.group(3))
+  return Task(int(match.group(1)), m, match.group(2))
 
 
 class TaskRegistry:
@@ -76,6 +115,12 @@ class TaskRegistry:
   choosing), so each new task's ops are linked to whichever neighbours in its
   device's order already exist; once every task is registered, every pair of
   neighbours is linked.
+
+  A second ``tf.gradients`` over the same pipeline builds the backward tasks
+  again: those are registered with ``gradient_pass`` > 0 and left unordered
+  (chaining them to the first pass's ops could deadlock a step that runs
+  both). Any other surprise is an error: a task the orders do not hold, or a
+  task registered twice in the same pass.
   """
 
   def __init__(self, orders):
@@ -88,24 +133,51 @@ class TaskRegistry:
     self._orders = orders
     for lane, order in enumerate(orders):
       for i, task in enumerate(order):
+        if task in self._position:
+          raise ValueError('task %s is twice in the orders (devices %d and '
+                           '%d)' % (Label(task), self._position[task][0],
+                                    lane))
         self._position[task] = (lane, i)
     self._ops = {}
+    self._repeated = {}
 
   def Has(self, task):
+    """Whether `task` is in the orders."""
     return task in self._position
 
-  def Register(self, task, ops):
+  def Registered(self, task):
+    """Whether `task`'s ops of the first pass were registered."""
+    return task in self._ops
+
+  def Register(self, task, ops, gradient_pass=0):
     """Records the ops of `task` and chains them to its neighbours.
 
     Args:
       task: a Task of the schedule.
       ops: the graph ops that run it (usually one function call op).
+      gradient_pass: 0 for the forward tasks and the first tf.gradients over
+        the pipeline; n > 0 for the backward tasks of the (n+1)-th, which are
+        recorded but not ordered.
+
+    Raises:
+      ValueError: `task` is not in the orders, or was already registered in
+        this pass (a bug in the caller: its ops would be left unordered).
     """
-    if task in self._ops:
-      # A second tf.gradients call over the same pipeline: leave its ops
-      # unordered rather than chain them to the first call's.
-      return
+    if task not in self._position:
+      raise ValueError(
+          'task %s (%r) is in no device order of this pipeline; the orders '
+          'hold %d tasks, e.g. %s' % (
+              Label(task), task, len(self._position),
+              ', '.join(Label(t) for t in list(self._position)[:6])))
     ops = [op for op in ops if op is not None]
+    if gradient_pass:
+      self._repeated.setdefault(task, []).append(ops)
+      return
+    if task in self._ops:
+      raise ValueError(
+          'task %s was registered twice in the same pass; a later '
+          'tf.gradients over the pipeline must pass gradient_pass > 0' %
+          Label(task))
     self._ops[task] = ops
     lane, i = self._position[task]
     order = self._orders[lane]

@@ -140,14 +140,16 @@ def ShiftOrders(orders, offset):
 
   Args:
     orders: per device, a list of pipeline_tasks.Task.
-    offset: added to each task's micro_batch.
+    offset: added to each task's micro_batch (a batched task's range of
+      micro-batches moves with it).
 
   Returns:
     The shifted orders (new lists).
   """
   return [[
-      pipeline_tasks.Task(t.stage, t.micro_batch + offset, t.phase)
-      for t in order
+      pipeline_tasks.Task(
+          t.stage, pipeline_tasks.ShiftMicroBatch(t.micro_batch, offset),
+          t.phase) for t in order
   ] for order in orders]
 
 

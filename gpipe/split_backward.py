@@ -416,13 +416,15 @@ class SplitStageFunctions(stage_lib.StageFunctions):
     for internal, external in self._captures:
       env[internal.ref()] = external
 
-    def Run(phase, piece=None, m=micro_batch, values=None):
+    passes = [0]  # tf.gradients calls over this task so far.
+
+    def Run(phase, piece=None, m=micro_batch, values=None, gradient_pass=0):
       task = pipeline_tasks.Task(self.index, m, phase)
       with tf.name_scope(pipeline_tasks.OpScope(self.index, phase, m)):
         with tf.device(self.device):
           op, results = self._pieces[piece or phase].Call(
               env if values is None else values)
-      registry.Register(task, [op])
+      registry.Register(task, [op], gradient_pass)
       return op, results
 
     call_op, results = Run(pipeline_tasks.FORWARD)
@@ -437,22 +439,25 @@ class SplitStageFunctions(stage_lib.StageFunctions):
 
     def Gradient(op, *d_results):
       """The B and W tasks of this stage and micro-batch."""
+      gradient_pass = passes[0]
+      passes[0] += 1
       d_outs = [d_results[i] for i in self._float_outs]
       if check_d_outputs is not None:
         check_d_outputs(micro_batch, d_outs)
       for placeholder, d in zip(g['d_outs'], d_outs):
         env[placeholder.ref()] = d
-      Run(pipeline_tasks.BACKWARD)
+      Run(pipeline_tasks.BACKWARD, gradient_pass=gradient_pass)
       if not self.batch_weights_over:
-        Run(pipeline_tasks.WEIGHT)
+        Run(pipeline_tasks.WEIGHT, gradient_pass=gradient_pass)
       else:
-        self._pending.append([env[x.ref()] for x in self._pieces['W'].feeds])
+        self._pending.append(
+            (micro_batch, [env[x.ref()] for x in self._pieces['W'].feeds]))
         if len(self._pending) < self.batch_weights_over:
           # Its weight gradients come with the batched W task.
           return [None if t.ref() in theta_refs or t.ref() not in grad_of else
                   env[grad_of[t.ref()].ref()] for t in feeds] + [None] * (
                       len(op.inputs) - len(feeds))
-        self._RunBatchedWeights(env, Run)
+        self._RunBatchedWeights(env, Run, gradient_pass)
       grads = [env[grad_of[t.ref()].ref()] if t.ref() in grad_of else None
                for t in feeds]
       return grads + [None] * (len(op.inputs) - len(feeds))
@@ -466,16 +471,19 @@ class SplitStageFunctions(stage_lib.StageFunctions):
             results[num_outs + num_stats:num_outs + num_stats +
                     len(g['acc_out'])])
 
-  def _RunBatchedWeights(self, env, run):
+  def _RunBatchedWeights(self, env, run, gradient_pass):
     """The stage's one W task on all pending micro-batches' feeds.
 
     Its weight gradients are put in `env` as this micro-batch's d_theta.
     """
-    pending, self._pending = self._pending, []
+    indices = [m for m, _ in self._pending]
+    pending = [feeds for _, feeds in self._pending]
+    self._pending = []
+    covered = pipeline_tasks.AllMicroBatches(min(indices), len(indices))
     whole = self._pieces['W*']
     values = {}
-    with tf.name_scope(pipeline_tasks.OpScope(
-        self.index, 'merge_W', pipeline_tasks.ALL)):
+    with tf.name_scope(pipeline_tasks.OpScope(self.index, 'merge_W',
+                                              covered)):
       with tf.device(self.device):
         for i, (feed, (kind, axis)) in enumerate(zip(whole.feeds,
                                                      self._w_merge)):
@@ -487,7 +495,7 @@ class SplitStageFunctions(stage_lib.StageFunctions):
           else:
             value = tf.concat(column, axis)
           values[feed.ref()] = value
-    _, results = run(pipeline_tasks.WEIGHT, piece='W*',
-                     m=pipeline_tasks.ALL, values=values)
+    _, results = run(pipeline_tasks.WEIGHT, piece='W*', m=covered,
+                     values=values, gradient_pass=gradient_pass)
     for grad, result in zip(self._g['d_theta'], results):
       env[grad.ref()] = result

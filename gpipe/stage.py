@@ -321,9 +321,12 @@ class StageFunctions:
     # TensorFlow's own gradient of the call (used without remat): it rewrites
     # the forward call to also output the intermediates the backward needs.
     tf_gradient = tf_ops.get_gradient_function(call_op)
+    passes = [0]  # tf.gradients calls over this task so far.
 
     def Gradient(op, *d_results):
       """The backward task of this stage and micro-batch."""
+      gradient_pass = passes[0]
+      passes[0] += 1
       d_outs = [d_results[i] for i in self._float_outs]
       if check_d_outputs is not None:
         check_d_outputs(micro_batch, d_outs)
@@ -341,7 +344,7 @@ class StageFunctions:
             ]
       registry.Register(
           pipeline_tasks.Task(self.index, micro_batch,
-                              pipeline_tasks.BACKWARD), ops)
+                              pipeline_tasks.BACKWARD), ops, gradient_pass)
       d_args = [None] * num_args
       for j, i in enumerate(self._float_args):
         d_args[i] = grads[num_theta + j]

@@ -177,8 +177,9 @@ def RenderPNG(tasks, title='', path=None, by='stage'):
                        linewidth=0.5)
     if (t.end - t.start) * scale > 0:
       ax.text((t.start + t.end) / 2 * scale, y,
-              str(t.micro_batch) if by == 'stage' else '%d:%d' %
-              (t.stage, t.micro_batch),
+              pipeline_tasks.MicroBatchName(t.micro_batch) if by == 'stage'
+              else '%d:%s' % (t.stage,
+                              pipeline_tasks.MicroBatchName(t.micro_batch)),
               ha='center', va='center', fontsize=7 if by == 'stage' else 5,
               color='white')
   ax.set_yticks(range(num_lanes))
@@ -202,6 +203,12 @@ def RenderPNG(tasks, title='', path=None, by='stage'):
     with open(path, 'wb') as f:
       f.write(data)
   return data
+
+
+def _JsonMicroBatch(micro_batch):
+  """A task's micro-batch in a trace's args: its index, or '*' for all."""
+  return pipeline_tasks.MicroBatchName(micro_batch) if pipeline_tasks.IsAll(
+      micro_batch) else micro_batch
 
 
 def ChromeTrace(tasks, step=None):
@@ -246,16 +253,20 @@ def ChromeTrace(tasks, step=None):
   for t in sorted(tasks, key=lambda t: (t.start, t.stage)):
     where = {'pid': pids[t.device], 'tid': t.stage + 1}
     events.append(dict(
-        where, ph='X', name='%s%d' % (t.phase, t.micro_batch), cat=t.phase,
+        where, ph='X',
+        name=t.phase + pipeline_tasks.MicroBatchName(t.micro_batch),
+        cat=t.phase,
         ts=_Micros(t.start), dur=_Micros(t.end - t.start),
-        args={'stage': t.stage, 'micro_batch': t.micro_batch,
+        args={'stage': t.stage,
+              'micro_batch': _JsonMicroBatch(t.micro_batch),
               'phase': t.phase}))
     if t.recompute_end > t.start:
       # Listed after its task with the same start, so viewers nest it inside.
       events.append(dict(
           where, ph='X', name='recompute', cat='recompute',
           ts=_Micros(t.start), dur=_Micros(t.recompute_end - t.start),
-          args={'stage': t.stage, 'micro_batch': t.micro_batch,
+          args={'stage': t.stage,
+                'micro_batch': _JsonMicroBatch(t.micro_batch),
                 'phase': t.phase}))
   trace = {'traceEvents': meta + events, 'displayTimeUnit': 'ms'}
   if step is not None:

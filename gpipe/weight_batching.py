@@ -54,20 +54,25 @@ def Orders(orders):
 
   Returns:
     The same orders without per-micro-batch W tasks, each stage's
-    ``Task(k, ALL, W)`` right after its last B on its device.
+    ``Task(k, AllMicroBatches(0, M), W)`` right after its last B on its
+    device.
   """
   result = []
   for order in orders:
     kept = [t for t in order if t.phase != pipeline_tasks.WEIGHT]
     last_b = {}
+    micro_batches = {}
     for i, t in enumerate(kept):
       if t.phase == pipeline_tasks.BACKWARD:
         last_b[t.stage] = i
+        micro_batches.setdefault(t.stage, []).append(t.micro_batch)
     new = []
     for i, t in enumerate(kept):
       new.append(t)
       if t.phase == pipeline_tasks.BACKWARD and last_b[t.stage] == i:
-        new.append(Task(t.stage, pipeline_tasks.ALL, pipeline_tasks.WEIGHT))
+        covered = micro_batches[t.stage]
+        new.append(Task(t.stage, pipeline_tasks.AllMicroBatches(
+            min(covered), len(covered)), pipeline_tasks.WEIGHT))
     result.append(new)
   return result
 

@@ -141,8 +141,8 @@ class WeightBatchingTest(test_utils.TestCase, parameterized.TestCase):
     orders = weight_batching.Orders(orders)
     weights = [t for t in calls if t.phase == pipeline_tasks.WEIGHT]
     self.assertCountEqual(
-        weights, [pipeline_tasks.Task(s, pipeline_tasks.ALL, 'W')
-                  for s in range(k)])
+        weights, [pipeline_tasks.Task(
+            s, pipeline_tasks.AllMicroBatches(0, m), 'W') for s in range(k)])
     spt.AssertCallsFollowOrders(self, calls, orders)
     # The backward calls compute the small dy W^T of the toy dense layers (2
     # rows per micro-batch) as (W dy^T)^T. The first layer's input gradient
@@ -185,8 +185,10 @@ class WeightBatchingTest(test_utils.TestCase, parameterized.TestCase):
         [pipeline_tasks.Label(t) for t in weight_batching.Orders(orders)[0]],
         ['F0s0', 'F1s0', 'B1s0', 'B0s0', 'W*s0'])
     self.assertEqual(
-        pipeline_tasks.ParseOpName('pipe/stage1_Wall/PartitionedCall'),
-        pipeline_tasks.Task(1, pipeline_tasks.ALL, 'W'))
+        pipeline_tasks.ParseOpName('pipe/stage1_Wall4to7/PartitionedCall'),
+        pipeline_tasks.Task(1, pipeline_tasks.AllMicroBatches(4, 4), 'W'))
+    with self.assertRaisesRegex(TypeError, 'range of micro-batches'):
+      _ = pipeline_tasks.AllMicroBatches(0, 4) + 4
 
   def testAWeightGradientReadingAScalarPerMicroBatchIsRefused(self):
     with tf.Graph().as_default():

@@ -84,7 +84,7 @@ def TaskCalls(step_stats):
       task = pipeline_tasks.ParseOpName(n.node_name.split(':')[0])
       if task is None:
         continue
-      phase = task.phase + ('*' if task.micro_batch == pipeline_tasks.ALL
+      phase = task.phase + ('*' if pipeline_tasks.IsAll(task.micro_batch)
                             else '')
       tasks[phase][0] += max(n.all_end_rel_micros, 0)
       tasks[phase][1] += 1

@@ -1,0 +1,149 @@
+"""Every device of every replica runs its tasks in the schedule's order.
+
+The executor imposes each device's order with control dependencies between
+the tasks' call ops (``pipeline_tasks.TaskRegistry``). These tests build the
+graph of a pipelined step (no session) and follow the chain on every device
+of every data-parallel replica, for every schedule, with and without batched
+weight gradients; and check the registry's errors.
+"""
+
+from gpipe import lingvo_import  # pylint: disable=unused-import
+
+from absl.testing import parameterized
+from gpipe import pipeline
+from gpipe import pipeline_tasks
+from gpipe import replicas
+from gpipe import schedule
+from gpipe import weight_batching
+import numpy as np
+from lingvo import compat as tf
+from lingvo.core import test_utils
+from tests import schedule_testlib as spt
+from tests import toy_layers
+
+K = 2
+M = 4
+R = 2
+
+
+def _Cases():
+  for name in schedule.SCHEDULES:
+    for batched in (False, True):
+      for remat in ('always', 'never'):
+        yield ('%s_%s_remat_%s' % (name, 'batched_w' if batched else
+                                   'per_micro_batch_w', remat),
+               name, batched, remat)
+
+
+def _ReplicaDevices(name):
+  """R lists of K stage devices: replica r on CPUs r*D .. r*D + D - 1."""
+  where = spt.Placement(name, K)
+  per_replica = max(where) + 1
+  return [['/device:CPU:%d' % (r * per_replica + d) for d in where]
+          for r in range(R)]
+
+
+class ReplicaTaskOrderTest(test_utils.TestCase, parameterized.TestCase):
+
+  @parameterized.named_parameters(*_Cases())
+  def testEveryDeviceOfEveryReplicaFollowsItsOrder(self, name, batched,
+                                                   remat):
+    devices = _ReplicaDevices(name)
+    with tf.Graph().as_default() as graph:
+      p = pipeline.PipeliningLayer.Params().Set(
+          name='pipe', layers=spt.Layers(), num_stages=K, num_micro_batches=M,
+          stage_sizes=spt.UNEVEN_SIZES[K], remat=remat, schedule=name,
+          dtype=tf.float64, replica_devices=devices,
+          batched_weight_gradients=batched,
+          loss_tpl=toy_layers.SquaredErrorLoss.Params().Set(
+              dtype=tf.float64))
+      net = p.Instantiate()
+      rng = np.random.RandomState(0)
+      x = tf.constant(rng.randn(2 * R * M, 8))
+      spt.LossAndGrads(net, (x,), tf.constant(rng.randn(2 * R * M, 8)), True)
+    calls = spt.CallOps(graph)
+    expected = []
+    for r, replica_devices in enumerate(devices):
+      _, orders = schedule.Orders(name, replica_devices, M,
+                                  schedule.RematCosts(remat != 'never'))
+      if batched:
+        orders = weight_batching.Orders(orders)
+      orders = replicas.ShiftOrders(orders, r * M)
+      for order in orders:
+        # Every task of this device runs there.
+        for task in order:
+          self.assertIn(task, calls, pipeline_tasks.Label(task))
+          self.assertEqual(
+              replicas.Canonical(calls[task].device),
+              replicas.Canonical(replica_devices[task.stage]),
+              'replica %d: %s' % (r, pipeline_tasks.Label(task)))
+        expected += order
+    # Without remat a B of a schedule without split backward is TensorFlow's
+    # own gradient of the call: several ops, no single call op to follow.
+    follow = remat == 'always' or schedule.Spec(name).split_backward or batched
+    if follow:
+      self.assertCountEqual(calls, expected)
+      for r, replica_devices in enumerate(devices):
+        _, orders = schedule.Orders(name, replica_devices, M,
+                                    schedule.RematCosts(remat != 'never'))
+        if batched:
+          orders = weight_batching.Orders(orders)
+        for order in replicas.ShiftOrders(orders, r * M):
+          for prev, nxt in zip(order, order[1:]):
+            self.assertIn(
+                calls[prev], calls[nxt].control_inputs,
+                'replica %d: %s before %s' % (r, pipeline_tasks.Label(prev),
+                                              pipeline_tasks.Label(nxt)))
+    # A batched W covers exactly its replica's micro-batches.
+    for task in calls:
+      if pipeline_tasks.IsAll(task.micro_batch):
+        self.assertEqual(task.micro_batch.count, M)
+        self.assertEqual(task.micro_batch.first % M, 0)
+
+
+class TaskRegistryTest(test_utils.TestCase):
+
+  def _Registry(self):
+    _, orders = schedule.Orders('gpipe', 2, 2)
+    return pipeline_tasks.TaskRegistry(orders)
+
+  def _Op(self, name):
+    return tf.no_op(name=name)
+
+  def testUnknownTaskIsAnError(self):
+    with tf.Graph().as_default():
+      registry = self._Registry()
+      with self.assertRaisesRegex(ValueError, 'F5s0.*in no device order'):
+        registry.Register(pipeline_tasks.Task(0, 5, 'F'), [self._Op('a')])
+
+  def testSecondRegistrationInTheSamePassIsAnError(self):
+    with tf.Graph().as_default():
+      registry = self._Registry()
+      task = pipeline_tasks.Task(0, 0, 'F')
+      registry.Register(task, [self._Op('a')])
+      with self.assertRaisesRegex(ValueError, 'F0s0 was registered twice'):
+        registry.Register(task, [self._Op('b')])
+
+  def testALaterGradientPassIsRecordedUnordered(self):
+    with tf.Graph().as_default():
+      registry = self._Registry()
+      f0, f1 = (pipeline_tasks.Task(0, m, 'F') for m in (0, 1))
+      b1 = pipeline_tasks.Task(0, 1, 'B')
+      ops = {t: self._Op(pipeline_tasks.Label(t)) for t in (f0, f1, b1)}
+      for t in (f0, f1, b1):
+        registry.Register(t, [ops[t]])
+      again = self._Op('again')
+      registry.Register(b1, [again], gradient_pass=1)
+      self.assertIn(ops[f0], ops[f1].control_inputs)
+      self.assertIn(ops[f1], ops[b1].control_inputs)
+      self.assertEmpty(again.control_inputs)
+      self.assertEqual(registry.Ops(b1), [ops[b1]])
+
+  def testATaskTwiceInTheOrdersIsAnError(self):
+    task = pipeline_tasks.Task(0, 0, 'F')
+    with self.assertRaisesRegex(ValueError, 'F0s0 is twice in the orders'):
+      pipeline_tasks.TaskRegistry([[task], [task]])
+
+
+if __name__ == '__main__':
+  test_utils.main()
