@@ -17,11 +17,12 @@ from gpipe import pipeline_tasks
 from gpipe import precision
 from gpipe import randomness
 from gpipe import replicas
-from gpipe import schedule
 from gpipe import separability
 from gpipe import split_backward
 from gpipe import stage as stage_lib
 from gpipe import weight_batching
+from gpipe.schedules import registry as schedules
+from gpipe.schedules import simulate
 from lingvo import compat as tf
 from lingvo.core import py_utils
 
@@ -68,7 +69,7 @@ class PipelineExecutor:
     cache = self.__dict__.setdefault('_stage_fns', {})
     if key not in cache:
       p = self.params
-      split = schedule.Spec(p.schedule).split_backward or batched
+      split = schedules.Get(p.schedule).split_backward or batched
       cls = (split_backward.SplitStageFunctions if split else
              stage_lib.StageFunctions)
       extra = {}
@@ -175,15 +176,15 @@ class PipelineExecutor:
       # Mixed precision: the stages compute in (and hand over) fprop_dtype.
       inputs = precision.CastFloats(inputs, precision.ComputeDtype(p))
     num_mb = self._NumMicroBatches(inputs, targets)
-    spec = schedule.Spec(p.schedule)
+    spec = schedules.Get(p.schedule)
     # Replica r runs micro-batches r*M .. r*M+M-1 (gpipe/replicas.py).
     per_replica = num_mb // self.num_replicas
     all_orders = []
     for replica_devices in self.replica_devices:
       try:
-        _, orders = schedule.Orders(
+        _, orders = schedules.Orders(
             p.schedule, [replicas.Canonical(d) for d in replica_devices],
-            per_replica, schedule.RematCosts(p.remat != 'never'))
+            per_replica, simulate.RematCosts(p.remat, self.num_stages))
       except ValueError as e:
         raise ValueError('%s: %s' % (p.name, e)) from None
       if self._BatchedWeights():
@@ -377,11 +378,9 @@ def DefineParams(p):
            'gpipe.PipeliningLayer).')
   p.Define(
       'schedule', 'gpipe',
-      "The pipeline schedule, a name in gpipe.schedule.SCHEDULES: 'gpipe' "
-      "(fill-drain), '1f1b', 'interleaved_1f1b' (stage_devices round-robin, "
-      "e.g. [d0, d1, d0, d1]), 'zb_h1' (zero bubble, split backward) or "
-      "'zb_v' (zero bubble, stage_devices in a V: [d0, d1, d1, d0]). All "
-      "but 'gpipe' need the loss computed per micro-batch in the last stage "
+      'The pipeline schedule, a name in the registry gpipe.schedules: ' +
+      schedules.ParamDoc() + '. All but the ones without a per-micro-batch '
+      'loss need the loss computed per micro-batch in the last stage '
       '(gpipe.PipeliningLayer.loss_tpl).')
   p.Define('seed', 0, 'Mixed into every micro-batch seed.')
   p.Define(
@@ -398,9 +397,10 @@ def CheckParams(p):
   if p.remat not in REMAT_MODES:
     raise ValueError('%s: unknown remat %r; use one of %s' %
                      (p.name, p.remat, ', '.join(REMAT_MODES)))
-  if p.schedule not in schedule.SCHEDULES:
-    raise ValueError('%s: unknown schedule %r; known: %s' %
-                     (p.name, p.schedule, ', '.join(schedule.SCHEDULES)))
+  try:
+    schedules.Get(p.schedule)
+  except ValueError as e:
+    raise ValueError('%s: %s' % (p.name, e)) from None
 
 
 def ResolveDevices(p, cluster, num_stages):

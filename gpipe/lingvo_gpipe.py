@@ -34,7 +34,7 @@ after ``FProp`` of the pipeline: use ``gpipe.PipeliningLayer`` with
 
 from gpipe import lingvo_import  # pylint: disable=unused-import
 from gpipe import executor
-from gpipe import schedule
+from gpipe.schedules import registry as schedules
 from lingvo import compat as tf
 from lingvo.core import gpipe as lingvo_gpipe
 
@@ -60,7 +60,7 @@ class LingvoPipeliningLayer(executor.PipelineExecutor,
     super().__init__(params)
     p = self.params
     executor.CheckParams(p)
-    if schedule.Spec(p.schedule).per_micro_batch_loss:
+    if schedules.Get(p.schedule).per_micro_batch_loss:
       raise ValueError(
           "%s: schedule %r starts each micro-batch's backward in the last "
           'stage, so it needs the loss computed there, but a Lingvo GPipe '

@@ -106,6 +106,32 @@ def ParseOpName(node_name):
   return Task(int(match.group(1)), m, match.group(2))
 
 
+def Dependencies(task, num_stages, num_micro_batches, per_micro_batch_loss):
+  """The tasks whose outputs `task` consumes (the pipeline's dataflow).
+
+  Args:
+    task: a Task with an integer micro-batch.
+    num_stages: K.
+    num_micro_batches: M.
+    per_micro_batch_loss: whether the last stage's B of micro-batch m needs
+      only its own forward (the loss inside the pipeline), not every one.
+
+  Returns:
+    A list of Tasks.
+  """
+  s, m = task.stage, task.micro_batch
+  if task.phase == FORWARD:
+    return [Task(s - 1, m, FORWARD)] if s else []
+  if task.phase == WEIGHT:
+    return [Task(s, m, BACKWARD)]
+  if s < num_stages - 1:
+    return [Task(s + 1, m, BACKWARD), Task(s, m, FORWARD)]
+  if per_micro_batch_loss:
+    return [Task(s, m, FORWARD)]
+  # The loss needs the whole mini-batch: every last-stage forward.
+  return [Task(s, j, FORWARD) for j in range(num_micro_batches)]
+
+
 class TaskRegistry:
   """Orders the ops of each device's tasks as the schedule says.
 

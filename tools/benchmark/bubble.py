@@ -3,12 +3,12 @@
 Traces training steps of our pipeline at K=2 (v stages per device) for each
 M, measures every stage's (or device's) idle fraction of the pipeline span
 from the execution traces, and sets it beside the fill-drain model
-``schedule.LoopedBubbleFraction``; optionally renders one step's timeline.
+``simulate.LoopedBubbleFraction``; optionally renders one step's timeline.
 """
 
 import statistics
 
-from gpipe import schedule
+from gpipe.schedules import simulate
 from gpipe import timeline
 from tools.benchmark import report
 from tools.benchmark import runner as runner_lib
@@ -18,7 +18,7 @@ _BUBBLE_MODEL = '(K-1)/(vM+K-1) for M >= K'
 
 
 def Bubble(args):
-  """Measured per-stage idle fraction vs ``schedule.LoopedBubbleFraction``."""
+  """Measured per-stage idle fraction vs ``simulate.LoopedBubbleFraction``."""
   shape = (throughput.QUICK_THROUGHPUT_MODELS if args.quick else
            throughput.THROUGHPUT_MODELS)[args.model]
   mbs = [int(m) for m in args.micro_batches.split(',')]
@@ -52,7 +52,7 @@ def Bubble(args):
       c = step.config
       # D devices, v stages each, fill-drain with breadth-first looping:
       # (D-1)/(vM+D-1) once M >= D.
-      model = schedule.LoopedBubbleFraction(k, v, c.num_micro_batches)
+      model = simulate.LoopedBubbleFraction(k, v, c.num_micro_batches)
       busy = timeline.StageBusySeconds(tasks, by)
       rows.append([c.num_micro_batches, '%.1f%%' % (100 * model)] +
                   ['%.1f%%' % (100 * b) for b in bubbles] +

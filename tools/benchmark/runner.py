@@ -42,7 +42,7 @@ from gpipe import lingvo_import  # pylint: disable=unused-import
 from gpipe import local_cluster
 from gpipe import pipeline
 from gpipe import precision
-from gpipe import schedule
+from gpipe.schedules import registry as schedule_registry
 from lingvo import compat as tf
 from lingvo.core import cluster_factory
 from lingvo.core import gpipe as lingvo_gpipe
@@ -67,7 +67,7 @@ class Config(
 
   `schedule` (impl 'gpipe' only): None trains with the loss on the merged
   output (fill-drain, as before schedules existed); a name of
-  gpipe.schedule.SCHEDULES ends the pipeline with a per-example loss layer
+  the registry gpipe.schedules ends the pipeline with a per-example loss layer
   and runs that schedule ('zb_v' places the 2v stages in a V).
   `fprop_dtype` (impl 'gpipe' only): 'bfloat16' computes the layers in
   bfloat16 with float32 variables (gpipe.precision).
@@ -166,12 +166,15 @@ class Step:
     """
     self.config = config
     c = config
-    if c.schedule == 'zb_v' and c.stages_per_device != 2:
-      # VPlacement of K stages puts them on K/2 devices: with one stage per
+    if (c.impl == 'gpipe' and
+        schedule_registry.Get(c.schedule).placement ==
+        schedule_registry.V_SHAPE and c.stages_per_device != 2):
+      # A V of K stages puts them on K/2 devices: with one stage per
       # device, half the workers would stay idle without a word.
       raise ValueError(
-          "%s: 'zb_v' places 2 stages on each device in a V; set "
-          'stages_per_device=2 (v=%d given)' % (c.label, c.stages_per_device))
+          '%s: %r places 2 stages on each device in a V; set '
+          'stages_per_device=2 (v=%d given)' % (c.label, c.schedule,
+                                                c.stages_per_device))
     self._target = target
     self.graph = tf.Graph()
     start = time.time()
@@ -189,13 +192,11 @@ class Step:
               initializer=tf.compat.v1.random_normal_initializer(seed=1),
               trainable=False)
         if c.impl == 'gpipe':
-          # With v stages per device, stage s runs on device s % K (a loop),
-          # or, for zb_v, on device min(s, 2K-1-s) (a V).
+          # With v stages per device, stage s runs where the schedule's
+          # placement rule puts it: device s % K (a loop), or a V.
           num_stages = c.num_stages * c.stages_per_device
-          if c.schedule == 'zb_v':
-            where = schedule.VPlacement(num_stages)
-          else:
-            where = schedule.RoundRobinPlacement(num_stages, c.num_stages)
+          where = schedule_registry.Placement(c.schedule, num_stages,
+                                              c.num_stages)
           p = pipeline.PipeliningLayer.Params().Set(
               name='pipe', layers=layers, num_stages=num_stages,
               stage_sizes=_EvenStageSizes(c.num_layers, num_stages),

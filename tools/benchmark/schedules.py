@@ -1,7 +1,7 @@
 """The schedules subcommand: every pipeline schedule on two one-core workers.
 
 For the Transformer and AmoebaNet-D-like stacks (``models``), on K=2 pinned
-one-core worker processes, every schedule of ``gpipe.schedule.SCHEDULES``
+one-core worker processes, every schedule of the registry ``gpipe.schedules``
 (fill-drain, 1F1B, interleaved 1F1B with v=2, ZB-H1, ZB-V with v=2) at every
 M it allows, all ending the pipeline with the same per-example loss layer:
 
@@ -9,7 +9,7 @@ M it allows, all ending the pipeline with the same per-example loss layer:
   remat mode on both sides);
 * the measured bubble (idle fraction of each device over the pipeline's
   span, from traced steps) beside the schedule's formula
-  (``schedule.BubbleFormula``), with a timeline picture per schedule;
+  (``registry.BubbleFormula``), with a timeline picture per schedule;
 * with ``--memory_m`` (default 16) and remat='never', the peak memory of
   each device's step (activations, gradients, temporaries) per schedule and
   its ratio to fill-drain's.
@@ -19,30 +19,28 @@ import os
 import statistics
 
 from gpipe import memory
-from gpipe import schedule
+from gpipe.schedules import registry as schedule_registry
 from gpipe import timeline
 from tools.benchmark import report
 from tools.benchmark import runner as runner_lib
 from tools.benchmark import throughput
 
 K = 2
-# Stages per device of each schedule here (2 devices).
-STAGES_PER_DEVICE = {'gpipe': 1, '1f1b': 1, 'interleaved_1f1b': 2,
-                     'zb_h1': 1, 'zb_v': 2}
+# Stages per device of each schedule here (2 devices), from the registry.
+STAGES_PER_DEVICE = {name: schedule_registry.Get(name).stages_per_device
+                     for name in schedule_registry.Names()}
 MIB = float(1 << 20)
 
 
 def _Placement(name, v):
-  if name == 'zb_v':
-    return schedule.VPlacement(K * v)
-  return schedule.RoundRobinPlacement(K * v, K)
+  return schedule_registry.Placement(name, K * v, K)
 
 
 def _Allowed(name, m, batch):
   if batch % m:
     return False
   try:
-    schedule.Orders(name, _Placement(name, STAGES_PER_DEVICE[name]), m)
+    schedule_registry.Orders(name, _Placement(name, STAGES_PER_DEVICE[name]), m)
   except ValueError:
     return False
   return True
@@ -108,7 +106,7 @@ def _RunModel(args, name, shape, mbs):
         bubbles, tasks, _ = _Traced(step, args.trace_steps)
         record.update(
             measured_bubbles=bubbles,
-            formula_bubble=schedule.BubbleFormula(
+            formula_bubble=schedule_registry.BubbleFormula(
                 c.schedule, K, c.stages_per_device, c.num_micro_batches),
             span_seconds=timeline.Span(tasks) if tasks else 0.0)
         if args.timeline_dir and c.num_micro_batches == args.timeline_m:

@@ -39,7 +39,7 @@ from absl import app
 from absl import flags
 from absl import logging
 from gpipe import local_cluster
-from gpipe import schedule as gpipe_schedule
+from gpipe.schedules import registry as schedule_registry
 from lingvo import compat as tf
 # Defines --model_params_override, used below.
 from lingvo import model_registry  # pylint: disable=unused-import
@@ -69,11 +69,9 @@ flags.DEFINE_integer('num_stages', None,
 flags.DEFINE_integer('num_micro_batches', None,
                      'Override M, the micro-batches per mini-batch.')
 flags.DEFINE_enum(
-    'schedule', None, list(gpipe_schedule.SCHEDULES),
-    "Override the pipeline schedule: 'gpipe' (fill-drain), '1f1b', "
-    "'interleaved_1f1b' (several stages per worker, round-robin), 'zb_h1' "
-    "or 'zb_v' (zero bubble; zb_v puts 2 stages per worker in a V). See "
-    'gpipe/schedule.py.')
+    'schedule', None, schedule_registry.Names(),
+    'Override the pipeline schedule: ' + schedule_registry.ParamDoc() +
+    '. See gpipe/schedules/ and the README table.')
 flags.DEFINE_integer(
     'worker_processes', 0,
     'Start this many local TensorFlow worker processes, one stage on each.')

@@ -14,7 +14,7 @@ import pkgutil
 
 from gpipe import lingvo_import  # pylint: disable=unused-import
 from gpipe import pipeline
-from gpipe import schedule as gpipe_schedule
+from gpipe.schedules import registry as schedule_registry
 from lingvo import model_registry
 from lingvo.core import hyperparams
 
@@ -207,7 +207,7 @@ def SetPipelineShape(cfg, num_stages=None, num_micro_batches=None,
         'gpipe PipeliningLayer in its params, so there is nothing to '
         'pipeline')
   if schedule:
-    gpipe_schedule.Spec(schedule)  # A clear error for an unknown name.
+    schedule_registry.Get(schedule)  # A clear error for an unknown name.
   for path, pp in found:
     if num_stages:
       if pp.cell_tpl is not None and len(pp.cell_tpl) != num_stages:
@@ -264,9 +264,15 @@ def SetStageDevices(cfg, devices, keep_explicit=False, loop=False,
 
 
 def DevicesPerReplica(pipeline_params):
-  """The devices one pipeline needs: K, or K/2 for 'zb_v' (a V)."""
+  """The devices one pipeline needs: K, or K/2 for a V (e.g. 'zb_v')."""
   k = NumStages(pipeline_params)
-  return k // 2 if pipeline_params.schedule == 'zb_v' else k
+  return k // 2 if _InAV(pipeline_params) else k
+
+
+def _InAV(pipeline_params):
+  """Whether the pipeline's schedule places two stages per device in a V."""
+  return (schedule_registry.Get(pipeline_params.schedule).placement ==
+          schedule_registry.V_SHAPE)
 
 
 def _ReplicaGroups(path, pp, devices, data_parallel, loop):
@@ -281,7 +287,7 @@ def _ReplicaGroups(path, pp, devices, data_parallel, loop):
         'given: set --worker_processes=%d (or --cluster_spec with %d '
         'servers), or change --data_parallel or --num_stages' %
         (data_parallel, path, need, NumStages(pp),
-         ', two per device in a V' if pp.schedule == 'zb_v' else '', total,
+         ', two per device in a V' if _InAV(pp) else '', total,
          len(devices), total, total))
   return [devices[r * per:(r + 1) * per] for r in range(data_parallel)]
 
@@ -289,15 +295,17 @@ def _ReplicaGroups(path, pp, devices, data_parallel, loop):
 def _StageDevices(path, pp, devices, loop):
   """The stage devices of the pipeline at `path` on `devices`."""
   k = NumStages(pp)
-  if pp.schedule == 'zb_v':
+  rule = schedule_registry.Get(pp.schedule).placement
+  if rule == schedule_registry.V_SHAPE:
     if k % 2 or len(devices) < k // 2:
       raise ValueError(
-          "the pipeline at %s runs schedule 'zb_v' (two stages per device "
-          'in a V) but has %d stages for %d devices/workers: use an even '
-          '--num_stages of at most %d' % (path, k, len(devices),
+          'the pipeline at %s runs schedule %r (two stages per device in a '
+          'V) but has %d stages for %d devices/workers: use an even '
+          '--num_stages of at most %d' % (path, pp.schedule, k, len(devices),
                                           2 * len(devices)))
-    return [devices[d] for d in gpipe_schedule.VPlacement(k)]
-  if loop or (pp.schedule == 'interleaved_1f1b' and len(devices) < k):
+    return [devices[d]
+            for d in schedule_registry.Placement(pp.schedule, k, k // 2)]
+  if loop or (rule == schedule_registry.ROUND_ROBIN and len(devices) < k):
     return [devices[s % len(devices)] for s in range(k)]
   if len(devices) < k:
     raise ValueError(

@@ -1,0 +1,31 @@
+"""Pipeline schedules: which task each device runs, in which order.
+
+A schedule says which task (``gpipe.pipeline_tasks``: phase F, B or W of one
+stage on one micro-batch) each device runs, in which order. The executor only
+needs that *order of tasks on each device*: it chains each device's tasks
+with control dependencies, and the dataflow between stages does the rest.
+
+The package, by job:
+
+* ``registry``: every schedule by name (``Get``, ``Names``, ``Orders``) with
+  its placement rule, its checks on K and M, its bubble and activation
+  formulas and a one-line description; the README's table is
+  ``registry.MarkdownTable()``. Adding a schedule is one ``Register`` call
+  plus its orders function.
+* ``orders``: the orders functions, pure, each drawn in its docstring.
+* ``simulate``: task times for given costs, idle time, activations in flight.
+* ``render``: ASCII drawings (``RenderSchedule('zb_h1', 3, 6)``).
+
+``python -m gpipe.schedules`` prints the table and a drawing of each.
+"""
+
+from gpipe.schedules import orders
+from gpipe.schedules import registry
+from gpipe.schedules import render
+from gpipe.schedules import simulate
+from gpipe.schedules.registry import Get
+from gpipe.schedules.registry import Names
+from gpipe.schedules.registry import Orders
+
+__all__ = ['Get', 'Names', 'Orders', 'orders', 'registry', 'render',
+           'simulate']
