@@ -6,27 +6,43 @@ The public names, importable from the package itself::
   p = gpipe.PipeliningLayer.Params().Set(layers=[...], num_stages=4,
                                          num_micro_batches=8)
 
-* ``PipeliningLayer``: the pipeline (gpipe.pipeline);
-* ``MicroBatchBatchNormLayer``: batch norm with micro-batch statistics and one
-  moving-average update per mini-batch (gpipe.batch_norm);
-* ``Dropout``: dropout that the recomputed forward pass reproduces
-  (gpipe.randomness);
-* ``LocalCluster``: K local TensorFlow worker processes, one per stage
-  (gpipe.local_cluster);
-* ``PartitionByCost``, ``StageCut``: the cut into stages (gpipe.partition);
-* ``schedule``, ``timeline``: the pipeline schedules as pure functions, and
-  the measured timeline of a traced step;
-* ``FromLingvo``: a Lingvo GPipe layer or stack (``lingvo.core.gpipe``,
-  ``layers_with_gpipe``) on this executor, same variables
-  (gpipe.lingvo_gpipe; docs/MIGRATING.md).
+``PipeliningLayer`` (the pipeline), ``FromLingvo`` (Lingvo's GPipe layers and
+stacks on this executor, same variables; docs/MIGRATING.md),
+``MicroBatchBatchNormLayer``, ``Dropout``, ``PartitionByCost``, ``StageCut``,
+``LocalCluster``, and the modules ``schedule`` (the schedules' registry and
+drawings) and ``timeline`` (the measured timeline of a traced step).
+
+The modules, in the order a training step meets them:
+
+  pipeline.py         PipeliningLayer: params, the cut into stages
+                      (partition.py: cost-balanced cuts and the report)
+  executor.py         one mini-batch: split, one call per (stage, micro-batch)
+                      in the schedule's order, accumulate, merge
+  micro_batch.py      splitting and merging micro-batches
+  schedules/          which task each device runs, in which order:
+                      registry.py (every schedule by name), orders.py,
+                      simulate.py, render.py
+  pipeline_tasks.py   the task vocabulary (F, B, W of a stage on a
+                      micro-batch) and the registry that orders the ops
+  stage.py            a stage as graph functions: forward, backward, remat
+  split_backward.py   a stage's backward as B (input) and W (weight) tasks
+  weight_batching.py  one W task per stage for all micro-batches
+  replicas.py         R data-parallel replicas of the K stages
+
+Features the stages use: batch_norm.py (micro-batch batch norm), randomness.py
+(dropout the recomputation reproduces), precision.py (bfloat16),
+separability.py (a loss must not mix micro-batches), thread_stack.py.
+Around the step: measure/ (timeline, memory, param_count), compat/ (Lingvo on
+TF 2.15, Lingvo's GPipe on this executor, TensorFlow internals), runtime/
+(worker processes and clusters).
 """
 
-from gpipe import lingvo_import  # pylint: disable=unused-import  # must be first
+from gpipe.compat import lingvo_import  # pylint: disable=unused-import  # must be first
 # pylint: disable=g-import-not-at-top,wrong-import-position
 from gpipe import schedule
-from gpipe import timeline
+from gpipe.measure import timeline
 from gpipe.batch_norm import MicroBatchBatchNormLayer
-from gpipe.lingvo_gpipe import FromLingvo
+from gpipe.compat.lingvo_gpipe import FromLingvo
 from gpipe.local_cluster import LocalCluster
 from gpipe.partition import PartitionByCost
 from gpipe.partition import StageCut

@@ -19,7 +19,7 @@ Outside a pipeline (no ``CollectStats`` scope) the layer updates its moving
 averages directly from the batch it sees, like an ordinary batch norm.
 """
 
-from gpipe import lingvo_import  # pylint: disable=unused-import
+from gpipe.compat import lingvo_import  # pylint: disable=unused-import
 from gpipe import thread_stack
 from lingvo import compat as tf
 from lingvo.core import base_layer

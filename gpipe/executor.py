@@ -6,11 +6,11 @@ split into micro-batches, one call per (stage, micro-batch) in the schedule's
 order, gradient accumulation, batch-norm and accumulator updates, and the
 merge. It does not decide which layers form a stage: the layer class mixing it
 in does. ``gpipe.PipeliningLayer`` cuts its layers itself;
-``gpipe.lingvo_gpipe`` runs the cells that Lingvo's own GPipe layers (and
+``gpipe.compat.lingvo_gpipe`` runs the cells that Lingvo's own GPipe layers (and
 their stacks) built, with their variable names.
 """
 
-from gpipe import lingvo_import  # pylint: disable=unused-import
+from gpipe.compat import lingvo_import  # pylint: disable=unused-import
 from gpipe import batch_norm
 from gpipe import micro_batch
 from gpipe import pipeline_tasks

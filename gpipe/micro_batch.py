@@ -7,7 +7,7 @@ entries (an optional input left out, as Lingvo layers take them) stay ``None``
 in every micro-batch and in the merged output.
 """
 
-from gpipe import lingvo_import  # pylint: disable=unused-import
+from gpipe.compat import lingvo_import  # pylint: disable=unused-import
 from lingvo import compat as tf
 
 

@@ -25,8 +25,8 @@ that does: the layer and the trainer's ``inspect_model`` both call it), and
 import collections
 import time
 
-from gpipe import lingvo_import  # pylint: disable=unused-import
-from gpipe import param_count
+from gpipe.compat import lingvo_import  # pylint: disable=unused-import
+from gpipe.measure import param_count
 import numpy as np
 from lingvo import compat as tf
 from lingvo.core import py_utils

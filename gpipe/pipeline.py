@@ -1,6 +1,6 @@
 """PipeliningLayer: GPipe's micro-batch pipeline as a Lingvo layer."""
 
-from gpipe import lingvo_import  # pylint: disable=unused-import
+from gpipe.compat import lingvo_import  # pylint: disable=unused-import
 from gpipe import executor
 from gpipe import partition
 from gpipe import precision
@@ -99,7 +99,7 @@ class PipeliningLayer(executor.PipelineExecutor, base_layer.BaseLayer):
   ``None`` inputs pass through as absent and Lingvo accumulators of the stage
   layers are updated by every micro-batch. To keep a Lingvo GPipe layer or
   stack (its variable names and checkpoints) and only change the executor,
-  see ``gpipe.lingvo_gpipe.FromLingvo`` and docs/MIGRATING.md.
+  see ``gpipe.compat.lingvo_gpipe.FromLingvo`` and docs/MIGRATING.md.
   """
 
   @classmethod

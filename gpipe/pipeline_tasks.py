@@ -26,6 +26,8 @@ dependencies.
 import collections
 import re
 
+from gpipe.compat import tf_internal
+
 Task = collections.namedtuple('Task', ['stage', 'micro_batch', 'phase'])
 
 FORWARD = 'F'
@@ -210,11 +212,11 @@ class TaskRegistry:
     if i > 0:
       for prev_op in self._ops.get(order[i - 1], []):
         for op in ops:
-          op._add_control_input(prev_op)  # pylint: disable=protected-access
+          tf_internal.AddControlInput(op, prev_op)
     if i + 1 < len(order):
       for next_op in self._ops.get(order[i + 1], []):
         for op in ops:
-          next_op._add_control_input(op)  # pylint: disable=protected-access
+          tf_internal.AddControlInput(next_op, op)
 
   def Ops(self, task):
     """The registered ops of `task` ([] if not registered yet)."""

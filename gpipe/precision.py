@@ -29,7 +29,7 @@ without loss scaling, which this project does not implement. bfloat16 has
 float32's exponent range and needs none.
 """
 
-from gpipe import lingvo_import  # pylint: disable=unused-import
+from gpipe.compat import lingvo_import  # pylint: disable=unused-import
 from lingvo import compat as tf
 from lingvo.core import hyperparams
 from lingvo.core import py_utils

@@ -29,7 +29,7 @@ the same per-micro-batch, recompute-stable behaviour.
 import contextlib
 import zlib
 
-from gpipe import lingvo_import  # pylint: disable=unused-import
+from gpipe.compat import lingvo_import  # pylint: disable=unused-import
 from gpipe import thread_stack
 from lingvo import compat as tf
 from lingvo.core import py_utils

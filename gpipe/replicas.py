@@ -30,7 +30,7 @@ This module holds the pure parts: the device lists, the micro-batch counts,
 and the schedule orders of replica r.
 """
 
-from gpipe import lingvo_import  # pylint: disable=unused-import
+from gpipe.compat import lingvo_import  # pylint: disable=unused-import
 from gpipe import micro_batch
 from gpipe import pipeline_tasks
 from lingvo import compat as tf

@@ -29,11 +29,12 @@ whose gradient computes the input and weight gradients together (a While
 loop's) stays whole in B.
 """
 
-from gpipe import lingvo_import  # pylint: disable=unused-import
+from gpipe.compat import lingvo_import  # pylint: disable=unused-import
 from gpipe import micro_batch as micro_batch_lib
 from gpipe import pipeline_tasks
 from gpipe import stage as stage_lib
 from gpipe import weight_batching
+from gpipe.compat import tf_internal
 from lingvo import compat as tf
 
 # Attributes that tie an op to others of its original graph.
@@ -120,8 +121,8 @@ class _Piece:
 
     def Body(*xs):
       graph = tf.compat.v1.get_default_graph()
-      for fn in getattr(source_graph, '_functions', {}).values():
-        graph._add_function(fn)  # pylint: disable=protected-access
+      for fn in tf_internal.GraphFunctions(source_graph).values():
+        tf_internal.AddFunction(graph, fn)
       env = {t.ref(): x for t, x in zip(self.feeds, xs)}
       copied = {}
       for op in ordered:
@@ -131,13 +132,12 @@ class _Piece:
         op_name = (prefix + op.name) if op in prefix_ops else op.name
         if op in swapped:
           inputs = inputs[::-1]
-        new = graph._create_op_internal(  # pylint: disable=protected-access
-            op.type, inputs,
-            dtypes=[o.dtype for o in op.outputs],
-            name=graph.unique_name(op_name), attrs=attrs, op_def=op.op_def)
+        new = tf_internal.CreateOp(
+            graph, op.type, inputs, [o.dtype for o in op.outputs],
+            graph.unique_name(op_name), attrs, op.op_def)
         for control in op.control_inputs:
           if control in copied:
-            new._add_control_input(copied[control])  # pylint: disable=protected-access
+            tf_internal.AddControlInput(new, copied[control])
         outputs = new.outputs
         if op in swapped:
           outputs = [tf.linalg.matrix_transpose(new.outputs[0])]
@@ -462,7 +462,7 @@ class SplitStageFunctions(stage_lib.StageFunctions):
                for t in feeds]
       return grads + [None] * (len(op.inputs) - len(feeds))
 
-    call_op._gradient_function = Gradient  # pylint: disable=protected-access
+    tf_internal.SetGradientFunction(call_op, Gradient)
     # Positionally: the gradient function's d_results follow the call's
     # outputs, and an output may also be listed again (saved for B or W).
     num_outs, num_stats = len(g['outs']), len(g['stats'])

@@ -37,15 +37,15 @@ Lingvo computes gradients.
 
 import contextlib
 
-from gpipe import lingvo_import  # pylint: disable=unused-import
+from gpipe.compat import lingvo_import  # pylint: disable=unused-import
 from gpipe import batch_norm
 from gpipe import micro_batch as micro_batch_lib
 from gpipe import pipeline_tasks
 from gpipe import precision
 from gpipe import randomness
+from gpipe.compat import tf_internal
 from lingvo import compat as tf
 from lingvo.core import py_utils
-from tensorflow.python.framework import ops as tf_ops  # pylint: disable=g-direct-tensorflow-import
 
 
 # Grappler would inline the stage functions into the session graph; the
@@ -320,7 +320,7 @@ class StageFunctions:
         [call_op])
     # TensorFlow's own gradient of the call (used without remat): it rewrites
     # the forward call to also output the intermediates the backward needs.
-    tf_gradient = tf_ops.get_gradient_function(call_op)
+    tf_gradient = tf_internal.GetGradientFunction(call_op)
     passes = [0]  # tf.gradients calls over this task so far.
 
     def Gradient(op, *d_results):
@@ -353,7 +353,7 @@ class StageFunctions:
       extra = len(op.inputs) - num_theta - num_args
       return list(grads[:num_theta]) + d_args + [None] * extra
 
-    call_op._gradient_function = Gradient  # pylint: disable=protected-access
+    tf_internal.SetGradientFunction(call_op, Gradient)
     outs = micro_batch_lib.Repack(self._out_struct, results[:num_outs])
     return (outs, list(results[num_outs:num_outs + num_stats]),
             list(results[num_outs + num_stats:]))

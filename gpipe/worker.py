@@ -15,7 +15,7 @@ import sys
 import threading
 import time
 
-from gpipe import lingvo_import  # pylint: disable=unused-import
+from gpipe.compat import lingvo_import  # pylint: disable=unused-import
 from lingvo import compat as tf
 from lingvo.core import py_utils  # pylint: disable=unused-import  # registers ops
 

@@ -21,7 +21,7 @@ they are the devices of the Lingvo cluster's model split (the trainer sets
 them up).
 """
 
-from gpipe import lingvo_import  # pylint: disable=unused-import
+from gpipe.compat import lingvo_import  # pylint: disable=unused-import
 from gpipe import pipeline
 from lingvo import model_registry
 from lingvo.core import base_model_params

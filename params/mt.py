@@ -32,7 +32,7 @@ with ``.venv/bin/python -m tools.build_vocab --corpus=text ...``.
 
 import os
 
-from gpipe import lingvo_import  # pylint: disable=unused-import
+from gpipe.compat import lingvo_import  # pylint: disable=unused-import
 from gpipe import pipeline
 from lingvo import model_registry
 from lingvo.core import base_model_params

@@ -7,7 +7,7 @@ trainer's checkpoint/resume, summaries, errors and worker-process tests run
 quickly without depending on the bigger image and translation models.
 """
 
-from gpipe import lingvo_import  # pylint: disable=unused-import
+from gpipe.compat import lingvo_import  # pylint: disable=unused-import
 from gpipe import pipeline
 import numpy as np
 from lingvo import compat as tf

@@ -1,3 +1,3 @@
 """The paper's model families (AmoebaNet, multilingual Transformer) and inputs."""
 
-from gpipe import lingvo_import  # pylint: disable=unused-import  # before Lingvo
+from gpipe.compat import lingvo_import  # pylint: disable=unused-import  # before Lingvo

@@ -10,7 +10,7 @@ number of batches already consumed when it resumes from a checkpoint, so a
 resumed run sees exactly the batches an uninterrupted run would have seen.
 """
 
-from gpipe import lingvo_import  # pylint: disable=unused-import
+from gpipe.compat import lingvo_import  # pylint: disable=unused-import
 from lingvo import compat as tf
 from lingvo.core import base_input_generator
 from lingvo.core import py_utils

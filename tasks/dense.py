@@ -9,7 +9,7 @@ micro-batch, the same one in the recomputed forward pass) and can normalize
 its input with the core's micro-batch batch norm.
 """
 
-from gpipe import lingvo_import  # pylint: disable=unused-import
+from gpipe.compat import lingvo_import  # pylint: disable=unused-import
 from gpipe import batch_norm
 from gpipe import randomness
 from lingvo import compat as tf

@@ -1,9 +1,9 @@
 """AmoebaNet operations and cells: shapes, parameter counts, FPropMeta."""
 
-from gpipe import lingvo_import  # pylint: disable=unused-import
+from gpipe.compat import lingvo_import  # pylint: disable=unused-import
 
 from absl.testing import parameterized
-from gpipe import param_count
+from gpipe.measure import param_count
 from gpipe import randomness
 import numpy as np
 from lingvo import compat as tf

@@ -1,6 +1,6 @@
 """AmoebaNet networks: the paper's parameter counts, layer list, registry."""
 
-from gpipe import lingvo_import  # pylint: disable=unused-import
+from gpipe.compat import lingvo_import  # pylint: disable=unused-import
 
 from absl import flags
 from absl.testing import parameterized

@@ -1,6 +1,6 @@
 """A pipelined tiny AmoebaNet equals the same layers run unpipelined."""
 
-from gpipe import lingvo_import  # pylint: disable=unused-import
+from gpipe.compat import lingvo_import  # pylint: disable=unused-import
 
 from gpipe import pipeline
 import numpy as np

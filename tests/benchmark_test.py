@@ -1,6 +1,6 @@
 """tools/benchmark/: every subcommand at a tiny size (no speed checks)."""
 
-from gpipe import lingvo_import  # pylint: disable=unused-import
+from gpipe.compat import lingvo_import  # pylint: disable=unused-import
 
 import contextlib
 import io

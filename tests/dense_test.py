@@ -1,6 +1,6 @@
 """tasks.dense.DenseLayer: values, cost metadata, dropout, batch norm, errors."""
 
-from gpipe import lingvo_import  # pylint: disable=unused-import
+from gpipe.compat import lingvo_import  # pylint: disable=unused-import
 
 from absl.testing import parameterized
 import numpy as np

@@ -1,6 +1,6 @@
 """A 2-stage pipeline across 2 local TensorFlow worker processes."""
 
-from gpipe import lingvo_import  # pylint: disable=unused-import
+from gpipe.compat import lingvo_import  # pylint: disable=unused-import
 
 import os
 import signal
@@ -10,7 +10,7 @@ from gpipe import local_cluster
 from gpipe import pipeline
 from gpipe import pipeline_tasks
 from gpipe import schedule
-from gpipe import timeline
+from gpipe.measure import timeline
 import numpy as np
 from lingvo import compat as tf
 from lingvo.core import py_utils

@@ -1,6 +1,6 @@
 """Image inputs: tfds pipelines on mock data, and the offline digits."""
 
-from gpipe import lingvo_import  # pylint: disable=unused-import
+from gpipe.compat import lingvo_import  # pylint: disable=unused-import
 
 import tempfile
 

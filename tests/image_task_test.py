@@ -1,6 +1,6 @@
 """ImageClassificationTask: Lingvo train op over a pipelined AmoebaNet."""
 
-from gpipe import lingvo_import  # pylint: disable=unused-import
+from gpipe.compat import lingvo_import  # pylint: disable=unused-import
 
 from gpipe import pipeline
 import numpy as np

@@ -1,6 +1,6 @@
 """Proves the pinned stack: Lingvo layers build and train on 2 virtual CPUs."""
 
-from gpipe import lingvo_import  # pylint: disable=unused-import
+from gpipe.compat import lingvo_import  # pylint: disable=unused-import
 
 import numpy as np
 from lingvo import compat as tf

@@ -1,14 +1,14 @@
 """Lingvo's GPipe layers and stacks on our executor equal Lingvo's executor.
 
 Each case builds the same Lingvo params twice, once as they are (Lingvo's
-StackedRecurrent executor) and once through ``gpipe.lingvo_gpipe.FromLingvo``,
+StackedRecurrent executor) and once through ``gpipe.compat.lingvo_gpipe.FromLingvo``,
 gives both the same variable values, and compares outputs and every gradient.
 """
 
 from absl import flags
 from absl.testing import parameterized
-from gpipe import lingvo_import  # pylint: disable=unused-import
-from gpipe import lingvo_gpipe
+from gpipe.compat import lingvo_import  # pylint: disable=unused-import
+from gpipe.compat import lingvo_gpipe
 from gpipe import local_cluster
 import numpy as np
 from lingvo import compat as tf

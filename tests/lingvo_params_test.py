@@ -2,14 +2,14 @@
 
 Each case runs the same cells on Lingvo's executor
 (``lingvo.core.gpipe.PipeliningLayer``), on ``gpipe.PipeliningLayer`` with the
-same params, and through ``gpipe.lingvo_gpipe.FromLingvo``, with the same
+same params, and through ``gpipe.compat.lingvo_gpipe.FromLingvo``, with the same
 variable values, and compares outputs, every gradient and the accumulators.
 """
 
 from absl.testing import parameterized
 import gpipe
-from gpipe import lingvo_import  # pylint: disable=unused-import
-from gpipe import lingvo_gpipe
+from gpipe.compat import lingvo_import  # pylint: disable=unused-import
+from gpipe.compat import lingvo_gpipe
 import numpy as np
 from lingvo import compat as tf
 from lingvo.core import base_layer

@@ -1,4 +1,4 @@
-"""gpipe.memory: peak memory per device from a traced step."""
+"""gpipe.measure.memory: peak memory per device from a traced step."""
 
 import json
 import os
@@ -10,9 +10,9 @@ import sys
 os.environ['TF_CPU_ALLOCATOR_USE_BFC'] = 'true'
 
 # pylint: disable=g-import-not-at-top,wrong-import-position
-from gpipe import lingvo_import  # pylint: disable=unused-import
+from gpipe.compat import lingvo_import  # pylint: disable=unused-import
 
-from gpipe import memory
+from gpipe.measure import memory
 from gpipe import pipeline
 from lingvo import compat as tf
 from lingvo.core import py_utils

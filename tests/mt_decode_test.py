@@ -1,6 +1,6 @@
 """Decoding a trained toy model (a copy task) and BLEU per language pair."""
 
-from gpipe import lingvo_import  # pylint: disable=unused-import
+from gpipe.compat import lingvo_import  # pylint: disable=unused-import
 import numpy as np
 from gpipe import pipeline
 from lingvo import compat as tf

@@ -6,7 +6,7 @@ import re
 import shutil
 from unittest import mock
 
-from gpipe import lingvo_import  # pylint: disable=unused-import
+from gpipe.compat import lingvo_import  # pylint: disable=unused-import
 import numpy as np
 from lingvo import compat as tf
 from lingvo.core import test_utils

@@ -1,6 +1,6 @@
 """Parameter counts and settings of the registered mt.* configurations."""
 
-from gpipe import lingvo_import  # pylint: disable=unused-import
+from gpipe.compat import lingvo_import  # pylint: disable=unused-import
 from absl import flags
 from absl.testing import parameterized
 from lingvo import compat as tf

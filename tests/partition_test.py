@@ -1,6 +1,6 @@
 """Cost-balanced partitioning of a layer sequence into stages."""
 
-from gpipe import lingvo_import  # pylint: disable=unused-import
+from gpipe.compat import lingvo_import  # pylint: disable=unused-import
 
 import itertools
 

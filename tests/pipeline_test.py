@@ -1,6 +1,6 @@
 """PipeliningLayer: exact gradients, placement, batch norm, errors, scale."""
 
-from gpipe import lingvo_import  # pylint: disable=unused-import
+from gpipe.compat import lingvo_import  # pylint: disable=unused-import
 
 import collections
 import itertools

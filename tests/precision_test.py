@@ -5,7 +5,7 @@ bfloat16 and hand bfloat16 tensors to each other, also between worker
 processes; the loss and batch-norm statistics are float32.
 """
 
-from gpipe import lingvo_import  # pylint: disable=unused-import
+from gpipe.compat import lingvo_import  # pylint: disable=unused-import
 
 from absl.testing import parameterized
 from gpipe import local_cluster

@@ -6,7 +6,7 @@ import sys
 import tempfile
 
 from absl.testing import absltest
-from gpipe import quiet_import
+from gpipe.compat import quiet_import
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -97,7 +97,7 @@ class ImportTest(absltest.TestCase):
     env = dict(os.environ)
     env.pop(quiet_import.UNFILTERED_ENV, None)
     proc = subprocess.run(
-        [sys.executable, '-c', 'import gpipe.lingvo_import'], cwd=_ROOT,
+        [sys.executable, '-c', 'import gpipe.compat.lingvo_import'], cwd=_ROOT,
         env=env, capture_output=True, text=True, timeout=300, check=False)
     self.assertEqual(proc.returncode, 0, proc.stderr)
     self.assertNotIn('Unable to register', proc.stderr)

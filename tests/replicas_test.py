@@ -1,6 +1,6 @@
 """R data-parallel replicas x K stages compute what one pipeline computes."""
 
-from gpipe import lingvo_import  # pylint: disable=unused-import
+from gpipe.compat import lingvo_import  # pylint: disable=unused-import
 
 from absl.testing import parameterized
 from gpipe import local_cluster

@@ -7,7 +7,7 @@ start fresh workers: tests/trainer_recovery_test.py kills a worker and checks
 the trainer's error.
 """
 
-from gpipe import lingvo_import  # pylint: disable=unused-import
+from gpipe.compat import lingvo_import  # pylint: disable=unused-import
 from absl import app
 from gpipe import local_cluster
 from tools.trainer import cli

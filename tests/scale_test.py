@@ -5,7 +5,7 @@ benchmark (docs/BENCHMARKS.md, "Scale"); this stand-in has the same pipeline
 shape (16 stages on 16 local worker processes) with 18 layers.
 """
 
-from gpipe import lingvo_import  # pylint: disable=unused-import
+from gpipe.compat import lingvo_import  # pylint: disable=unused-import
 
 import math
 import re

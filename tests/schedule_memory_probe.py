@@ -13,8 +13,8 @@ import sys
 os.environ['TF_CPU_ALLOCATOR_USE_BFC'] = 'true'
 
 # pylint: disable=g-import-not-at-top,wrong-import-position
-from gpipe import lingvo_import  # pylint: disable=unused-import
-from gpipe import memory
+from gpipe.compat import lingvo_import  # pylint: disable=unused-import
+from gpipe.measure import memory
 from gpipe import pipeline
 from lingvo import compat as tf
 from lingvo.core import py_utils

@@ -1,6 +1,6 @@
 """Every schedule on the executor: exact gradients, task order, errors."""
 
-from gpipe import lingvo_import  # pylint: disable=unused-import
+from gpipe.compat import lingvo_import  # pylint: disable=unused-import
 
 import itertools
 

@@ -1,6 +1,6 @@
 """The schedule as a pure function: order, dependencies, bubble."""
 
-from gpipe import lingvo_import  # pylint: disable=unused-import
+from gpipe.compat import lingvo_import  # pylint: disable=unused-import
 
 import itertools
 

@@ -1,6 +1,6 @@
 """Shared by the schedule tests: the toy pipeline, its reference, its ops."""
 
-from gpipe import lingvo_import  # pylint: disable=unused-import
+from gpipe.compat import lingvo_import  # pylint: disable=unused-import
 
 from gpipe import pipeline
 from gpipe import pipeline_tasks

@@ -7,7 +7,7 @@ of every data-parallel replica, for every schedule, with and without batched
 weight gradients; and check the registry's errors.
 """
 
-from gpipe import lingvo_import  # pylint: disable=unused-import
+from gpipe.compat import lingvo_import  # pylint: disable=unused-import
 
 from absl.testing import parameterized
 from gpipe import pipeline

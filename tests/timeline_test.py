@@ -3,10 +3,10 @@
 import json
 import os
 
-from gpipe import lingvo_import  # pylint: disable=unused-import
+from gpipe.compat import lingvo_import  # pylint: disable=unused-import
 
 from gpipe import pipeline
-from gpipe import timeline
+from gpipe.measure import timeline
 import numpy as np
 from lingvo import compat as tf
 from lingvo.core import test_utils

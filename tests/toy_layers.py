@@ -1,6 +1,6 @@
 """Small layers for the pipeline tests: dense + dropout, NestedMap passing."""
 
-from gpipe import lingvo_import  # pylint: disable=unused-import
+from gpipe.compat import lingvo_import  # pylint: disable=unused-import
 from gpipe import randomness
 from lingvo import compat as tf
 from lingvo.core import base_layer

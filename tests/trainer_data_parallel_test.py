@@ -1,6 +1,6 @@
 """The trainer with --data_parallel=R: R replicas of a K-stage pipeline."""
 
-from gpipe import lingvo_import  # pylint: disable=unused-import
+from gpipe.compat import lingvo_import  # pylint: disable=unused-import
 
 import os
 import shutil

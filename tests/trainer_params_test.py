@@ -1,6 +1,6 @@
 """Trainer pieces that need no training: model selection, overrides, inspect."""
 
-from gpipe import lingvo_import  # pylint: disable=unused-import
+from gpipe.compat import lingvo_import  # pylint: disable=unused-import
 
 import os
 

@@ -1,6 +1,6 @@
 """The trainer's --fprop_dtype: float32 state, exact resume, bad values."""
 
-from gpipe import lingvo_import  # pylint: disable=unused-import
+from gpipe.compat import lingvo_import  # pylint: disable=unused-import
 
 import os
 

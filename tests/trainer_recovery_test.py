@@ -1,6 +1,6 @@
 """--max_worker_restarts: a killed worker is replaced and training goes on."""
 
-from gpipe import lingvo_import  # pylint: disable=unused-import
+from gpipe.compat import lingvo_import  # pylint: disable=unused-import
 
 import os
 import re

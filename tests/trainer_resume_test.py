@@ -1,6 +1,6 @@
 """Resuming after SIGKILL gives the losses of an uninterrupted run."""
 
-from gpipe import lingvo_import  # pylint: disable=unused-import
+from gpipe.compat import lingvo_import  # pylint: disable=unused-import
 
 import os
 import signal

@@ -6,7 +6,7 @@ import os
 import subprocess
 import sys
 
-from gpipe import lingvo_import  # pylint: disable=unused-import
+from gpipe.compat import lingvo_import  # pylint: disable=unused-import
 from absl import flags
 from absl.testing import flagsaver
 from tools.trainer import cli

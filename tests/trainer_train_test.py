@@ -1,6 +1,6 @@
 """The trainer in one process: summaries, eval/decode, and its errors."""
 
-from gpipe import lingvo_import  # pylint: disable=unused-import
+from gpipe.compat import lingvo_import  # pylint: disable=unused-import
 
 import glob
 import json

@@ -1,6 +1,6 @@
 """A pipeline worker process that dies stops the trainer within seconds."""
 
-from gpipe import lingvo_import  # pylint: disable=unused-import
+from gpipe.compat import lingvo_import  # pylint: disable=unused-import
 
 import os
 import re

@@ -1,6 +1,6 @@
 """The trainer with its pipeline stages in 2 TensorFlow worker processes."""
 
-from gpipe import lingvo_import  # pylint: disable=unused-import
+from gpipe.compat import lingvo_import  # pylint: disable=unused-import
 
 import os
 import tempfile

@@ -1,6 +1,6 @@
 """Tests of the Transformer layers: tasks/mt/blocks.py and sublayers.py."""
 
-from gpipe import lingvo_import  # pylint: disable=unused-import
+from gpipe.compat import lingvo_import  # pylint: disable=unused-import
 import numpy as np
 from lingvo import compat as tf
 from lingvo.core import cluster_factory

@@ -1,6 +1,6 @@
 """The Transformer through the GPipe pipeline equals its unpipelined run."""
 
-from gpipe import lingvo_import  # pylint: disable=unused-import
+from gpipe.compat import lingvo_import  # pylint: disable=unused-import
 from absl.testing import parameterized
 import numpy as np
 from gpipe import pipeline

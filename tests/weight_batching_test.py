@@ -1,6 +1,6 @@
 """Batched weight gradients: exact gradients, one W task per stage, errors."""
 
-from gpipe import lingvo_import  # pylint: disable=unused-import
+from gpipe.compat import lingvo_import  # pylint: disable=unused-import
 
 from absl.testing import parameterized
 from gpipe import pipeline

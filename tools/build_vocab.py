@@ -14,7 +14,7 @@ Usage (from the repository root)::
 import argparse
 import sys
 
-from gpipe import lingvo_import  # pylint: disable=unused-import
+from gpipe.compat import lingvo_import  # pylint: disable=unused-import
 from tasks.mt import corpus
 from tasks.mt import vocab
 

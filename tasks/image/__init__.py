@@ -1,3 +1,3 @@
 """AmoebaNet image classifiers as pipelineable layers, and image inputs."""
 
-from gpipe import lingvo_import  # pylint: disable=unused-import  # before Lingvo
+from gpipe.compat import lingvo_import  # pylint: disable=unused-import  # before Lingvo

@@ -20,7 +20,7 @@ to that value over training.
 """
 
 from gpipe import batch_norm
-from gpipe import lingvo_import  # pylint: disable=unused-import
+from gpipe.compat import lingvo_import  # pylint: disable=unused-import
 from gpipe import randomness
 from lingvo import compat as tf
 from lingvo.core import base_layer

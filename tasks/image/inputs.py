@@ -12,7 +12,7 @@ Every example is ``{'image': float32 [size, size, channels], 'label': int32}``.
   train/test by a fixed permutation and upsampled to ``image_size``.
 """
 
-from gpipe import lingvo_import  # pylint: disable=unused-import
+from gpipe.compat import lingvo_import  # pylint: disable=unused-import
 import numpy as np
 from lingvo import compat as tf
 from tasks import dataset_input

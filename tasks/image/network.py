@@ -19,8 +19,8 @@ the n cells after the stem: deeper cells drop more.
 """
 
 from gpipe import batch_norm
-from gpipe import lingvo_import  # pylint: disable=unused-import
-from gpipe import param_count
+from gpipe.compat import lingvo_import  # pylint: disable=unused-import
+from gpipe.measure import param_count
 from gpipe import randomness
 from lingvo import compat as tf
 from lingvo.core import base_layer
@@ -348,7 +348,7 @@ def InputShapes(net, batch_size):
 def CountParams(layers):
   """Trainable parameters of the flat layer list `layers`, without weights.
 
-  Counts with gpipe.param_count.CountParams; cells differing only in name
+  Counts with gpipe.measure.param_count.CountParams; cells differing only in name
   and drop path rate are counted once, so deep stacks count fast.
 
   Args:

@@ -31,7 +31,7 @@ import math
 import re
 
 from gpipe import batch_norm
-from gpipe import lingvo_import  # pylint: disable=unused-import
+from gpipe.compat import lingvo_import  # pylint: disable=unused-import
 from lingvo import compat as tf
 from lingvo.core import base_layer
 from lingvo.core import py_utils

@@ -14,7 +14,7 @@ backward right after its forward. The task averages the merged per-example
 losses. The loss layer has no variables: checkpoints are unchanged.
 """
 
-from gpipe import lingvo_import  # pylint: disable=unused-import
+from gpipe.compat import lingvo_import  # pylint: disable=unused-import
 from gpipe import pipeline
 from lingvo import compat as tf
 from lingvo.core import base_layer

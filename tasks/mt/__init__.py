@@ -1,3 +1,3 @@
 """The paper's multilingual Transformer: layers, inputs, vocabulary, task."""
 
-from gpipe import lingvo_import  # pylint: disable=unused-import  # before Lingvo
+from gpipe.compat import lingvo_import  # pylint: disable=unused-import  # before Lingvo

@@ -11,7 +11,7 @@ perfect translations. When every order occurs, the score is the standard one.
 import collections
 
 from sacrebleu import metrics as sacrebleu_metrics
-from gpipe import lingvo_import  # pylint: disable=unused-import
+from gpipe.compat import lingvo_import  # pylint: disable=unused-import
 from lingvo.core import metrics
 
 

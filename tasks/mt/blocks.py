@@ -28,7 +28,7 @@ The pieces inside the layers (attention, feed-forward, layer norm, masks,
 dropout) are in `sublayers.py`.
 """
 
-from gpipe import lingvo_import  # pylint: disable=unused-import
+from gpipe.compat import lingvo_import  # pylint: disable=unused-import
 from lingvo import compat as tf
 from lingvo.core import base_layer
 from lingvo.core import py_utils

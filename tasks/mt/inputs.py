@@ -16,7 +16,7 @@ evaluation (so BLEU can be reported per pair).
 
 import os
 
-from gpipe import lingvo_import  # pylint: disable=unused-import
+from gpipe.compat import lingvo_import  # pylint: disable=unused-import
 import numpy as np
 from lingvo import compat as tf
 from tasks import dataset_input

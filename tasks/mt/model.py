@@ -12,7 +12,7 @@ and values from the start, so a step costs one position, not the whole prefix
 (`StepLogits`; `DecoderLogits` is the full-prefix computation it equals).
 """
 
-from gpipe import lingvo_import  # pylint: disable=unused-import
+from gpipe.compat import lingvo_import  # pylint: disable=unused-import
 from gpipe import partition
 from lingvo import compat as tf
 from lingvo.core import base_model

@@ -8,13 +8,13 @@ params a `gpipe.pipeline.PipeliningLayer` cuts into stages.
 
 `CountByPart` counts parameters per part (embeddings, attention, feed-forward,
 layer norm, softmax) from the built graph of each layer, without allocating
-weights, via `gpipe.param_count`.
+weights, via `gpipe.measure.param_count`.
 """
 
 import collections
 
-from gpipe import lingvo_import  # pylint: disable=unused-import
-from gpipe import param_count
+from gpipe.compat import lingvo_import  # pylint: disable=unused-import
+from gpipe.measure import param_count
 from tasks.mt import blocks
 
 

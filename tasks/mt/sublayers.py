@@ -8,7 +8,7 @@ the layers of the flat, pipelineable list.
 
 import math
 
-from gpipe import lingvo_import  # pylint: disable=unused-import
+from gpipe.compat import lingvo_import  # pylint: disable=unused-import
 from gpipe import randomness
 from lingvo import compat as tf
 from lingvo.core import base_layer

@@ -18,7 +18,7 @@ import sys
 import tempfile
 import time
 
-from gpipe import lingvo_import  # pylint: disable=unused-import
+from gpipe.compat import lingvo_import  # pylint: disable=unused-import
 import sentencepiece as spm
 from tasks.mt import corpus
 

@@ -49,7 +49,7 @@ Modules: ``cli`` (flags and dispatch), one per subcommand (``throughput``,
 layer stacks) and ``lingvo_stack`` (Lingvo's GPipeTransformerStack).
 """
 
-from gpipe import lingvo_import  # pylint: disable=unused-import  # must be first
+from gpipe.compat import lingvo_import  # pylint: disable=unused-import  # must be first
 from tools.benchmark.bubble import Bubble
 from tools.benchmark.cli import main
 from tools.benchmark.graph import Graph

@@ -9,7 +9,7 @@ from the execution traces, and sets it beside the fill-drain model
 import statistics
 
 from gpipe.schedules import simulate
-from gpipe import timeline
+from gpipe.measure import timeline
 from tools.benchmark import report
 from tools.benchmark import runner as runner_lib
 from tools.benchmark import throughput

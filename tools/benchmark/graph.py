@@ -9,7 +9,7 @@ flat.
 import statistics
 import time
 
-from gpipe import lingvo_import  # pylint: disable=unused-import
+from gpipe.compat import lingvo_import  # pylint: disable=unused-import
 from gpipe import pipeline
 from lingvo import compat as tf
 from tools.benchmark import models

@@ -11,7 +11,7 @@ same layers, only the executor differs.
 import contextlib
 
 from absl import flags
-from gpipe import lingvo_import  # pylint: disable=unused-import
+from gpipe.compat import lingvo_import  # pylint: disable=unused-import
 import gpipe
 import numpy as np
 from lingvo import compat as tf

@@ -5,8 +5,8 @@ most layers whose parameters plus measured peak step memory fit the cap
 (``LargestFitting``), measuring each size in fresh worker processes.
 """
 
-from gpipe import memory
-from gpipe import param_count
+from gpipe.measure import memory
+from gpipe.measure import param_count
 from tools.benchmark import models
 from tools.benchmark import report
 from tools.benchmark import runner as runner_lib

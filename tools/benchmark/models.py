@@ -22,7 +22,7 @@ Lingvo's GPipe cannot split):
     known cost.
 """
 
-from gpipe import lingvo_import  # pylint: disable=unused-import
+from gpipe.compat import lingvo_import  # pylint: disable=unused-import
 from lingvo import compat as tf
 from lingvo.core import base_layer
 from lingvo.core import gpipe as lingvo_gpipe

@@ -38,7 +38,7 @@ import platform
 import statistics
 import time
 
-from gpipe import lingvo_import  # pylint: disable=unused-import
+from gpipe.compat import lingvo_import  # pylint: disable=unused-import
 from gpipe import local_cluster
 from gpipe import pipeline
 from gpipe import precision

@@ -18,9 +18,9 @@ M it allows, all ending the pipeline with the same per-example loss layer:
 import os
 import statistics
 
-from gpipe import memory
+from gpipe.measure import memory
 from gpipe.schedules import registry as schedule_registry
-from gpipe import timeline
+from gpipe.measure import timeline
 from tools.benchmark import report
 from tools.benchmark import runner as runner_lib
 from tools.benchmark import throughput
@@ -69,7 +69,7 @@ def _Traced(step, num_steps):
 
 
 def _WorkerPeaks(peaks):
-  """Peak bytes per worker task (0, 1), from gpipe.memory's device keys."""
+  """Peak bytes per worker task (0, 1), from gpipe.measure.memory's device keys."""
   out = {}
   for device, value in peaks.items():
     for task in range(K):

@@ -37,7 +37,7 @@ PY
   # unneeded packages; their real needs are already pinned in requirements.txt.
   "$VENV/bin/pip" install --quiet --disable-pip-version-check --no-deps -r "$REQ_NODEPS" 2>&1 \
     | grep -v "is ignored: it is neither a file nor a directory" >&2 || true
-  (cd "$ROOT" && TF_CPP_MIN_LOG_LEVEL=3 "$VENV/bin/python" -c 'import gpipe.lingvo_import; from lingvo.core import base_layer') \
+  (cd "$ROOT" && TF_CPP_MIN_LOG_LEVEL=3 "$VENV/bin/python" -c 'import gpipe.compat.lingvo_import; from lingvo.core import base_layer') \
     || { log "the environment does not import lingvo; see the errors above"; exit 1; }
   echo "$want_hash" > "$STAMP"
   log "python environment ready ($VENV)"

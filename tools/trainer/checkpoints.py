@@ -14,7 +14,7 @@ to.
 
 import os
 
-from gpipe import lingvo_import  # pylint: disable=unused-import
+from gpipe.compat import lingvo_import  # pylint: disable=unused-import
 from lingvo import compat as tf
 
 PREFIX = 'ckpt'

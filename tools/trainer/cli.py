@@ -34,7 +34,7 @@ import sys
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
 
 # pylint: disable=g-import-not-at-top,wrong-import-position
-from gpipe import lingvo_import  # pylint: disable=unused-import
+from gpipe.compat import lingvo_import  # pylint: disable=unused-import
 from absl import app
 from absl import flags
 from absl import logging

@@ -10,7 +10,7 @@ under ``<logdir>/eval_<dataset>`` and returned.
 
 import os
 
-from gpipe import lingvo_import  # pylint: disable=unused-import
+from gpipe.compat import lingvo_import  # pylint: disable=unused-import
 from lingvo import compat as tf
 from tools.trainer import restored
 from tools.trainer import summaries

@@ -4,7 +4,7 @@ Nothing is trained and no weight is allocated, so even the multi-billion
 parameter configs can be inspected on a laptop:
 
 * each PipeliningLayer's flat layers are counted with
-  ``gpipe.param_count.CountParams`` (a scratch graph per distinct layer;
+  ``gpipe.measure.param_count.CountParams`` (a scratch graph per distinct layer;
   graph-mode variables take no memory until initialized) and cut into stages
   the way the pipeline will cut them (``gpipe.partition``);
 * the rest of the task (embeddings, heads outside the pipeline...) is built
@@ -16,9 +16,9 @@ The last line is ``total params: N``.
 
 import collections
 
-from gpipe import lingvo_import  # pylint: disable=unused-import
+from gpipe.compat import lingvo_import  # pylint: disable=unused-import
 from absl import logging
-from gpipe import param_count
+from gpipe.measure import param_count
 from gpipe import partition
 from lingvo import compat as tf
 from lingvo.core import base_layer

@@ -9,7 +9,7 @@ Graph-level randomness is seeded first, so variable initialization and
 dropout are the same in every run with the same seed.
 """
 
-from gpipe import lingvo_import  # pylint: disable=unused-import
+from gpipe.compat import lingvo_import  # pylint: disable=unused-import
 from gpipe import pipeline
 from lingvo import compat as tf
 from lingvo.core import py_utils

@@ -12,7 +12,7 @@ import difflib
 import importlib
 import pkgutil
 
-from gpipe import lingvo_import  # pylint: disable=unused-import
+from gpipe.compat import lingvo_import  # pylint: disable=unused-import
 from gpipe import pipeline
 from gpipe.schedules import registry as schedule_registry
 from lingvo import model_registry

@@ -17,7 +17,7 @@ instead of blocking forever.
 
 import os
 
-from gpipe import lingvo_import  # pylint: disable=unused-import
+from gpipe.compat import lingvo_import  # pylint: disable=unused-import
 from gpipe import local_cluster
 from lingvo import compat as tf
 from lingvo.core import cluster_factory

@@ -8,7 +8,7 @@ tables), restore the checkpoint (checked against the graph first:
 
 import contextlib
 
-from gpipe import lingvo_import  # pylint: disable=unused-import
+from gpipe.compat import lingvo_import  # pylint: disable=unused-import
 from lingvo import compat as tf
 from lingvo.core import py_utils
 from tools.trainer import checkpoints

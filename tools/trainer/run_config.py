@@ -17,7 +17,7 @@ import dataclasses
 import os
 from typing import Optional
 
-from gpipe import lingvo_import  # pylint: disable=unused-import
+from gpipe.compat import lingvo_import  # pylint: disable=unused-import
 from gpipe import precision
 from lingvo.core import hyperparams
 from tools.trainer import model_select

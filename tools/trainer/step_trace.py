@@ -1,10 +1,10 @@
 """What one traced training step measured: stage times, bubbles, memory.
 
 Every N steps the trainer runs a step with a full trace. From its
-``RunMetadata.step_stats``: the pipeline's stage tasks (``gpipe.timeline``),
+``RunMetadata.step_stats``: the pipeline's stage tasks (``gpipe.measure.timeline``),
 each stage's busy seconds and measured bubble fraction, the timeline image
 (and a trace file for Perfetto / chrome://tracing, written by the loop),
-and the peak memory of each device (``gpipe.memory``): ``peak_bytes`` is
+and the peak memory of each device (``gpipe.measure.memory``): ``peak_bytes`` is
 what the step's own ops held at once (activations, gradients, temporaries),
 ``allocator_peak_bytes`` what the device's allocator held (with variables;
 virtual CPUs of one process share one allocator and all see its total;
@@ -12,9 +12,9 @@ written only where the allocator counts bytes: GPUs, TPUs, and CPUs when
 ``TF_CPU_ALLOCATOR_USE_BFC=true`` is set for the trainer's processes).
 """
 
-from gpipe import lingvo_import  # pylint: disable=unused-import
-from gpipe import memory
-from gpipe import timeline
+from gpipe.compat import lingvo_import  # pylint: disable=unused-import
+from gpipe.measure import memory
+from gpipe.measure import timeline
 
 
 def _ShortDevice(name):
@@ -36,7 +36,7 @@ def Measure(run_metadata, title=''):
   Returns:
     (scalars, png, tasks): scalars is {summary tag: value}; png is the
     timeline image bytes, or None when the step ran no pipeline stage;
-    tasks are its gpipe.timeline.TaskTimes (for a trace file).
+    tasks are its gpipe.measure.timeline.TaskTimes (for a trace file).
   """
   scalars = {}
   try:

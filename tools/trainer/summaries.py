@@ -17,7 +17,7 @@ import glob
 import os
 import struct
 
-from gpipe import lingvo_import  # pylint: disable=unused-import
+from gpipe.compat import lingvo_import  # pylint: disable=unused-import
 from lingvo import compat as tf
 
 

@@ -27,9 +27,9 @@ import sys
 import threading
 import time
 
-from gpipe import lingvo_import  # pylint: disable=unused-import
+from gpipe.compat import lingvo_import  # pylint: disable=unused-import
 from gpipe import local_cluster
-from gpipe import timeline
+from gpipe.measure import timeline
 from lingvo import compat as tf
 from tools.trainer import checkpoints
 from tools.trainer import model_graph

@@ -1,0 +1,52 @@
+"""Every private TensorFlow call the library makes, in one place.
+
+The executor builds graphs below TensorFlow's public API in four ways:
+
+* ``SetGradientFunction``: a stage's call op gets its own gradient function
+  (the backward task, or the split B and W tasks), through the op's
+  ``_gradient_function`` attribute that ``tf.gradients`` reads first;
+* ``CreateOp``: the split backward copies a traced op into a new function
+  graph with its attributes and op_def (``Graph._create_op_internal``);
+* ``AddFunction``: that graph needs the functions the copied ops call
+  (``Graph._add_function``), listed by ``GraphFunctions``;
+* ``AddControlInput``: the task registry chains ops that already exist
+  (``Operation._add_control_input``), since tasks are created before their
+  neighbours in the schedule's order.
+
+``//tests:tf_internal_test`` exercises each on the installed TensorFlow, so a
+version that renames or changes one fails there, loudly and by name, not deep
+inside a pipeline.
+"""
+
+from tensorflow.python.framework import ops as _tf_ops  # pylint: disable=g-direct-tensorflow-import
+
+
+def SetGradientFunction(op, fn):
+  """Makes tf.gradients call fn(op, *output_grads) for `op`."""
+  op._gradient_function = fn  # pylint: disable=protected-access
+
+
+def GetGradientFunction(op):
+  """TensorFlow's registered gradient function of `op` (e.g. of a call)."""
+  return _tf_ops.get_gradient_function(op)
+
+
+def CreateOp(graph, op_type, inputs, dtypes, name, attrs, op_def):
+  """A new op in `graph` from an existing op's type, attributes and op_def."""
+  return graph._create_op_internal(  # pylint: disable=protected-access
+      op_type, inputs, dtypes=dtypes, name=name, attrs=attrs, op_def=op_def)
+
+
+def GraphFunctions(graph):
+  """The graph functions defined in `graph` (name -> function)."""
+  return dict(getattr(graph, '_functions', {}))
+
+
+def AddFunction(graph, fn):
+  """Defines function `fn` (from another graph) in `graph`."""
+  graph._add_function(fn)  # pylint: disable=protected-access
+
+
+def AddControlInput(op, control):
+  """Makes existing `op` run after existing op `control`."""
+  op._add_control_input(control)  # pylint: disable=protected-access
