@@ -66,6 +66,9 @@ class PipelineExecutor:
         for t in micro_batch.Present(micro_batch_inputs)),
            str(tf.nest.map_structure(lambda t: t is None,
                                      micro_batch_inputs)))
+    # Traced stage functions per (replica, eval mode, micro-batch input
+    # signature): training and eval graphs, or another batch size, need
+    # their own traces.
     cache = self.__dict__.setdefault('_stage_fns', {})
     if key not in cache:
       p = self.params
@@ -98,16 +101,13 @@ class PipelineExecutor:
     batch = micro_batch.StaticBatchSize(inputs, p.batch_dim)
     try:
       # R x M with data-parallel replicas.
-      return replicas.NumMicroBatches(p.name, batch, self.num_replicas,
-                                      p.num_micro_batches, p.micro_batch_size)
+      return micro_batch.NumMicroBatches(batch, p.num_micro_batches,
+                                         p.micro_batch_size, self.num_replicas)
     except ValueError as e:
-      if str(e).startswith(p.name + ': '):
-        raise
       raise ValueError('%s: %s' % (p.name, e)) from None
 
   def _Seeds(self, num_micro_batches):
-    step = py_utils.GetGlobalStep()
-    step = tf.constant(0, tf.int64) if step is None else step
+    step = stage_lib.GlobalStepOrZero()
     return [
         randomness.MicroBatchSeed(step, m, self.params.seed)
         for m in range(num_micro_batches)

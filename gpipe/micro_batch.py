@@ -62,9 +62,8 @@ def Repack(nest, tensors):
              for t in tf.nest.flatten(nest)])
 
 
-def NumMicroBatches(batch_size, num_micro_batches=None,
-                    micro_batch_size=None):
-  """Resolves M from `num_micro_batches` and/or `micro_batch_size`.
+def _PerPipeline(batch_size, num_micro_batches=None, micro_batch_size=None):
+  """M of one pipeline from `num_micro_batches` and/or `micro_batch_size`.
 
   Either may be given, or both when they agree (num_micro_batches x
   micro_batch_size == batch_size), as Lingvo's PipeliningLayer accepts.
@@ -108,6 +107,55 @@ def NumMicroBatches(batch_size, num_micro_batches=None,
         'micro-batches that divides the batch (or set micro_batch_size)' %
         (batch_size, num_micro_batches))
   return num_micro_batches
+
+
+def NumMicroBatches(batch_size, num_micro_batches=None, micro_batch_size=None,
+                    num_replicas=1):
+  """R x M: the micro-batches of the whole mini-batch over all replicas.
+
+  Either count may be given, or both when they agree (num_micro_batches x
+  micro_batch_size == batch_size / R), as Lingvo's PipeliningLayer accepts.
+
+  Args:
+    batch_size: N, the mini-batch's static batch size.
+    num_micro_batches: M per replica (p.num_micro_batches), or None.
+    micro_batch_size: examples per micro-batch, or None.
+    num_replicas: R data-parallel replicas (``gpipe.replicas``).
+
+  Returns:
+    The total number of micro-batches, a multiple of R.
+
+  Raises:
+    ValueError: N not divisible by R x M (or by R x micro_batch_size).
+  """
+  if num_replicas == 1:
+    return _PerPipeline(batch_size, num_micro_batches, micro_batch_size)
+  if num_micro_batches and micro_batch_size:
+    if num_replicas * num_micro_batches * micro_batch_size != batch_size:
+      raise ValueError(
+          '%d replicas x num_micro_batches=%d x micro_batch_size=%d != '
+          'batch %d: set one of them, or both so that R x M x size is the '
+          'batch' % (num_replicas, num_micro_batches, micro_batch_size,
+                     batch_size))
+    return num_replicas * num_micro_batches
+  if micro_batch_size and not num_micro_batches:
+    if batch_size % (num_replicas * micro_batch_size):
+      raise ValueError(
+          'batch %d is not divisible by R x micro_batch_size = %d x %d: '
+          'each of the %d replicas takes an equal share of whole '
+          'micro-batches; choose a batch size that is a multiple of %d' %
+          (batch_size, num_replicas, micro_batch_size, num_replicas,
+           num_replicas * micro_batch_size))
+    return batch_size // micro_batch_size
+  per_replica = _PerPipeline(batch_size, num_micro_batches, micro_batch_size)
+  total = num_replicas * per_replica
+  if batch_size % total:
+    raise ValueError(
+        'batch %d is not divisible by R x M = %d replicas x %d '
+        'micro-batches = %d: choose a batch size that is a multiple of %d, '
+        'or another number of micro-batches or replicas' %
+        (batch_size, num_replicas, per_replica, total, total))
+  return total
 
 
 def Split(inputs, num_micro_batches, batch_dim):

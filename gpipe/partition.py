@@ -255,21 +255,30 @@ def LayerCosts(method, layer_params, input_shapes=None):
                    (method, ', '.join(COST_METHODS)))
 
 
-def Report(layer_params, stage_sizes, costs=None, cost_name='cost'):
+def Report(layer_params, stage_sizes, costs=None, cost_name='cost',
+           devices=None, counts=None):
   """A readable table: one row per stage with its layers, params and cost.
+
+  The one stage table of the library: ``PipeliningLayer`` and Lingvo's GPipe
+  layers on this executor (``gpipe.compat.lingvo_gpipe``) both print it.
 
   Args:
     layer_params: the layers' params, in order.
     stage_sizes: layers per stage.
     costs: optional per-layer costs.
     cost_name: what the costs are (for the header).
+    devices: optional, each stage's device.
+    counts: optional per-layer parameter counts (default: counted from the
+      params).
 
   Returns:
     A multi-line string.
   """
-  counts = [param_count.CountParams(p) for p in layer_params]
+  if counts is None:
+    counts = [param_count.CountParams(p) for p in layer_params]
   total_cost = float(sum(costs)) if costs else 0.0
-  lines = ['stage | layers | first .. last | params | %s | share' % cost_name]
+  lines = ['stage | layers | first .. last | device | params | %s | share' %
+           cost_name]
   start = 0
   for k, size in enumerate(stage_sizes):
     names = [p.name for p in layer_params[start:start + size]]
@@ -280,11 +289,12 @@ def Report(layer_params, stage_sizes, costs=None, cost_name='cost'):
       cost = '%.4g' % cost
     else:
       cost, share = '-', '-'
-    lines.append('%5d | %6d | %s .. %s | %s | %s | %s' %
-                 (k, size, names[0], names[-1], '{:,}'.format(params), cost,
-                  share))
+    span = names[0] if size == 1 else '%s .. %s' % (names[0], names[-1])
+    lines.append('%5d | %6d | %s | %s | %s | %s | %s' %
+                 (k, size, span, devices[k] if devices else '-',
+                  '{:,}'.format(params), cost, share))
     start += size
-  lines.append('total | %6d | | %s | %s |' %
+  lines.append('total | %6d | | | %s | %s |' %
                (len(layer_params), '{:,}'.format(sum(counts)),
                 '%.4g' % total_cost if costs else '-'))
   return '\n'.join(lines)

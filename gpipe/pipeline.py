@@ -219,9 +219,6 @@ class PipeliningLayer(executor.PipelineExecutor, base_layer.BaseLayer):
           lp.name = LOSS_KEY
         precision.KeepLossInMasterDtype(p, lp)
         self.CreateChild(LOSS_KEY, lp)
-    # Traced stage functions per (eval mode, micro-batch input signature):
-    # training and eval graphs, or another batch size, need their own traces.
-    self._stage_fns = {}
 
   @property
   def num_stages(self):
@@ -249,7 +246,7 @@ class PipeliningLayer(executor.PipelineExecutor, base_layer.BaseLayer):
   def PartitionReport(self):
     """A table of the stages: layers, parameters and cost."""
     return partition.Report(self._layer_params, self._stage_sizes, self._costs,
-                            self._cost_name)
+                            self._cost_name, devices=self.stage_devices)
 
   def _StageLayers(self, k):
     start = sum(self._stage_sizes[:k])

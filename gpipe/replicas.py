@@ -31,7 +31,6 @@ and the schedule orders of replica r.
 """
 
 from gpipe.compat import lingvo_import  # pylint: disable=unused-import
-from gpipe import micro_batch
 from gpipe import pipeline_tasks
 from lingvo import compat as tf
 
@@ -80,55 +79,6 @@ def Resolve(name, num_stages, replica_devices, stage_devices=None):
         'replica_devices, leave stage_devices None (or equal to '
         'replica_devices[0])' % (name, list(stage_devices), lists[0]))
   return lists
-
-
-def NumMicroBatches(name, batch_size, num_replicas, num_micro_batches=None,
-                    micro_batch_size=None):
-  """R x M: the micro-batches of the whole mini-batch over all replicas.
-
-  Args:
-    name: the pipeline's name (for messages).
-    batch_size: N, the mini-batch's static batch size.
-    num_replicas: R.
-    num_micro_batches: M per replica (p.num_micro_batches), or None.
-    micro_batch_size: examples per micro-batch, or None.
-
-  Returns:
-    The total number of micro-batches, a multiple of R.
-
-  Raises:
-    ValueError: N not divisible by R x M (or by R x micro_batch_size).
-  """
-  if num_replicas == 1:
-    return micro_batch.NumMicroBatches(batch_size, num_micro_batches,
-                                       micro_batch_size)
-  if num_micro_batches and micro_batch_size:
-    if num_replicas * num_micro_batches * micro_batch_size != batch_size:
-      raise ValueError(
-          '%s: %d replicas x num_micro_batches=%d x micro_batch_size=%d != '
-          'batch %d: set one of them, or both so that R x M x size is the '
-          'batch' % (name, num_replicas, num_micro_batches, micro_batch_size,
-                     batch_size))
-    return num_replicas * num_micro_batches
-  if micro_batch_size and not num_micro_batches:
-    if batch_size % (num_replicas * micro_batch_size):
-      raise ValueError(
-          '%s: batch %d is not divisible by R x micro_batch_size = %d x %d: '
-          'each of the %d replicas takes an equal share of whole '
-          'micro-batches; choose a batch size that is a multiple of %d' %
-          (name, batch_size, num_replicas, micro_batch_size, num_replicas,
-           num_replicas * micro_batch_size))
-    return batch_size // micro_batch_size
-  per_replica = micro_batch.NumMicroBatches(
-      batch_size, num_micro_batches, micro_batch_size)
-  total = num_replicas * per_replica
-  if batch_size % total:
-    raise ValueError(
-        '%s: batch %d is not divisible by R x M = %d replicas x %d '
-        'micro-batches = %d: choose a batch size that is a multiple of %d, '
-        'or another number of micro-batches or replicas' %
-        (name, batch_size, num_replicas, per_replica, total, total))
-  return total
 
 
 def ShiftOrders(orders, offset):

@@ -79,13 +79,16 @@ def ChainFProp(layers, thetas, args):
 STEP_SPEC = tf.TensorSpec([], tf.int64)
 
 
+def GlobalStepOrZero():
+  """Lingvo's global step, or an int64 0 in a graph without one."""
+  step = py_utils.GetGlobalStep()
+  return tf.constant(0, tf.int64) if step is None else step
+
+
 def StepOnDevice(device):
   """The global step (0 without one) as an int64 scalar read on `device`."""
-  step = py_utils.GetGlobalStep()
   with tf.device(device):
-    if step is None:
-      return tf.constant(0, tf.int64)
-    return tf.cast(tf.identity(step), tf.int64)
+    return tf.cast(tf.identity(GlobalStepOrZero()), tf.int64)
 
 
 def Specs(tensors):

@@ -157,8 +157,8 @@ class TransformerStacksTest(test_utils.TestCase, parameterized.TestCase):
     self.assertLen(report, 2 + K)
     self.assertIn('| cell_1 | /job:localhost/replica:0/task:0/device:CPU:1 |',
                   report[2])
-    self.assertEqual(report[-1], 'total | | | | {:,}'.format(
-        sum(np.size(v) for v in values.values())))
+    self.assertIn('| {:,} |'.format(sum(np.size(v) for v in values.values())),
+                  report[-1])
     # Across 2 worker processes (where Lingvo's executor cannot run).
     ours.stage_devices = self.cluster.devices
     net, _, out, grads = _Values(ours, FProp, values, self.cluster.target)

@@ -4,6 +4,7 @@ from gpipe.compat import lingvo_import  # pylint: disable=unused-import
 
 from absl.testing import parameterized
 from gpipe import local_cluster
+from gpipe import micro_batch
 from gpipe import pipeline
 from gpipe import replicas
 import numpy as np
@@ -167,9 +168,9 @@ class ReplicasTest(test_utils.TestCase, parameterized.TestCase):
                      replicas.Resolve('pipe', 2, [d[0:3], d[2:4]][:1] +
                                       [d[2:4]]))
     with self.assertRaisesRegex(ValueError, 'R x micro_batch_size = 2 x 3'):
-      replicas.NumMicroBatches('pipe', 8, 2, micro_batch_size=3)
-    self.assertEqual(4, replicas.NumMicroBatches('pipe', 8, 2,
-                                                 micro_batch_size=2))
+      micro_batch.NumMicroBatches(8, micro_batch_size=3, num_replicas=2)
+    self.assertEqual(4, micro_batch.NumMicroBatches(8, micro_batch_size=2,
+                                                    num_replicas=2))
 
 
 if __name__ == '__main__':

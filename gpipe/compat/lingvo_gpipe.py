@@ -34,6 +34,7 @@ after ``FProp`` of the pipeline: use ``gpipe.PipeliningLayer`` with
 
 from gpipe.compat import lingvo_import  # pylint: disable=unused-import
 from gpipe import executor
+from gpipe import partition
 from gpipe.schedules import registry as schedules
 from lingvo import compat as tf
 from lingvo.core import gpipe as lingvo_gpipe
@@ -71,7 +72,6 @@ class LingvoPipeliningLayer(executor.PipelineExecutor,
       raise ValueError('%s: cell_tpl is empty: give one cell per stage' %
                        p.name)
     self.stage_devices  # pylint: disable=pointless-statement
-    self._stage_fns = {}
 
   @property
   def stage_devices(self):
@@ -101,20 +101,13 @@ class LingvoPipeliningLayer(executor.PipelineExecutor,
         super().CreateChild(name, params)
 
   def PartitionReport(self):
-    """A table of the stages: cell, device, sub-layers and parameters."""
-    lines = ['stage | cell | device | layers | params']
-    total = 0
-    for k in range(self.num_stages):
-      _, (cell,) = self._StageLayers(k)
-      params = sum(v.shape.num_elements() for v in cell.vars.Flatten())
-      total += params
-      subs = ([sub.name for sub in cell.params.sub]
-              if 'sub' in cell.params else [cell.params.cls.__name__])
-      lines.append('%5d | %s | %s | %s | %s' % (
-          k, cell.params.name, self.stage_devices[k],
-          ' '.join(subs), '{:,}'.format(params)))
-    lines.append('total | | | | %s' % '{:,}'.format(total))
-    return '\n'.join(lines)
+    """The stage table (``partition.Report``): one cell per stage."""
+    cells = [self._StageLayers(k)[1][0] for k in range(self.num_stages)]
+    return partition.Report(
+        [cell.params for cell in cells], [1] * self.num_stages,
+        devices=self.stage_devices,
+        counts=[sum(v.shape.num_elements() for v in cell.vars.Flatten())
+                for cell in cells])
 
   def _StageLayers(self, k):
     name = self.params.cell_tpl[k].name
