@@ -43,8 +43,9 @@ class PipeliningLayer(executor.PipelineExecutor, base_layer.BaseLayer):
     the whole batch); Bm first recomputes the stage's forward pass for
     micro-batch m, then back-propagates through it. Peak activation memory is
     O(N + (L/K) x N/M) instead of O(N x L), for about one extra forward pass.
-  * ``'except_last'``: like 'always' but the last stage, whose backward
-    starts right after its forward, keeps its activations.
+  * ``'except_last'``: like 'always' but the last *stage*, whose backward
+    starts right after its forward, keeps its activations. (torchgpipe's
+    ``checkpoint='except_last'`` means the last *micro-batch* instead.)
   * ``'never'``: every stage keeps every activation (no recomputation).
 
   Randomness (dropout, drop path through ``gpipe.randomness``) is seeded per

@@ -244,22 +244,15 @@ def _TraceAndSort(stage, theta_specs, arg_specs, acc_specs, d_out_specs,
               f_saved=f_saved)
 
 
-# Small matmuls reading a weight transposed (a dense layer's input gradient
-# dy W^T) with at most this many rows are rewritten as (W dy^T)^T. oneDNN
-# copies (re-packs) the second operand of a matmul on every call, and at a few
-# rows that copy of the weight costs as much as the product. Measured on one
-# core of this CPU (1024x1024 float32 weight, 32 rows): dy W^T 102-109
-# GFLOP/s, dy (W^T) with the transpose computed once per step 126-132,
-# (W dy^T)^T 142-159, the weight read in place as the first operand; at 128
-# rows all three are within noise.
+# The default of PipeliningLayer's swap_small_matmul_rows (see its doc).
 SMALL_MATMUL_ROWS = 64
 
 
-def _SmallTransposedMatMuls(ops, theta, stop):
+def _SmallTransposedMatMuls(ops, theta, stop, max_rows):
   """Small matmuls of `ops` that read a weight transposed: a set of ops.
 
   A weight (a tensor computed from theta alone) read transposed by a matmul
-  (``MatMul`` or a batch matmul) of at most SMALL_MATMUL_ROWS rows, e.g. the
+  (``MatMul`` or a batch matmul) of at most `max_rows` rows, e.g. the
   input gradient dy W^T of a dense layer at a small micro-batch, is re-packed
   on every call of the function, at about the cost of the product. B
   computes these as ``(W dy^T)^T``: the weight read in place as the first
@@ -277,7 +270,7 @@ def _SmallTransposedMatMuls(ops, theta, stop):
     rows = op.inputs[0].shape
     if (weight.shape.rank is None or weight.shape.rank < 2 or
         rows.rank is None or rows[-2] is None or
-        rows[-2] > SMALL_MATMUL_ROWS):
+        rows[-2] > max_rows):
       continue
     sources = {t.op for t in _BoundaryInputs(_Ancestors([weight], stop))}
     if weight.op in stop:
@@ -298,8 +291,10 @@ class SplitStageFunctions(stage_lib.StageFunctions):
 
   BUILD_BACKWARD = False
 
-  def __init__(self, *args, batch_weights_over=None, batch_dim=0, **kwargs):
+  def __init__(self, *args, batch_weights_over=None, batch_dim=0,
+               small_matmul_rows=SMALL_MATMUL_ROWS, **kwargs):
     super().__init__(*args, **kwargs)
+    self._small_matmul_rows = small_matmul_rows
     self.batch_weights_over = batch_weights_over
     self._batch_dim = batch_dim
     self._pending = []
@@ -334,7 +329,8 @@ class SplitStageFunctions(stage_lib.StageFunctions):
     self._pieces['B'] = _Piece(
         'B', graph, b_ops, b_feeds, t['b_targets'], prefix_ops=t['forward'],
         prefix=stage_lib.RECOMPUTE_SCOPE + '/',
-        swapped=_SmallTransposedMatMuls(b_ops, g['theta'], t['stop']))
+        swapped=_SmallTransposedMatMuls(b_ops, g['theta'], t['stop'],
+                                        self._small_matmul_rows))
     w_feeds = _Unique(_BoundaryInputs(t['weight']) +
                       [x for x in g['d_theta'] if x.op not in t['weight']])
     self._pieces['W'] = _Piece('W', graph, t['weight'], w_feeds, g['d_theta'])

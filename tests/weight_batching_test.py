@@ -169,6 +169,23 @@ class WeightBatchingTest(test_utils.TestCase, parameterized.TestCase):
           _SwappedMatMuls(self, spt.CallOps(graph), functions,
                           'BatchMatMulV2'), 4 * 2)
 
+  def testSwapOffByParam(self):
+    # swap_small_matmul_rows=0: no B matmul is swapped, same gradients.
+    with self.session(graph=tf.Graph(), config=CONFIG) as sess:
+      net = spt.Net('zb_h1', 2, 2, 'always', swap_small_matmul_rows=0)
+      rng = np.random.RandomState(5)
+      x = tf.constant(rng.randn(4, 8))
+      spt.AssertMatches(self, net, (x,), tf.constant(rng.randn(4, 8)), sess)
+      graph = sess.graph
+      functions = {f.signature.name: f
+                   for f in graph.as_graph_def().library.function}
+      # Each layer's dy W^T stays a MatMul reading W transposed.
+      unswapped = [
+          n for task, op in spt.CallOps(graph).items() if task.phase == 'B'
+          for n in functions[op.get_attr('f').name].node_def
+          if n.op == 'MatMul' and n.attr['transpose_b'].b]
+      self.assertLen(unswapped, spt.NUM_LAYERS * 2)
+
   def testOrdersMoveWeightTasksAfterTheLastBackward(self):
     _, orders = schedule.Orders('zb_h1', 2, 3)
     batched = weight_batching.Orders(orders)
