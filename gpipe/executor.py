@@ -10,6 +10,8 @@ in does. ``gpipe.PipeliningLayer`` cuts its layers itself;
 their stacks) built, with their variable names.
 """
 
+import collections
+
 from gpipe.compat import lingvo_import  # pylint: disable=unused-import
 from gpipe import batch_norm
 from gpipe import micro_batch
@@ -25,6 +27,30 @@ from gpipe.schedules import registry as schedules
 from gpipe.schedules import simulate
 from lingvo import compat as tf
 from lingvo.core import py_utils
+
+
+class PipelinePlan(
+    collections.namedtuple('PipelinePlan', [
+        'num_micro_batches', 'per_replica', 'replica_orders', 'registry',
+        'check', 'seeds', 'inputs', 'targets', 'weight_phase'
+    ])):
+  """A pipelined mini-batch before its first task (``_Plan``).
+
+  Attributes:
+    num_micro_batches: R x M.
+    per_replica: M.
+    replica_orders: per replica, per device, its Tasks in run order (with
+      the replica's global micro-batch indices).
+    registry: the pipeline_tasks.TaskRegistry imposing those orders.
+    check: the separability.Checker of the schedule's per-micro-batch loss,
+      or None.
+    seeds: per micro-batch, its seed.
+    inputs: per micro-batch, the pipeline's inputs.
+    targets: per micro-batch, the loss layer's targets (or None each).
+    weight_phase: the phase whose order the weight gradients are summed in.
+  """
+
+  __slots__ = ()
 
 
 class PipelineExecutor:
@@ -168,8 +194,21 @@ class PipelineExecutor:
       return stage_lib.ChainFProp(layers, [theta[k] for k in keys],
                                   tuple(inputs))
 
-  def _RunPipeline(self, theta, inputs, targets):
-    """FProp of the pipeline (see gpipe.PipeliningLayer.FProp)."""
+  def _Plan(self, theta, inputs, targets):
+    """Everything a pipelined mini-batch needs before its first task.
+
+    Runs the layers before the pipeline, casts to the compute dtype, resolves
+    R x M, builds each replica's task orders (shifted to its micro-batches)
+    and the registry that imposes them, and splits inputs and targets.
+
+    Args:
+      theta: this layer's theta.
+      inputs: the pipeline's inputs (a tuple).
+      targets: the loss layer's targets, or None.
+
+    Returns:
+      A PipelinePlan.
+    """
     p = self.params
     self._CheckTargets(targets)
     self._CheckNestedMapInputs(inputs)
@@ -182,8 +221,8 @@ class PipelineExecutor:
     spec = schedules.Get(p.schedule)
     # Replica r runs micro-batches r*M .. r*M+M-1 (gpipe/replicas.py).
     per_replica = num_mb // self.num_replicas
-    all_orders = []
-    for replica_devices in self.replica_devices:
+    replica_orders = []
+    for r, replica_devices in enumerate(self.replica_devices):
       try:
         _, orders = schedules.Orders(
             p.schedule, [replicas.Canonical(d) for d in replica_devices],
@@ -192,68 +231,100 @@ class PipelineExecutor:
         raise ValueError('%s: %s' % (p.name, e)) from None
       if self._BatchedWeights():
         orders = weight_batching.Orders(orders)
-      all_orders.append(orders)
-    registry = pipeline_tasks.TaskRegistry([
-        order for r, orders in enumerate(all_orders)
-        for order in replicas.ShiftOrders(orders, r * per_replica)
-    ])
-    # The accumulation views follow the order of the weight gradients (one
-    # batched W: the order of the B tasks, which each give theta nothing).
-    weight_phase = (pipeline_tasks.WEIGHT if spec.split_backward and
-                    not self._BatchedWeights() else pipeline_tasks.BACKWARD)
+      replica_orders.append(replicas.ShiftOrders(orders, r * per_replica))
+    registry = pipeline_tasks.TaskRegistry(
+        [order for orders in replica_orders for order in orders])
     check = None
     if spec.per_micro_batch_loss:
       check = separability.Checker(p.name, p.schedule, registry,
                                    self.num_stages, num_mb,
                                    targets is not None)
-    seeds = self._Seeds(num_mb)
     with tf.device(devices[0]):
       inputs_mb = micro_batch.Split(tuple(inputs), num_mb, p.batch_dim)
     split_targets = [None] * num_mb
     if targets is not None:
       with tf.device(devices[-1]):
         split_targets = micro_batch.Split(targets, num_mb, p.batch_dim)
+    # The accumulation views follow the order of the weight gradients (one
+    # batched W: the order of the B tasks, which each give theta nothing).
+    weight_phase = (pipeline_tasks.WEIGHT if spec.split_backward and
+                    not self._BatchedWeights() else pipeline_tasks.BACKWARD)
+    return PipelinePlan(
+        num_micro_batches=num_mb, per_replica=per_replica,
+        replica_orders=replica_orders, registry=registry, check=check,
+        seeds=self._Seeds(num_mb), inputs=inputs_mb, targets=split_targets,
+        weight_phase=weight_phase)
+
+  def _RunStage(self, plan, theta, fns, replica, current, accumulated):
+    """Stage `fns`'s calls for every micro-batch of one replica.
+
+    Args:
+      plan: the PipelinePlan.
+      theta: this layer's theta.
+      fns: the stage's StageFunctions for this replica.
+      replica: r.
+      current: the stage's per-micro-batch inputs.
+      accumulated: the stage's accumulator values before these calls.
+
+    Returns:
+      The list of the calls' StageResults, in micro-batch order.
+    """
+    k = fns.index
+    first = replica * plan.per_replica
+    fns.BeginStep()
+    theta_k, low_dtypes = precision.MasterTheta(
+        stage_lib.NestedTheta(theta, fns.keys))
+    theta_k = stage_lib.ReadTheta(theta_k, fns.device)
+    # The replica's own micro-batches 0 .. M-1, in weight-gradient order.
+    weight_order = [
+        t.micro_batch - first for order in plan.replica_orders[replica]
+        for t in order if t.stage == k and t.phase == plan.weight_phase
+    ]
+    thetas = stage_lib.AccumulationViews(theta_k, weight_order, fns.device,
+                                         low_dtypes)
+    last = k == self.num_stages - 1
+    step = stage_lib.StepOnDevice(fns.device)
+    results = []
+    for m in range(plan.per_replica):
+      result = fns.Call(stage_lib.MicroBatchCall(
+          theta=thetas[m], args=current[m], seed=plan.seeds[first + m],
+          step=step, micro_batch=first + m,
+          targets=plan.targets[first + m] if last else None,
+          check_d_outputs=(plan.check.Check if (plan.check and last) else
+                           None),
+          accumulator_values=accumulated), plan.registry)
+      accumulated = result.accumulator_values
+      results.append(result)
+    return results
+
+  def _RunPipeline(self, theta, inputs, targets):
+    """FProp of the pipeline (see gpipe.PipeliningLayer.FProp)."""
+    p = self.params
+    plan = self._Plan(theta, inputs, targets)
+    devices = self.stage_devices
     outputs = []
     stage_stats = [[] for _ in range(self.num_stages)]
-    stats_layers = [None] * self.num_stages
+    stats_layers = [[] for _ in range(self.num_stages)]
     # Each stage's accumulators go through its calls in order, replica
     # after replica (only layers with accumulators are chained so).
     accumulated = [None] * self.num_stages
-    for r, orders in enumerate(all_orders):
-      first = r * per_replica
-      current = inputs_mb[first:first + per_replica]
-      for fns in self._StageFns(current[0], r, per_replica):
+    for r in range(self.num_replicas):
+      first = r * plan.per_replica
+      current = plan.inputs[first:first + plan.per_replica]
+      for fns in self._StageFns(current[0], r, plan.per_replica):
         k = fns.index
-        fns.BeginStep()
-        theta_k, low_dtypes = precision.MasterTheta(
-            stage_lib.NestedTheta(theta, fns.keys))
-        theta_k = stage_lib.ReadTheta(theta_k, fns.device)
-        weight_order = [
-            t.micro_batch for order in orders for t in order
-            if t.stage == k and t.phase == weight_phase
-        ]
-        thetas = stage_lib.AccumulationViews(theta_k, weight_order,
-                                             fns.device, low_dtypes)
-        last = k == self.num_stages - 1
         if accumulated[k] is None:
           accumulated[k] = fns.InitialAccumulatorValues()
-        step = stage_lib.StepOnDevice(fns.device)
-        outs = []
-        for m in range(per_replica):
-          out, st, accumulated[k] = fns.Call(
-              thetas[m], current[m], seeds[first + m], step, first + m,
-              registry, targets=split_targets[first + m] if last else None,
-              check_d_outputs=check.Check if (check and last) else None,
-              accumulator_values=accumulated[k])
-          if m == 0 and r == 0 and not (last and targets is not None):
-            self._CheckStageOutputs(k, out)
-          outs.append(out)
-          stage_stats[k].append(st)
-        stats_layers[k] = fns.stats_layers
+        results = self._RunStage(plan, theta, fns, r, current, accumulated[k])
+        if r == 0 and not (k == self.num_stages - 1 and targets is not None):
+          self._CheckStageOutputs(k, results[0].outputs)
+        accumulated[k] = results[-1].accumulator_values
+        stage_stats[k] += [result.stats for result in results]
+        stats_layers[k] = results[-1].stats_layers
         if r == self.num_replicas - 1:
           for acc, value in zip(fns.accumulators, accumulated[k]):
             acc.SetValue(value)
-        current = outs
+        current = [result.outputs for result in results]
       outputs += current
     # Batch-norm statistics summed over all replicas' micro-batches.
     bn_stats = []

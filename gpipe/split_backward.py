@@ -29,6 +29,8 @@ whose gradient computes the input and weight gradients together (a While
 loop's) stays whole in B.
 """
 
+import collections
+
 from gpipe.compat import lingvo_import  # pylint: disable=unused-import
 from gpipe import micro_batch as micro_batch_lib
 from gpipe import pipeline_tasks
@@ -173,75 +175,41 @@ class _Piece:
     return results[0].op, results
 
 
-def _TraceAndSort(stage, theta_specs, arg_specs, acc_specs, d_out_specs,
-                  collect_stats):
-  """Traces a stage's forward + full backward in G and sorts G's ops.
+class _TracedTensors(collections.namedtuple('_TracedTensors', [
+    'theta', 'args', 'seed', 'step', 'acc_in', 'acc_out', 'd_outs', 'outs',
+    'stats', 'd_theta', 'd_args'])):
+  """The named tensors of a stage's trace G: placeholders and results.
 
-  Args:
-    stage: the SplitStageFunctions (its _Body, remat, float outs and args).
-    theta_specs, arg_specs, acc_specs, d_out_specs: the signature.
-    collect_stats: whether this trace defines the stage's output structure.
-
-  Returns:
-    A dict: g (the named tensors of G), graph, captures, stop (placeholder
-    ops), forward / weight ops, w_feeds, and the F and B op sets and
-    targets.
+  Attributes:
+    theta, args, seed, step, acc_in, d_outs: G's placeholders (flat lists,
+      or one tensor for seed and step).
+    outs, stats, acc_out: the forward's outputs, batch-norm statistics and
+      accumulator values.
+    d_theta, d_args: the gradients of theta and of the float inputs.
   """
-  g = {}
 
-  def Full(theta_ph, args_ph, seed_ph, acc_ph, step_ph, d_outs_ph):
-    outs, stats, acc_out = stage._Body(theta_ph, args_ph, seed_ph, step_ph,  # pylint: disable=protected-access
-                                       collect_stats, acc_in=acc_ph)
-    ys = [outs[i] for i in stage._float_outs]  # pylint: disable=protected-access
-    xs = list(theta_ph) + [args_ph[i] for i in stage._float_args]  # pylint: disable=protected-access
-    grads = tf.gradients(ys, xs, grad_ys=list(d_outs_ph),
-                         unconnected_gradients=tf.UnconnectedGradients.ZERO)
-    # A gather's weight gradient is IndexedSlices: densify it inside W.
-    grads = [tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices)
-             else g for g in grads]
-    g.update(theta=list(theta_ph), args=list(args_ph), seed=seed_ph,
-             step=step_ph, acc_in=list(acc_ph), acc_out=acc_out,
-             d_outs=list(d_outs_ph), outs=outs, stats=stats,
-             d_theta=grads[:len(theta_ph)], d_args=grads[len(theta_ph):])
-    return outs + stats + acc_out + grads
+  __slots__ = ()
 
-  full = tf.function(Full, autograph=False).get_concrete_function(
-      theta_specs, arg_specs, tf.TensorSpec([2], tf.int64), acc_specs,
-      stage_lib.STEP_SPEC, d_out_specs)
-  graph = full.graph
-  captures = [(internal, external) for external, internal in graph.captures]
-  placeholders = (g['theta'] + g['args'] + [g['seed']] + g['acc_in'] +
-                  [g['step']] + g['d_outs'] +
-                  [internal for internal, _ in captures])
-  stop = {t.op for t in placeholders}
-  forward = _Ancestors(g['outs'] + g['stats'] + g['acc_out'], stop)
-  input_grad = _Ancestors(g['d_args'], stop)
-  weight = _Ancestors(g['d_theta'], stop) - input_grad - forward
-  w_feeds = _Unique(_BoundaryInputs(weight) +
-                    [t for t in g['d_theta'] if t.op not in weight])
 
-  def Produced(tensors, ops):
-    return [t for t in tensors if t.op in ops]
+class _StageTrace(collections.namedtuple('_StageTrace', [
+    'g', 'graph', 'captures', 'stop', 'forward', 'weight', 'w_feeds', 'b_ops',
+    'b_targets', 'f_ops', 'f_targets', 'f_saved'])):
+  """A stage's trace G and its ops sorted into the F, B and W pieces.
 
-  if stage.remat:
-    # B recomputes the forward and keeps what W needs.
-    b_targets = _Unique(g['d_args'] + [t for t in w_feeds
-                                       if t.op not in stop])
-    b_ops = _Ancestors(b_targets, stop)
-    f_saved = []
-  else:
-    b_targets = _Unique(g['d_args'] + [t for t in w_feeds if t.op not in
-                                       stop and t.op not in forward])
-    b_ops = _Ancestors(b_targets, stop) - forward
-    f_saved = _Unique(Produced(_BoundaryInputs(b_ops), forward) +
-                      Produced(b_targets, forward) +
-                      Produced(w_feeds, forward))
-  f_targets = _Unique(g['outs'] + g['stats'] + g['acc_out'] + f_saved)
-  return dict(g=g, graph=graph, captures=captures, stop=stop,
-              forward=forward, weight=weight, w_feeds=w_feeds,
-              b_ops=b_ops, b_targets=b_targets,
-              f_ops=_Ancestors(f_targets, stop), f_targets=f_targets,
-              f_saved=f_saved)
+  Attributes:
+    g: the _TracedTensors of G.
+    graph: G.
+    captures: (internal, external) tensor pairs G captured.
+    stop: the placeholder ops of G (where ancestor walks stop).
+    forward: the forward ops; weight: the ops only the weight gradient
+      needs (W).
+    w_feeds: the tensors W reads (computed once here).
+    b_ops, b_targets: B's ops and what it returns.
+    f_ops, f_targets, f_saved: F's ops, what it returns, and the forward
+      activations it keeps for B and W (without remat).
+  """
+
+  __slots__ = ()
 
 
 # The default of PipeliningLayer's swap_small_matmul_rows (see its doc).
@@ -303,6 +271,76 @@ class SplitStageFunctions(stage_lib.StageFunctions):
     """Forgets the pending W feeds of a step."""
     self._pending = []
 
+  def _TraceAndSort(self, theta_specs, arg_specs, acc_specs, d_out_specs,
+                    collect_stats):
+    """Traces the stage's forward + full backward in G and sorts G's ops.
+
+    Args:
+      theta_specs: the signature's theta,
+      arg_specs: its inputs,
+      acc_specs: its accumulator values,
+      d_out_specs: and its output gradients (TensorSpecs).
+      collect_stats: whether this trace defines the stage's output structure.
+
+    Returns:
+      A _StageTrace.
+    """
+    named = {}
+
+    def Full(theta_ph, args_ph, seed_ph, acc_ph, step_ph, d_outs_ph):
+      outs, stats, acc_out = self._Body(theta_ph, args_ph, seed_ph, step_ph,
+                                        collect_stats, acc_in=acc_ph)
+      ys = [outs[i] for i in self._float_outs]
+      xs = list(theta_ph) + [args_ph[i] for i in self._float_args]
+      grads = tf.gradients(ys, xs, grad_ys=list(d_outs_ph),
+                           unconnected_gradients=tf.UnconnectedGradients.ZERO)
+      # A gather's weight gradient is IndexedSlices: densify it inside W.
+      grads = [tf.convert_to_tensor(d) if isinstance(d, tf.IndexedSlices)
+               else d for d in grads]
+      named.update(theta=list(theta_ph), args=list(args_ph), seed=seed_ph,
+               step=step_ph, acc_in=list(acc_ph), acc_out=acc_out,
+               d_outs=list(d_outs_ph), outs=outs, stats=stats,
+               d_theta=grads[:len(theta_ph)], d_args=grads[len(theta_ph):])
+      return outs + stats + acc_out + grads
+
+    full = tf.function(Full, autograph=False).get_concrete_function(
+        theta_specs, arg_specs, tf.TensorSpec([2], tf.int64), acc_specs,
+        stage_lib.STEP_SPEC, d_out_specs)
+    graph = full.graph
+    g = _TracedTensors(**named)
+    captures = [(internal, external) for external, internal in graph.captures]
+    placeholders = (g.theta + g.args + [g.seed] + g.acc_in +
+                    [g.step] + g.d_outs +
+                    [internal for internal, _ in captures])
+    stop = {t.op for t in placeholders}
+    forward = _Ancestors(g.outs + g.stats + g.acc_out, stop)
+    input_grad = _Ancestors(g.d_args, stop)
+    weight = _Ancestors(g.d_theta, stop) - input_grad - forward
+    w_feeds = _Unique(_BoundaryInputs(weight) +
+                      [t for t in g.d_theta if t.op not in weight])
+
+    def Produced(tensors, ops):
+      return [t for t in tensors if t.op in ops]
+
+    if self.remat:
+      # B recomputes the forward and keeps what W needs.
+      b_targets = _Unique(g.d_args + [t for t in w_feeds if t.op not in stop])
+      b_ops = _Ancestors(b_targets, stop)
+      f_saved = []
+    else:
+      b_targets = _Unique(g.d_args + [t for t in w_feeds if t.op not in stop
+                                      and t.op not in forward])
+      b_ops = _Ancestors(b_targets, stop) - forward
+      f_saved = _Unique(Produced(_BoundaryInputs(b_ops), forward) +
+                        Produced(b_targets, forward) +
+                        Produced(w_feeds, forward))
+    f_targets = _Unique(g.outs + g.stats + g.acc_out + f_saved)
+    return _StageTrace(
+        g=g, graph=graph, captures=captures, stop=stop,
+        forward=forward, weight=weight, w_feeds=w_feeds, b_ops=b_ops,
+        b_targets=b_targets, f_ops=_Ancestors(f_targets, stop),
+        f_targets=f_targets, f_saved=f_saved)
+
   def _Build(self, theta_flat, args_flat, acc_flat):
     # Output structure, float args.
     super()._Build(theta_flat, args_flat, acc_flat)
@@ -311,29 +349,27 @@ class SplitStageFunctions(stage_lib.StageFunctions):
     arg_specs = stage_lib.Specs(args_flat)
     d_out_specs = [tf.TensorSpec(out_flat[i].shape, out_flat[i].dtype)
                    for i in self._float_outs]
-    t = _TraceAndSort(self, theta_specs, arg_specs,
-                      stage_lib.Specs(acc_flat), d_out_specs, True)
-    g, graph = t['g'], t['graph']
+    t = self._TraceAndSort(theta_specs, arg_specs, stage_lib.Specs(acc_flat),
+                           d_out_specs, True)
+    g, graph = t.g, t.graph
     self._g = g
-    self._captures = t['captures']
-    self._num_stats = len(g['stats'])
-    b_ops = t['b_ops']
+    self._captures = t.captures
+    self._num_stats = len(g.stats)
+    b_ops = t.b_ops
     b_feeds = _Unique(_BoundaryInputs(b_ops) +
-                      [x for x in t['b_targets'] if x.op not in b_ops])
+                      [x for x in t.b_targets if x.op not in b_ops])
     self._pieces = {}
     self._pieces['F'] = _Piece(
-        'F', graph, t['f_ops'],
-        _Unique(_BoundaryInputs(t['f_ops']) +
-                [x for x in t['f_targets'] if x.op in t['stop']]),
-        g['outs'] + g['stats'] + g['acc_out'] + t['f_saved'])
+        'F', graph, t.f_ops,
+        _Unique(_BoundaryInputs(t.f_ops) +
+                [x for x in t.f_targets if x.op in t.stop]),
+        g.outs + g.stats + g.acc_out + t.f_saved)
     self._pieces['B'] = _Piece(
-        'B', graph, b_ops, b_feeds, t['b_targets'], prefix_ops=t['forward'],
+        'B', graph, b_ops, b_feeds, t.b_targets, prefix_ops=t.forward,
         prefix=stage_lib.RECOMPUTE_SCOPE + '/',
-        swapped=_SmallTransposedMatMuls(b_ops, g['theta'], t['stop'],
+        swapped=_SmallTransposedMatMuls(b_ops, g.theta, t.stop,
                                         self._small_matmul_rows))
-    w_feeds = _Unique(_BoundaryInputs(t['weight']) +
-                      [x for x in g['d_theta'] if x.op not in t['weight']])
-    self._pieces['W'] = _Piece('W', graph, t['weight'], w_feeds, g['d_theta'])
+    self._pieces['W'] = _Piece('W', graph, t.weight, t.w_feeds, g.d_theta)
     if self.batch_weights_over:
       self._BuildBatchedWeights(t, theta_specs, arg_specs, acc_flat,
                                 d_out_specs)
@@ -342,7 +378,7 @@ class SplitStageFunctions(stage_lib.StageFunctions):
                            d_out_specs):
     """Traces the stage on M micro-batches' shapes; its W is the W task."""
     m = self.batch_weights_over
-    g = t['g']
+    g = t.g
 
     def Whole(spec):
       dims = spec.shape.as_list()
@@ -351,14 +387,12 @@ class SplitStageFunctions(stage_lib.StageFunctions):
       dims[self._batch_dim] *= m
       return tf.TensorSpec(dims, spec.dtype)
 
-    whole = _TraceAndSort(self, theta_specs, [Whole(s) for s in arg_specs],
-                          stage_lib.Specs(acc_flat),
-                          [Whole(s) for s in d_out_specs], False)
-    wg = whole['g']
+    whole = self._TraceAndSort(theta_specs, [Whole(s) for s in arg_specs],
+                               stage_lib.Specs(acc_flat),
+                               [Whole(s) for s in d_out_specs], False)
+    wg = whole.g
     w_feeds = self._pieces['W'].feeds
-    whole_feeds = _Unique(
-        _BoundaryInputs(whole['weight']) +
-        [x for x in wg['d_theta'] if x.op not in whole['weight']])
+    whole_feeds = whole.w_feeds
     prefix = 'stage %d (%s)' % (self.index, ', '.join(
         layer.params.name for layer in self.layers))
     if len(w_feeds) != len(whole_feeds):
@@ -367,9 +401,9 @@ class SplitStageFunctions(stage_lib.StageFunctions):
           'for the whole batch: it cannot be batched over micro-batches. Set '
           'batched_weight_gradients=False' % (prefix, len(w_feeds),
                                               len(whole_feeds)))
-    shared = {x.ref() for x in g['theta'] + [g['step']]}
+    shared = {x.ref() for x in g.theta + [g.step]}
     shared |= {internal.ref() for internal, _ in self._captures}
-    passed = {x.ref() for x in g['d_theta'] if x.op not in t['weight']}
+    passed = {x.ref() for x in g.d_theta if x.op not in t.weight}
     self._w_merge = []
     for mb, wh in zip(w_feeds, whole_feeds):
       if mb.dtype != wh.dtype:
@@ -387,11 +421,10 @@ class SplitStageFunctions(stage_lib.StageFunctions):
         except ValueError as e:
           raise ValueError('%s: %s' % (prefix, e)) from None
         self._w_merge.append(('concat', axis))
-    self._pieces['W*'] = _Piece('W*', whole['graph'], whole['weight'],
-                                whole_feeds, wg['d_theta'])
+    self._pieces['W*'] = _Piece('W*', whole.graph, whole.weight,
+                                whole_feeds, wg.d_theta)
 
-  def Call(self, theta, args, seed, step, micro_batch, registry,
-           targets=None, check_d_outputs=None, accumulator_values=()):
+  def Call(self, call, registry):
     """Runs the stage on one micro-batch as tasks F, then B and W.
 
     Args and returns as ``StageFunctions.Call``; the backward of the call is
@@ -399,13 +432,16 @@ class SplitStageFunctions(stage_lib.StageFunctions):
     gradients, the last micro-batch's backward also runs the stage's one W
     task for all micro-batches).
     """
-    accumulator_values = list(accumulator_values)
+    theta, args, seed, step, micro_batch, targets, check_d_outputs = (
+        call.theta, call.args, call.seed, call.step, call.micro_batch,
+        call.targets, call.check_d_outputs)
+    accumulator_values = list(call.accumulator_values)
     theta_flat, args_flat = self._Prepare(theta, args, targets,
                                           accumulator_values)
     g = self._g
     env = {}
     for placeholder, value in zip(
-        g['theta'] + g['args'] + [g['seed']] + g['acc_in'] + [g['step']],
+        g.theta + g.args + [g.seed] + g.acc_in + [g.step],
         list(theta_flat) + list(args_flat) + [seed] + accumulator_values +
         [step]):
       env[placeholder.ref()] = value
@@ -427,11 +463,11 @@ class SplitStageFunctions(stage_lib.StageFunctions):
     forward = self._pieces['F']
     feeds = forward.feeds
     grad_of = {}
-    for placeholder, grad in zip(g['theta'], g['d_theta']):
+    for placeholder, grad in zip(g.theta, g.d_theta):
       grad_of[placeholder.ref()] = grad
-    for i, grad in zip(self._float_args, g['d_args']):
-      grad_of[g['args'][i].ref()] = grad
-    theta_refs = {t.ref() for t in g['theta']}
+    for i, grad in zip(self._float_args, g.d_args):
+      grad_of[g.args[i].ref()] = grad
+    theta_refs = {t.ref() for t in g.theta}
 
     def Gradient(op, *d_results):
       """The B and W tasks of this stage and micro-batch."""
@@ -440,7 +476,7 @@ class SplitStageFunctions(stage_lib.StageFunctions):
       d_outs = [d_results[i] for i in self._float_outs]
       if check_d_outputs is not None:
         check_d_outputs(micro_batch, d_outs)
-      for placeholder, d in zip(g['d_outs'], d_outs):
+      for placeholder, d in zip(g.d_outs, d_outs):
         env[placeholder.ref()] = d
       Run(pipeline_tasks.BACKWARD, gradient_pass=gradient_pass)
       if not self.batch_weights_over:
@@ -461,11 +497,12 @@ class SplitStageFunctions(stage_lib.StageFunctions):
     tf_internal.SetGradientFunction(call_op, Gradient)
     # Positionally: the gradient function's d_results follow the call's
     # outputs, and an output may also be listed again (saved for B or W).
-    num_outs, num_stats = len(g['outs']), len(g['stats'])
+    num_outs, num_stats = len(g.outs), len(g.stats)
     outs = micro_batch_lib.Repack(self._out_struct, results[:num_outs])
-    return (outs, results[num_outs:num_outs + num_stats],
-            results[num_outs + num_stats:num_outs + num_stats +
-                    len(g['acc_out'])])
+    return stage_lib.StageResult(
+        outs, list(results[num_outs:num_outs + num_stats]),
+        list(results[num_outs + num_stats:num_outs + num_stats +
+                     len(g.acc_out)]), list(self.stats_layers))
 
   def _RunBatchedWeights(self, env, run, gradient_pass):
     """The stage's one W task on all pending micro-batches' feeds.
@@ -493,5 +530,5 @@ class SplitStageFunctions(stage_lib.StageFunctions):
           values[feed.ref()] = value
     _, results = run(pipeline_tasks.WEIGHT, piece='W*', m=covered,
                      values=values, gradient_pass=gradient_pass)
-    for grad, result in zip(self._g['d_theta'], results):
+    for grad, result in zip(self._g.d_theta, results):
       env[grad.ref()] = result

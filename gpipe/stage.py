@@ -35,6 +35,7 @@ recomputed forward of a backward task runs with accumulators disabled, as
 Lingvo computes gradients.
 """
 
+import collections
 import contextlib
 
 from gpipe.compat import lingvo_import  # pylint: disable=unused-import
@@ -130,6 +131,48 @@ def TracedAccumulators(accumulators, values):
       if values is None:
         acc.Enable()
       acc._value = value  # pylint: disable=protected-access
+
+
+class MicroBatchCall(
+    collections.namedtuple('MicroBatchCall', [
+        'theta', 'args', 'seed', 'step', 'micro_batch', 'targets',
+        'check_d_outputs', 'accumulator_values'
+    ])):
+  """What one call of a stage on one micro-batch takes.
+
+  Attributes:
+    theta: the stage's NestedMap {key: layer theta} of tensors on device.
+    args: the micro-batch inputs (a tuple nest of tensors).
+    seed: the micro-batch seed, an int64 [2] tensor.
+    step: the global step as an int64 scalar on the stage's device
+      (StepOnDevice).
+    micro_batch: the micro-batch index m (for op names and ordering).
+    targets: the loss layer's micro-batch targets (last stage with a loss
+      layer only), else None.
+    check_d_outputs: optional function(micro_batch, d_outputs) called with
+      the gradients of the outputs before the backward task is built.
+    accumulator_values: the accumulators' values before this call (from
+      InitialAccumulatorValues or the previous call).
+  """
+
+  __slots__ = ()
+
+
+class StageResult(
+    collections.namedtuple('StageResult', [
+        'outputs', 'stats', 'accumulator_values', 'stats_layers'
+    ])):
+  """What one call of a stage on one micro-batch gives.
+
+  Attributes:
+    outputs: the stage outputs (a tuple nest).
+    stats: the flat list of batch-norm statistics (count, sum, sum_sq per
+      reporting layer).
+    accumulator_values: the accumulators' values after this call.
+    stats_layers: the batch-norm layers that reported `stats`, in order.
+  """
+
+  __slots__ = ()
 
 
 class StageFunctions:
@@ -279,32 +322,21 @@ class StageFunctions:
     with tf.device(self.device):
       return [acc.GetValue() for acc in self.accumulators]
 
-  def Call(self, theta, args, seed, step, micro_batch, registry,
-           targets=None, check_d_outputs=None, accumulator_values=()):
+  def Call(self, call, registry):
     """Runs the stage on one micro-batch.
 
     Args:
-      theta: this stage's NestedMap {key: layer theta} of tensors on device.
-      args: the micro-batch inputs (a tuple nest of tensors).
-      seed: the micro-batch seed, an int64 [2] tensor.
-      step: the global step as an int64 scalar on this stage's device
-        (StepOnDevice).
-      micro_batch: the micro-batch index m (for op names and ordering).
+      call: a MicroBatchCall.
       registry: the pipeline_tasks.TaskRegistry that orders the ops of this
         stage's forward (F) and backward (B, W) tasks.
-      targets: the loss layer's micro-batch targets (last stage with a loss
-        layer only).
-      check_d_outputs: optional function(micro_batch, d_outputs) called with
-        the gradients of the outputs before the backward task is built.
-      accumulator_values: the accumulators' values before this call (from
-        InitialAccumulatorValues or the previous call).
 
     Returns:
-      (outputs, stats, accumulator_values): the stage outputs (a tuple nest),
-      the flat list of batch-norm statistics (count, sum, sum_sq per
-      reporting layer) and the accumulators' values after this call.
+      A StageResult.
     """
-    accumulator_values = list(accumulator_values)
+    theta, args, seed, step, micro_batch, targets, check_d_outputs = (
+        call.theta, call.args, call.seed, call.step, call.micro_batch,
+        call.targets, call.check_d_outputs)
+    accumulator_values = list(call.accumulator_values)
     theta_flat, args_flat = self._Prepare(theta, args, targets,
                                           accumulator_values)
     num_theta, num_args = len(theta_flat), len(args_flat)
@@ -358,8 +390,9 @@ class StageFunctions:
 
     tf_internal.SetGradientFunction(call_op, Gradient)
     outs = micro_batch_lib.Repack(self._out_struct, results[:num_outs])
-    return (outs, list(results[num_outs:num_outs + num_stats]),
-            list(results[num_outs + num_stats:]))
+    return StageResult(outs, list(results[num_outs:num_outs + num_stats]),
+                       list(results[num_outs + num_stats:]),
+                       list(self.stats_layers))
 
 
 def AccumulationViews(theta, backward_order, device, low_dtypes=None):
