@@ -156,7 +156,7 @@ def _PlacementError(schedule, k, d, where, stage_devices):
             '%d devices (%s): give each stage its own device, or use a '
             'schedule for several stages per device (%s)' % (
                 schedule.name, k, d, list(stage_devices), ', '.join(
-                    s.name for s in _REGISTRY.values()
+                    repr(s.name) for s in _REGISTRY.values()
                     if s.placement in (ROUND_ROBIN, V_SHAPE, ANY))))
   if rule == ROUND_ROBIN and (
       k % d or where != orders_lib.RoundRobinPlacement(k, d)):
