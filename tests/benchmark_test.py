@@ -53,17 +53,8 @@ def _SimulatedStep(config):
   return simulated_runner.SimulatedRunner().Add(config)
 
 
-class _LocalCluster:
-  """This process's virtual CPUs as a runner cluster (no worker processes)."""
-
-  def __init__(self):
-    self.devices = ['/job:localhost/replica:0/task:0/device:CPU:%d' % i
-                    for i in range(NUM_LOCAL_CPUS)]
-    self.target = ''
-    self.pids = []
-
-  def Stop(self):
-    pass
+LOCAL_DEVICES = ['/job:localhost/replica:0/task:0/device:CPU:%d' % i
+                 for i in range(NUM_LOCAL_CPUS)]
 
 
 class _InProcessRunner(runner.Runner):
@@ -71,7 +62,7 @@ class _InProcessRunner(runner.Runner):
 
   def Cluster(self, impl, num_stages):
     del impl, num_stages  # Every configuration shares the local devices.
-    return _LocalCluster()
+    return simulated_runner.Cluster(LOCAL_DEVICES, '')
 
 
 class BenchmarkTest(test_utils.TestCase):
@@ -244,7 +235,7 @@ class BenchmarkTest(test_utils.TestCase):
             timeline.ParseStepStats(metadata.step_stats), metadata)
     finally:
       steps.Close()
-    devices = _LocalCluster().devices
+    devices = LOCAL_DEVICES
     # ZB-V: each device runs F, B and W of its 2 stages for both
     # micro-batches.
     tasks, _ = traced['gpipe', 1, 'zb_v']

@@ -30,10 +30,12 @@ Labels: ``//pkg:name`` must be a target of ``pkg/BUILD``.
 
 import argparse
 import collections
+import contextlib
 import difflib
 import fnmatch
 import functools
 import glob
+import io
 import os
 import re
 import runpy
@@ -86,7 +88,12 @@ class Binary:
     self._Capture()
 
   def _Capture(self):
-    """Runs the module as __main__ until it parses its arguments."""
+    """Runs the module as __main__ until it parses its arguments.
+
+    An argparse parser (with its subcommands) or absl's app.run is stopped
+    before it parses anything; a binary that uses neither runs to its end
+    and has no flags.
+    """
     captured = []
 
     def Parse(parser, *unused_args, **unused_kwargs):
@@ -94,26 +101,31 @@ class Binary:
       raise _Captured()
 
     def Run(*unused_args, **unused_kwargs):
+      captured.append(flags.FLAGS)
       raise _Captured()
 
     argv = sys.argv
     try:
       with mock.patch.object(argparse.ArgumentParser, 'parse_args', Parse), \
           mock.patch.object(argparse.ArgumentParser, 'parse_known_args',
-                            Parse), mock.patch.object(app, 'run', Run):
+                            Parse), mock.patch.object(app, 'run', Run), \
+          contextlib.redirect_stdout(io.StringIO()):
         sys.argv = [self.module]
         runpy.run_module(self.module, run_name='__main__', alter_sys=True)
-    except _Captured:
+    except (_Captured, SystemExit):  # A binary without flags may exit.
       pass
     finally:
       sys.argv = argv
-    if captured:
+    if not captured:
+      return
+    if isinstance(captured[0], argparse.ArgumentParser):
       self._ReadParser(captured[0])
-    else:  # absl: every flag defined by the modules it imported.
-      for name in list(flags.FLAGS):
-        self.options.add('--' + name)
-        if flags.FLAGS[name].boolean:
-          self.negatable.add('--no' + name)
+      return
+    # absl: every flag defined by the modules the binary imported.
+    for name in list(flags.FLAGS):
+      self.options.add('--' + name)
+      if flags.FLAGS[name].boolean:
+        self.negatable.add('--no' + name)
 
   def _ReadParser(self, parser):
     self.options.update(o for o in parser._option_string_actions  # pylint: disable=protected-access

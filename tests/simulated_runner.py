@@ -45,13 +45,12 @@ IMPL_FACTOR = {'gpipe': 1.0, 'inline': 1.25, 'lingvo': 0.5, 'plain': 0.4}
 ACTIVATIONS_PER_LAYER = 4
 
 
-class _SimulatedCluster:
-  """The devices of K worker processes that are never started."""
+class Cluster:
+  """A runner cluster without processes: devices and a session target."""
 
-  def __init__(self, num_workers):
-    self.devices = ['/job:worker/replica:0/task:%d/device:CPU:0' % i
-                    for i in range(num_workers)]
-    self.target = 'simulated'
+  def __init__(self, devices, target):
+    self.devices = devices
+    self.target = target
     self.pids = []
 
   def Stop(self):
@@ -64,8 +63,10 @@ class SimulatedRunner(runner_lib.Runner):
   def Cluster(self, impl, num_stages):
     key = (impl, num_stages)
     if key not in self._clusters:
-      self._clusters[key] = _SimulatedCluster(
-          num_stages if impl in ('gpipe', 'inline') else 1)
+      workers = num_stages if impl in ('gpipe', 'inline') else 1
+      self._clusters[key] = Cluster(
+          ['/job:worker/replica:0/task:%d/device:CPU:0' % i
+           for i in range(workers)], 'simulated')
     return self._clusters[key]
 
   def Add(self, config):
