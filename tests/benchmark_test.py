@@ -1,4 +1,4 @@
-"""tools/benchmark/: each subcommand's logic, quickly, and real steps at tiny sizes.
+"""tools/benchmark/: each subcommand's logic, quickly; real steps at tiny sizes.
 
 Most tests run a subcommand on ``tests.simulated_runner``: its steps are
 simulated from their schedules (no graphs, no worker processes), so in

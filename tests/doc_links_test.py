@@ -128,15 +128,15 @@ class Binary:
         self.negatable.add('--no' + name)
 
   def _ReadParser(self, parser):
-    self.options.update(o for o in parser._option_string_actions  # pylint: disable=protected-access
-                        if o.startswith('--'))
-    for action in parser._actions:  # pylint: disable=protected-access
-      if isinstance(action, argparse._SubParsersAction):  # pylint: disable=protected-access
+    # pylint: disable=protected-access
+    self.options.update(_LongOptions(parser))
+    for action in parser._actions:
+      if isinstance(action, argparse._SubParsersAction):
         for name, sub in action.choices.items():
-          self.subcommands[name] = {
-              o for o in sub._option_string_actions if o.startswith('--')}  # pylint: disable=protected-access
+          self.subcommands[name] = _LongOptions(sub)
 
   def Knows(self, flag, subcommand=None):
+    """Whether the binary (with `subcommand`, if it has it) takes `flag`."""
     if subcommand in self.subcommands:
       known = self.subcommands[subcommand] | self.options
     else:
@@ -144,6 +144,7 @@ class Binary:
     return flag in known or flag in self.negatable
 
   def Similar(self, flag, subcommand=None):
+    """Up to two flags of the binary spelled like `flag`, for messages."""
     if subcommand in self.subcommands:
       known = self.subcommands[subcommand] | self.options
     else:
@@ -152,11 +153,17 @@ class Binary:
                                      cutoff=0.7)
 
 
+def _LongOptions(parser):
+  options = parser._option_string_actions  # pylint: disable=protected-access
+  return {o for o in options if o.startswith('--')}
+
+
 @functools.lru_cache(maxsize=None)
 def _Binary(module):
   return Binary(module)
 
 
+@functools.lru_cache(maxsize=None)
 def _TopLevel():
   """The repository's top-level entries, without ignored and hidden ones."""
   ignored = ['.*', 'bazel-*']
@@ -171,10 +178,11 @@ def _TopLevel():
 
 @functools.lru_cache(maxsize=None)
 def _FileNames():
+  """The names of the repository's files and top-level entries."""
   names = set()
   top = _TopLevel()
   for name in top:
-    for dirpath, dirnames, filenames in os.walk(os.path.join(ROOT, name)):
+    for _, dirnames, filenames in os.walk(os.path.join(ROOT, name)):
       dirnames[:] = [d for d in dirnames if not d.startswith('.')]
       names.update(filenames)
   return names | top
