@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Sets up the machine (tools/setup/setup.sh) and runs every test with Bazel, offline.
 # Extra arguments go to `bazel test` (e.g. ./test.sh //tests:pipeline_test).
-# Ends with a summary line "N passed, N failed" counting Bazel test targets.
+# Ends with the five slowest test targets (Bazel's time of each, the slowest
+# shard's for a sharded target) and a last line "N passed, N failed"
+# counting Bazel test targets.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")"
 tools/setup/setup.sh || exit 1
@@ -12,7 +14,16 @@ bazel test --color=no --curses=no "${targets[@]}" 2>&1 | tee "$log"
 rc=${PIPESTATUS[0]}
 passed=$(grep -cE '^//[^ ]+ +(\(cached\) )?PASSED' "$log")
 failed=$(grep -cE '^//[^ ]+ +(\(cached\) )?(FAILED|TIMEOUT|NO STATUS|FLAKY|INCOMPLETE)' "$log")
+# Bazel's summary lines: "//tests:x_test   (cached) PASSED in 17.8s".
+slowest=$(sed -nE 's#^(//[^ ]+) +(.*) in ([0-9.]+)s$#\3 \1 \2#p' "$log" |
+          sort -rn | head -5)
 rm -f "$log"
+if [[ -n $slowest ]]; then
+  echo "Slowest test targets:"
+  while read -r secs target status; do
+    printf '  %7.1f s  %-45s %s\n' "$secs" "$target" "$status"
+  done <<< "$slowest"
+fi
 if [[ $rc -ne 0 && $failed -eq 0 ]]; then
   failed=1  # the build itself failed before any test could report
 fi

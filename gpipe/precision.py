@@ -65,7 +65,7 @@ def ParseFPropDtype(name):
 def SetFPropDtype(params, name):
   """Sets `fprop_dtype` on every layer params in `params` (in place).
 
-  float32 leaves the params alone (float32 compute, as before). Variables
+  float32 leaves the params alone (float32 compute). Variables
   keep their dtype (float32): only the compute dtype changes.
 
   Args:
@@ -98,7 +98,7 @@ def KeepLossInMasterDtype(pipeline_params, loss_params):
   Whatever fprop_dtype it was given (SetFPropDtype, or Lingvo's
   CopyBaseParams from the pipeline): the loss is float32 under mixed
   precision. Without mixed precision the params are left alone (the loss
-  layer then inherits the pipeline's dtype, e.g. float64, as before).
+  layer then inherits the pipeline's dtype, e.g. float64).
 
   Args:
     pipeline_params: the pipeline's params.

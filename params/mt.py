@@ -7,7 +7,8 @@ Names are ``mt.<ClassName>`` (Lingvo's registry):
   ``mt.T6_8192_16`` (400M), ``mt.T24_8192_16`` (1.3B, 4 stages),
   ``mt.T12_16384_32`` (1.3B, 2 stages), ``mt.T32_16384_32`` (3B, 8 stages),
   ``mt.T64_16384_32`` (6B, 128 layers, 16 stages). They read
-  ``ted_multi_translate`` (tfds; prepare it offline) with temperature T=5
+  ``ted_multi_translate`` (tfds: prepare it with ``tfds build``, see the
+  README's "Training on real data") with temperature T=5
   sampling of the language pairs. Deep models scale the feed-forward init by
   1/L and clip logits, the paper's trainability fixes.
 * Transformer-L (Table 1): decoder-only language models with d_model 2048,
@@ -292,7 +293,7 @@ class NumbersSmall(TransformerMTBase):
 
 @model_registry.RegisterSingleTaskModel
 class T64Structure_Numbers(NumbersSmall):  # pylint: disable=invalid-name
-  """The structure of ``T64_16384_32`` at a width this CPU machine can train.
+  """The structure of ``T64_16384_32`` at a width a 2-core CPU can train.
 
   64 encoder + 64 decoder layers (128 Transformer layers), 16 stages, 32
   micro-batches and the deep-model fixes of T64_16384_32 (feed-forward init
@@ -306,8 +307,8 @@ class T64Structure_Numbers(NumbersSmall):  # pylint: disable=invalid-name
         --step_timeout_secs=2400 --trace_every_n_steps=0
 
   (Measured in docs/BENCHMARKS.md, "Scale": its first step takes minutes and
-  worker 0, the session's master, peaks at about 10.7 GB; a traced step does
-  not fit in this machine's 23 GB.)
+  worker 0, the session's master, peaks at about 10.7 GB; a traced step
+  needs more than 23 GB.)
   """
   MODEL_DIM = 32
   HIDDEN_DIM = 64
@@ -326,8 +327,8 @@ class T64Structure_Tiny(T64Structure_Numbers):  # pylint: disable=invalid-name
 
   The same pipeline shape as ``T64Structure_Numbers`` (16 stages on 16 worker
   processes, the deep-model fixes) with 8 + 8 Transformer layers at d_model 16
-  and 16 micro-batches, so it builds and trains a few steps in about a
-  minute here.
+  and 16 micro-batches, so it builds and trains a few steps in minutes on a
+  2-core CPU.
   """
   MODEL_DIM = 16
   HIDDEN_DIM = 32

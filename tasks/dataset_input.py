@@ -8,12 +8,51 @@ dropped, so the pipeline always sees static shapes) and skips
 ``p.skip_batches`` batches first. The trainer sets ``skip_batches`` to the
 number of batches already consumed when it resumes from a checkpoint, so a
 resumed run sees exactly the batches an uninterrupted run would have seen.
+
+``LoadTfds`` reads a prepared tensorflow-datasets data set for the inputs
+that use one, and says how to prepare it when it is missing.
 """
 
 from gpipe.compat import lingvo_import  # pylint: disable=unused-import
 from lingvo import compat as tf
 from lingvo.core import base_input_generator
 from lingvo.core import py_utils
+
+
+def LoadTfds(name, split, data_dir=None, download=False, hint='', **kwargs):
+  """A tfds data set's split, files in order, or an error saying what to do.
+
+  Args:
+    name: the tfds name, with its config if any ('wmt14_translate/de-en').
+    split: e.g. 'train', 'test'.
+    data_dir: where the prepared data is (None: tfds's default,
+      ~/tensorflow_datasets).
+    download: let tfds download and prepare a missing data set there.
+    hint: more advice for the error message, e.g. about a manual download.
+    **kwargs: more arguments of ``tfds.load``.
+
+  Returns:
+    The ``tf.data.Dataset`` of ``tfds.load``.
+
+  Raises:
+    ValueError: the data set is not prepared in `data_dir` (and could not
+      be downloaded): names it, the data_dir, and how to prepare it.
+  """
+  # Imported here: tensorflow_datasets is slow to import and only the tfds
+  # inputs need it.
+  import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
+  try:
+    return tfds.load(name, split=split, data_dir=data_dir, download=download,
+                     shuffle_files=False, **kwargs)
+  except (AssertionError, FileNotFoundError,
+          tfds.core.DatasetNotFoundError) as e:
+    raise ValueError(
+        'tfds data set %r (split %r) is not prepared in data_dir %r '
+        '(download=%s). Prepare it on a machine with network access '
+        '(`tfds build %s --data_dir=DIR`, then copy DIR over) and point '
+        'data_dir at it (trainer: --model_params_override=input.data_dir='
+        'DIR)%s. Cause: %s' % (name, split, data_dir, download, name, hint,
+                               e)) from e
 
 
 class DatasetInput(base_input_generator.BaseInputGenerator):

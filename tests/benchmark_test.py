@@ -1,21 +1,68 @@
-"""tools/benchmark/: every subcommand at a tiny size (no speed checks)."""
+"""tools/benchmark/: each subcommand's logic, quickly; real steps at tiny sizes.
+
+Most tests run a subcommand on ``tests.simulated_runner``: its steps are
+simulated from their schedules (no graphs, no worker processes), so in
+seconds a test checks which configurations the subcommand compares and that
+what it reports from their step times, traces and memory records is what the
+simulation predicts. Real steps are built and run, in this process on
+virtual CPUs, by ``testStepsOfEveryImplementation`` (ours with a schedule and
+with replicas, Lingvo's GPipe, plain and inline) and ``testCost...`` (the
+cost subcommand's traced steps, with batched weight gradients; its kernel
+floor on two pinned worker processes).
+"""
 
 from gpipe.compat import lingvo_import  # pylint: disable=unused-import
 
 import contextlib
 import io
 import json
+import math
 import os
 import tempfile
+from unittest import mock
 
+from gpipe import schedule
+from gpipe.measure import timeline
 from lingvo import compat as tf
 from lingvo.core import test_utils
+from tests import simulated_runner
 from tools.benchmark import cli
 from tools.benchmark import floor
 from tools.benchmark import memory
 from tools.benchmark import runner
 
 PNG_MAGIC = b'\x89PNG'
+# The memory cap of testMemory: the simulated transformer's boundaries for
+# every mode lie below its 12 layers.
+CAP_MIB = 1.0
+# Virtual CPU devices of this process for the in-process real steps; set
+# before TensorFlow's runtime starts.
+NUM_LOCAL_CPUS = 2
+tf.config.set_logical_device_configuration(
+    tf.config.list_physical_devices('CPU')[0],
+    [tf.config.LogicalDeviceConfiguration()] * NUM_LOCAL_CPUS)
+
+
+def _Simulated():
+  """Runs subcommands on simulated steps (tests.simulated_runner)."""
+  return mock.patch.object(runner, 'Runner', simulated_runner.SimulatedRunner)
+
+
+def _SimulatedStep(config):
+  """What the simulated runner makes of `config` (the prediction)."""
+  return simulated_runner.SimulatedRunner().Add(config)
+
+
+LOCAL_DEVICES = ['/job:localhost/replica:0/task:0/device:CPU:%d' % i
+                 for i in range(NUM_LOCAL_CPUS)]
+
+
+class _InProcessRunner(runner.Runner):
+  """runner.Runner building and running real steps in this process."""
+
+  def Cluster(self, impl, num_stages):
+    del impl, num_stages  # Every configuration shares the local devices.
+    return simulated_runner.Cluster(LOCAL_DEVICES, '')
 
 
 class BenchmarkTest(test_utils.TestCase):
@@ -25,7 +72,7 @@ class BenchmarkTest(test_utils.TestCase):
     json_path = os.path.join(out_dir, command + '.json')
     png_path = os.path.join(out_dir, command + '.png')
     stdout = io.StringIO()
-    with contextlib.redirect_stdout(stdout):
+    with contextlib.redirect_stdout(stdout), _Simulated():
       cli.main([command, '--quick', '--json', json_path, '--plot',
                 png_path] + list(flags))
     text = stdout.getvalue()
@@ -43,27 +90,50 @@ class BenchmarkTest(test_utils.TestCase):
 
   def testSchedules(self):
     result, text, _ = self._Run('schedules', '--models', 'transformer',
-                                '--micro_batches', '2', '--memory_m', '2')
+                                '--micro_batches', '2', '--memory_m', '4')
     model = result['models']['transformer']
     got = {(c['schedule'], c['K'], c['v'], c['M']) for c in model['configs']}
     self.assertEqual(got, {('gpipe', 1, 1, 1), ('gpipe', 2, 1, 2),
                            ('1f1b', 2, 1, 2), ('interleaved_1f1b', 2, 2, 2),
                            ('zb_h1', 2, 1, 2), ('zb_v', 2, 2, 2)})
+    shape = dict(num_layers=model['num_layers'], batch=model['batch'],
+                 width=model['width'])
+    base = _SimulatedStep(runner.Config(
+        'gpipe', 'transformer', shape['num_layers'], shape['batch'], 1, 1,
+        'always', shape['width'], 1, 'gpipe'))
     for c in model['configs']:
-      self.assertGreater(c['seconds'], 0)
+      step = _SimulatedStep(runner.Config(
+          'gpipe', 'transformer', shape['num_layers'], shape['batch'], c['K'],
+          c['M'], 'always', shape['width'], c['v'], c['schedule']))
+      self.assertAllClose(c['seconds'], step.seconds)
+      self.assertAllClose(c['speedup'], base.seconds / step.seconds)
       if c['K'] == 2:
+        # Each device's idle share of the traced tasks' span.
         self.assertLen(c['measured_bubbles'], 2)
         self.assertTrue(all(0 <= b < 1 for b in c['measured_bubbles']))
+        self.assertEqual(c['formula_bubble'], schedule.BubbleFormula(
+            c['schedule'], 2, c['v'], c['M']))
+        if c['schedule'] == 'gpipe':
+          # Fill-drain's bubble does not depend on the task costs.
+          self.assertAllClose(c['measured_bubbles'], [c['formula_bubble']] * 2)
+    # remat='never', M=4: 1F1B holds K=2 micro-batches' activations, not 4.
     self.assertLen(model['memory'], 5)
     for m in model['memory']:
       self.assertTrue(all(p > 0 for p in m['peak_bytes']), m)
+    ratios = {m['schedule']: m['ratio_to_gpipe'] for m in model['memory']}
+    self.assertEqual(ratios['gpipe'], [1.0, 1.0])
+    self.assertLess(ratios['1f1b'][0], 1.0)
     self.assertIn('| zb_v | 2 | 2 |', text)
+    self.assertIn('Best M per schedule', text)
 
   def testCostRunsBatchedWeightsBesideTheDefault(self):
+    # Real steps and traces: the pipeline's in this process, the kernel
+    # floor's on its two pinned worker processes.
     out_dir = tempfile.mkdtemp()
     json_path = os.path.join(out_dir, 'cost.json')
     stdout = io.StringIO()
-    with contextlib.redirect_stdout(stdout):
+    with contextlib.redirect_stdout(stdout), mock.patch.object(
+        runner, 'Runner', _InProcessRunner):
       cli.main(['cost', '--quick', '--json', json_path, '--model', 'dense'])
     with open(json_path) as f:
       result = json.load(f)
@@ -95,10 +165,13 @@ class BenchmarkTest(test_utils.TestCase):
 
   def testCostFloorIsSkippedWhereItIsNotDefined(self):
     stdout = io.StringIO()
-    with contextlib.redirect_stdout(stdout):
+    with contextlib.redirect_stdout(stdout), _Simulated():
       result = cli.main(['cost', '--quick', '--model', 'transformer',
                          '--no-batched_weight_gradients'])
     self.assertEqual(result, 0)
+    # K=1 M=1 and K=2 M=2 only: no batched weight gradients.
+    self.assertIn('M=2 |', stdout.getvalue())
+    self.assertNotIn('batched W', stdout.getvalue())
     self.assertIn('Kernel floor: measured for the dense model in float32 at '
                   'K=2 only; this run is transformer', stdout.getvalue())
 
@@ -134,6 +207,52 @@ class BenchmarkTest(test_utils.TestCase):
     with self.assertRaisesRegex(ValueError, '3 layers do not make two equal'):
       floor.Floor(3, 8, 8, [2])
 
+  def testStepsOfEveryImplementation(self):
+    # Real graphs and sessions, in this process: ours with a schedule (the
+    # loss inside the pipeline, stages in a V), ours with two replicas,
+    # Lingvo's GPipe, plain TensorFlow and the inline micro-batches.
+    configs = [
+        runner.Config('gpipe', 'dense', 4, 4, 2, 2, 'always', 16, 2, 'zb_v'),
+        runner.Config('gpipe', 'dense', 4, 4, 1, 2, 'always', 16,
+                      replicas=2),
+        runner.Config('lingvo', 'dense', 4, 4, 2, 2, 'always', 16),
+        runner.Config('plain', 'dense', 4, 4, 1, 1, 'never', 16),
+        runner.Config('inline', 'dense', 4, 4, 1, 2, 'never', 16)]
+    steps = _InProcessRunner(log=lambda *unused: None)
+    try:
+      traced = {}
+      for config in configs:
+        step = steps.Add(config)
+        before = step.session.run(step.variables)
+        self.assertTrue(math.isfinite(step.session.run(step.loss)))
+        seconds, metadata = step.Run(trace=True)
+        self.assertGreater(seconds, 0)
+        # The step updated the weights.
+        after = step.session.run(step.variables)
+        self.assertTrue(any((b != a).any() for b, a in zip(before, after)),
+                        config.label)
+        traced[config.impl, config.replicas, config.schedule] = (
+            timeline.ParseStepStats(metadata.step_stats), metadata)
+    finally:
+      steps.Close()
+    devices = LOCAL_DEVICES
+    # ZB-V: each device runs F, B and W of its 2 stages for both
+    # micro-batches.
+    tasks, _ = traced['gpipe', 1, 'zb_v']
+    for device in devices:
+      phases = sorted(t.phase + str(t.micro_batch) for t in tasks
+                      if t.device == device)
+      self.assertEqual(phases, sorted(2 * ['B0', 'B1', 'F0', 'F1', 'W0', 'W1']),
+                       device)
+    # Two replicas: each device runs one replica's forward tasks.
+    tasks, _ = traced['gpipe', 2, None]
+    self.assertEqual({t.device for t in tasks if t.phase == 'F'},
+                     set(devices))
+    # Lingvo's GPipe: its two cells on the two virtual CPUs.
+    _, metadata = traced['lingvo', 1, None]
+    busy = {d.device for d in metadata.step_stats.dev_stats if d.node_stats}
+    self.assertContainsSubset(devices, busy)
+
   def testThroughput(self):
     result, text, _ = self._Run('throughput', '--models', 'transformer')
     configs = result['models']['transformer']['configs']
@@ -147,52 +266,96 @@ class BenchmarkTest(test_utils.TestCase):
               ('plain', 1, 1, 1, n), ('gpipe', 1, 1, 1, n),
               ('gpipe', 1, 2, 1, n), ('inline', 1, 1, 1, n),
               ('inline', 1, 2, 1, n)])
-    headline = result['models']['transformer']['headline']
-    for key in ('pipeline_overhead_fraction',
-                'inline_micro_batch_cost_fraction', 'looping_speedup_K2',
-                'looping_ours_over_lingvo_K2'):
-      self.assertIsNotNone(headline[key], key)
+    model = result['models']['transformer']
+    shape = model['shape']
+    seconds = {}
     for c in configs:
-      self.assertGreater(c['step_seconds'], 0)
-      self.assertLen(c['all_step_seconds'], 1)
-    base = [c for c in configs if c['impl'] == 'gpipe' and c['K'] == 1 and
-            c['M'] == 1][0]
-    self.assertAllClose(base['speedup_vs_gpipe_K1M1'], 1.0)
-    self.assertEqual(result['models']['transformer']['headline']['best_M'] in
-                     (1, 2), True)
-    self.assertIn('Headline:', text)
+      step = _SimulatedStep(runner.Config(
+          c['impl'], 'transformer', shape['num_layers'], shape['batch'],
+          c['K'], c['M'], c['remat'], shape['width'], c['v']))
+      self.assertEqual(c['all_step_seconds'], [step.seconds])  # --steps 1
+      self.assertAllClose(c['step_seconds'], step.seconds)
+      seconds[(c['impl'], c['K'], c['M'], c['v'], c['remat'])] = step.seconds
+    ours = lambda k, m, v=1: seconds[('gpipe', k, m, v, a)]
+    for c in configs:
+      self.assertAllClose(c['speedup_vs_gpipe_K1M1'],
+                          ours(1, 1) / c['step_seconds'])
+    headline = model['headline']
+    # Simulated fill-drain at K=2 gains most at the largest M.
+    self.assertEqual(headline['best_M'], 2)
+    self.assertAllClose(headline['speedup_best_M'], ours(1, 1) / ours(2, 2))
+    self.assertEqual(headline['looping_best_v'], 2)
+    self.assertAllClose(headline['looping_speedup_K2'],
+                        ours(1, 1) / ours(2, 2, 2))
+    self.assertAllClose(headline['looping_ours_over_lingvo_K2'],
+                        seconds[('lingvo', 2, 2, 1, a)] / ours(2, 2, 2))
+    self.assertAllClose(
+        headline['ours_over_lingvo_K2_by_M'],
+        {str(m): seconds[('lingvo', 2, m, 1, a)] / ours(2, m) for m in (1, 2)})
+    self.assertAllClose(headline['micro_batch_overhead_fraction'],
+                        1 - ours(1, 1) / ours(1, 2))
+    self.assertAllClose(
+        headline['pipeline_overhead_fraction'],
+        1 - seconds[('inline', 1, 2, 1, n)] / seconds[('gpipe', 1, 2, 1, n)])
+    self.assertIn('Headline: K=2 M=8 speed-up n/a; best M=2 %.2fx' %
+                  headline['speedup_best_M'], text)
 
   def testDataParallel(self):
     result, text, _ = self._Run('data_parallel', '--models', 'transformer')
     model = result['models']['transformer']
     self.assertEqual([(1, 1, 1), (1, 1, 2), (2, 1, 1)],
                      [(c['R'], c['K'], c['M']) for c in model['configs']])
-    for c in model['configs']:
-      self.assertGreater(c['step_seconds'], 0)
-      self.assertGreaterEqual(c['tail_seconds'], 0)
-      self.assertGreaterEqual(c['head_seconds'], 0)
-      # Shares only where there is a second replica.
-      self.assertEqual(c['R'] == 2, c['allreduce_share'] is not None)
-    self.assertAllClose(model['configs'][0]['speedup_vs_R1K1M1'], 1.0)
-    self.assertIsNotNone(model['headline']['speedup_R2K1'])
+    shape = model['shape']
+    steps = [_SimulatedStep(runner.Config(
+        'gpipe', 'transformer', shape['num_layers'], shape['batch'], c['K'],
+        c['M'], 'always', shape['width'], replicas=c['R']))
+             for c in model['configs']]
+    for c, step in zip(model['configs'], steps):
+      self.assertAllClose(c['step_seconds'], step.seconds)
+      self.assertAllClose(c['speedup_vs_R1K1M1'],
+                          steps[0].seconds / step.seconds)
+      # The tail after the last backward task: the update, and with two
+      # replicas their gradient sum first; both replicas start at once.
+      self.assertAllClose(c['tail_seconds'], step.seconds - step.update_start +
+                          (simulated_runner.ALLREDUCE_SECS if c['R'] == 2
+                           else 0.0), atol=2e-6)
+      self.assertAllClose(c['head_seconds'], 0.0)
+      if c['R'] == 2:
+        self.assertAllClose(c['allreduce_share'],
+                            simulated_runner.ALLREDUCE_SECS / step.seconds,
+                            atol=1e-4)
+      else:
+        self.assertIsNone(c['allreduce_share'])
+    self.assertAllClose(model['headline']['speedup_R2K1'],
+                        steps[0].seconds / steps[2].seconds)
     self.assertIn('| 2 | 1 | 1 | 2 |', text)
     self.assertIn('Headline: R=2, K=1 runs', text)
 
   def testMemory(self):
+    cap = CAP_MIB * (1 << 20)
     result, text, _ = self._Run('memory', '--models', 'transformer',
-                                '--max_layers', '6')
+                                '--max_layers', '12', '--cap_mib',
+                                str(CAP_MIB))
     modes = result['models']['transformer']
     self.assertCountEqual(modes, ['naive-1', 'pipeline-1', 'pipeline-2'])
     for mode in modes.values():
-      fit = mode['fit']
-      if fit:
-        # Fitting means parameters + measured step peak within the cap.
-        self.assertLessEqual(fit['fits_bytes'], 4 * (1 << 20))
-        self.assertGreater(fit['step_peak_bytes'], 0)
-      if mode['first_not_fitting']:
-        self.assertGreater(mode['first_not_fitting']['fits_bytes'],
-                           4 * (1 << 20))
-    self.assertIn('pipeline-1', text)
+      # Fitting means parameters + measured step peak within the cap; one
+      # more layer (per stage) does not fit.
+      fit, over = mode['fit'], mode['first_not_fitting']
+      self.assertLessEqual(fit['fits_bytes'], cap)
+      self.assertGreater(fit['step_peak_bytes'], 0)
+      if over:
+        self.assertGreater(over['fits_bytes'], cap)
+        self.assertLessEqual(over['num_layers'] - fit['num_layers'], 2)
+    # Re-materialization keeps one input per micro-batch instead of every
+    # layer's activations: more layers fit.
+    layers = {name: mode['fit']['num_layers'] for name, mode in modes.items()}
+    self.assertLess(layers['naive-1'], layers['pipeline-1'])
+    self.assertLessEqual(layers['pipeline-1'], layers['pipeline-2'])
+    self.assertAllClose(
+        result['pipeline1_over_naive1_layers']['transformer'],
+        layers['pipeline-1'] / layers['naive-1'])
+    self.assertIn('Headline: pipeline-1 fits transformer', text)
 
   def _Search(self, cost, cap, max_layers, step_size):
     calls = []
@@ -241,9 +404,8 @@ class BenchmarkTest(test_utils.TestCase):
     self.assertEqual([c['M'] for c in result['configs']], [1, 2])
     for c in result['configs']:
       self.assertAllClose(c['model_bubble'], 1.0 / (c['M'] + 1))
-      self.assertLen(c['measured_bubbles'], 2)
-      for b in c['measured_bubbles']:
-        self.assertBetween(b, 0.0, 1.0)
+      # The simulated fill-drain step idles exactly as the model says.
+      self.assertAllClose(c['measured_bubbles'], [c['model_bubble']] * 2)
       # Every forward and backward task of both stages was traced.
       self.assertLen(c['tasks'], 2 * 2 * c['M'])
     with open(timeline_png, 'rb') as f:

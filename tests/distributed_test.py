@@ -4,7 +4,6 @@ from gpipe.compat import lingvo_import  # pylint: disable=unused-import
 
 import os
 import signal
-import time
 
 from gpipe import local_cluster
 from gpipe import pipeline
@@ -15,6 +14,7 @@ import numpy as np
 from lingvo import compat as tf
 from lingvo.core import py_utils
 from lingvo.core import test_utils
+from tests import polling
 from tests import toy_layers
 
 
@@ -124,16 +124,18 @@ class DistributedPipelineTest(test_utils.TestCase):
     try:
       cluster.CheckAlive()
       os.kill(cluster.pids[0], signal.SIGKILL)
-      for _ in range(50):
+
+      def Reported():
         try:
           cluster.CheckAlive()
         except local_cluster.WorkerDiedError as e:
-          self.assertIn('pipeline worker 0', str(e))
-          self.assertIn('exited with code', str(e))
-          break
-        time.sleep(0.1)
-      else:
-        self.fail('the dead worker was not reported')
+          return str(e)
+        return None
+
+      message = polling.WaitUntil(Reported, 'the dead worker to be reported',
+                                  timeout_secs=10)
+      self.assertIn('pipeline worker 0', message)
+      self.assertIn('exited with code', message)
     finally:
       cluster.Stop()
 

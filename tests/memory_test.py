@@ -17,6 +17,7 @@ from gpipe import pipeline
 from lingvo import compat as tf
 from lingvo.core import py_utils
 from lingvo.core import test_utils
+from tests import polling
 from tests import schedule_memory_probe
 from tests import toy_layers
 
@@ -114,7 +115,8 @@ class MemoryTest(test_utils.TestCase):
     for name in ('gpipe', '1f1b'):
       result = subprocess.run(
           [sys.executable, '-m', 'tests.schedule_memory_probe', name],
-          cwd=root, env=env, capture_output=True, text=True, timeout=300,
+          cwd=root, env=env, capture_output=True, text=True,
+          timeout=polling.TimeLimit(300)[0],
           check=False)
       self.assertEqual(0, result.returncode, result.stderr[-2000:])
       peaks[name] = json.loads(result.stdout.strip().splitlines()[-1])[

@@ -222,37 +222,12 @@ class VocabAndInputsTest(test_utils.TestCase):
     self.assertTrue(v.Decode(batch.src_ids[0]).startswith('<2en>'))
 
   def testTedMultiWithMockDataPicksRequestedPairs(self):
-    talks = [{
-        'translations': {
-            'language': np.array([b'en', b'fr', b'ru']),
-            'translation': np.array([b'two', b'deux', b'\xd0\xb4\xd0\xb2\xd0\xb0']),
-        },
-        'talk_name': b'a'
-    }, {
-        'translations': {
-            'language': np.array([b'en', b'fr']),
-            'translation': np.array([b'three', b'trois']),
-        },
-        'talk_name': b'b'
-    }]
-
-    def _AsDataset(self, *args, **kwargs):  # pylint: disable=unused-argument
-      return tf.data.Dataset.from_generator(
-          lambda: iter(talks),
-          output_signature={
-              'translations': {
-                  'language': tf.TensorSpec([None], tf.string),
-                  'translation': tf.TensorSpec([None], tf.string),
-              },
-              'talk_name': tf.TensorSpec([], tf.string),
-          })
-
     p = inputs.TfdsTranslationInput.Params().Set(
         name='ted', dataset_name='ted_multi_translate',
         language_pairs=[('fr', 'en'), ('en', 'ru')],
         vocab_path=self.vocab_path, batch_size=3, src_len=8, tgt_len=8,
         repeat=False, shuffle_buffer=0)
-    with tfds.testing.mock_data(as_dataset_fn=_AsDataset):
+    with tfds.testing.mock_data(as_dataset_fn=_TedTalks):
       with self.session(graph=tf.Graph()) as sess:
         batch = sess.run(p.Instantiate().GetPreprocessedInputBatch())
     # Pairs are concatenated in evaluation: fr-en (2 talks), then en-ru (1).
@@ -260,6 +235,62 @@ class VocabAndInputsTest(test_utils.TestCase):
     self.assertEqual(list(batch.tgt_text), [b'two', b'three', 'два'.encode()])
     v = vocab.Vocab(self.vocab_path)
     self.assertEqual(v.Decode(batch.src_ids[1]), '<2en> trois')
+
+  def testToolBuildsVocabFromTfdsCorpus(self):
+    prefix = os.path.join(self.get_temp_dir(), 'ted_spm')
+    with tfds.testing.mock_data(as_dataset_fn=_TedTalks):
+      sentences = inputs.TfdsSentences('ted_multi_translate', ['en', 'fr'])
+      path = build_vocab.main([
+          '--corpus=tfds', '--tfds_name=ted_multi_translate',
+          '--data_dir=' + self.get_temp_dir(), '--languages=en,fr',
+          '--output_prefix=' + prefix, '--vocab_size=40',
+          '--model_type=char'])
+    # Only the asked languages' texts, in order.
+    self.assertEqual(sentences, ['two', 'deux', 'three', 'trois'])
+    v = vocab.Vocab(path)
+    self.assertEqual(v.Decode(v.Encode('<2fr> deux')), '<2fr> deux')
+    with tfds.testing.mock_data(as_dataset_fn=_TedTalks):
+      with self.assertRaisesRegex(ValueError, 'has no text in the languages'):
+        inputs.TfdsSentences('ted_multi_translate', ['de'])
+
+  def testMissingTfdsCorpusSaysHowToPrepareIt(self):
+    data_dir = self.get_temp_dir()
+    p = inputs.TfdsTranslationInput.Params().Set(
+        name='ted', data_dir=data_dir, vocab_path=self.vocab_path,
+        batch_size=2)
+    with self.assertRaisesRegex(
+        ValueError, r"'ted_multi_translate' \(split 'train'\) is not prepared "
+        r"in data_dir '%s'.*tfds build ted_multi_translate --data_dir=DIR.*"
+        r'input.data_dir=DIR' % data_dir):
+      p.Instantiate().Examples()
+
+
+_TALKS = [{
+    'translations': {
+        'language': np.array([b'en', b'fr', b'ru']),
+        'translation': np.array([b'two', b'deux', b'\xd0\xb4\xd0\xb2\xd0\xb0']),
+    },
+    'talk_name': b'a'
+}, {
+    'translations': {
+        'language': np.array([b'en', b'fr']),
+        'translation': np.array([b'three', b'trois']),
+    },
+    'talk_name': b'b'
+}]
+
+
+def _TedTalks(*unused_args, **unused_kwargs):
+  """ted_multi_translate's layout: two talks (tfds.testing.mock_data)."""
+  return tf.data.Dataset.from_generator(
+      lambda: iter(_TALKS),
+      output_signature={
+          'translations': {
+              'language': tf.TensorSpec([None], tf.string),
+              'translation': tf.TensorSpec([None], tf.string),
+          },
+          'talk_name': tf.TensorSpec([], tf.string),
+      })
 
 
 if __name__ == '__main__':

@@ -7,6 +7,7 @@ import tempfile
 
 from absl.testing import absltest
 from gpipe.compat import quiet_import
+from tests import polling
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -98,7 +99,8 @@ class ImportTest(absltest.TestCase):
     env.pop(quiet_import.UNFILTERED_ENV, None)
     proc = subprocess.run(
         [sys.executable, '-c', 'import gpipe.compat.lingvo_import'], cwd=_ROOT,
-        env=env, capture_output=True, text=True, timeout=300, check=False)
+        env=env, capture_output=True, text=True,
+        timeout=polling.TimeLimit(300)[0], check=False)
     self.assertEqual(proc.returncode, 0, proc.stderr)
     self.assertNotIn('Unable to register', proc.stderr)
     self.assertNotIn('Could not find TensorRT', proc.stderr)

@@ -16,6 +16,14 @@ from lingvo.core import test_utils
 from tests import trainer_testlib
 
 
+# The trainer's own limit for one step (it names a stuck step), and the
+# test's for the whole run (about 3 minutes): both below the 900 s that Bazel
+# gives a large test, so a slow run fails with a message instead of being
+# killed.
+STEP_TIMEOUT_SECS = 540
+RUN_TIMEOUT_SECS = 780
+
+
 class ScaleTest(test_utils.TestCase):
 
   def testTrainsAcrossSixteenWorkerProcesses(self):
@@ -23,7 +31,8 @@ class ScaleTest(test_utils.TestCase):
     proc = trainer_testlib.Run([
         '--model=mt.T64Structure_Tiny', '--logdir=' + logdir,
         '--worker_processes=16', '--max_steps=2', '--log_every_n_steps=1',
-        '--eval_after_train=false', '--step_timeout_secs=600'], timeout=1200)
+        '--eval_after_train=false',
+        '--step_timeout_secs=%d' % STEP_TIMEOUT_SECS], timeout=RUN_TIMEOUT_SECS)
     out = proc.stdout + proc.stderr
     self.assertEqual(proc.returncode, 0, out[-3000:])
     self.assertIn('started 16 worker processes', out)

@@ -39,6 +39,17 @@ class ModelSelectTest(test_utils.TestCase):
     self.assertEqual(7, cfg.task.train.max_steps)
     self.assertEqual(16, cfg.input.batch_size)
 
+  def testOverrideGivesAParamThatIsNoneAValue(self):
+    # Lingvo's text format alone leaves these None.
+    cfg = model_select.ModelParams(
+        'image.AmoebaNetB_18_512_Cifar10', 'Test',
+        'input.data_dir=/data/tfds; task.network.stage_devices=["/cpu:0"]')
+    self.assertEqual('/data/tfds', cfg.input.data_dir)
+    self.assertEqual(['/cpu:0'], cfg.task.network.stage_devices)
+    cfg = model_select.ModelParams('image.AmoebaNetB_18_512_Cifar10', 'Test',
+                                   'input.data_dir=None')
+    self.assertIsNone(cfg.input.data_dir)
+
   def testOverrideOfUnknownParamNamesIt(self):
     with self.assertRaisesRegex(ValueError, "no 'task.train.learning_rat'"):
       model_select.ModelParams(TOY, 'Train', 'task.train.learning_rat=0.5')

@@ -7,16 +7,17 @@ import re
 import signal
 import subprocess
 import sys
-import time
 
 from lingvo import compat as tf
 from lingvo.core import test_utils
+from tests import polling
 from tests import trainer_testlib
 from tools.trainer import checkpoints
 from tools.trainer import progress
 from tools.trainer import summaries
 
 TOY = trainer_testlib.TOY
+_Log = trainer_testlib.ReadLog
 EVERY = 10
 FLAGS = ['--model=' + TOY, '--checkpoint_every_n_steps=%d' % EVERY,
          '--log_every_n_steps=1000', '--trace_every_n_steps=0',
@@ -30,22 +31,11 @@ def _Losses(logdir):
           for r in progress.ReadStepLog(path)]
 
 
-def _Read(path):
-  with open(path) as f:
-    return f.read()
-
-
 class TrainerRecoveryTest(test_utils.TestCase):
 
   def _WaitFor(self, proc, log_path, ready, what):
-    deadline = time.time() + 240
-    while not ready():
-      if proc.poll() is not None:
-        self.fail('the trainer exited before %s:\n%s' % (what,
-                                                          _Read(log_path)))
-      self.assertLess(time.time(), deadline,
-                      'no %s:\n%s' % (what, _Read(log_path)))
-      time.sleep(0.05)
+    polling.WaitUntil(ready, what, process=proc,
+                      details=lambda: _Log(log_path))
 
   def _KillMidInterval(self, proc, logdir, log_path, pid):
     """SIGKILLs `pid` a few steps after a checkpoint: those steps are lost."""
@@ -68,19 +58,19 @@ class TrainerRecoveryTest(test_utils.TestCase):
         FLAGS + ['--logdir=' + logdir, '--max_worker_restarts=1'], log_path)
     try:
       self._WaitFor(proc, log_path,
-                    lambda: re.search(r'pids \[\d+, \d+\]', _Read(log_path)),
+                    lambda: re.search(r'pids \[\d+, \d+\]', _Log(log_path)),
                     'workers')
-      first = re.search(r'pids \[(\d+), (\d+)\]', _Read(log_path))
+      first = re.search(r'pids \[(\d+), (\d+)\]', _Log(log_path))
       resume_step = self._KillMidInterval(proc, logdir, log_path,
                                           int(first.group(2)))
       # Training goes on with fresh workers from the newest checkpoint.
       restarted = r'restarted 2 worker processes \(pids \[(\d+), (\d+)\]\)'
       self._WaitFor(
           proc, log_path,
-          lambda: (re.search(restarted, _Read(log_path)) and
+          lambda: (re.search(restarted, _Log(log_path)) and
                    len(_Losses(logdir)) > resume_step + 2 * EVERY),
           'steps after the restart')
-      second = re.search(restarted, _Read(log_path))
+      second = re.search(restarted, _Log(log_path))
       # A second loss exceeds --max_worker_restarts=1: a clear error.
       os.kill(int(second.group(1)), signal.SIGKILL)
       proc.wait(timeout=60)
@@ -88,7 +78,7 @@ class TrainerRecoveryTest(test_utils.TestCase):
       if proc.poll() is None:
         proc.kill()
         proc.wait()
-    log = _Read(log_path)
+    log = _Log(log_path)
     self.assertEqual(1, proc.returncode, log)
     self.assertRegex(
         log, r'worker lost: pipeline worker 1 \(pid %s, localhost:\d+\) '
@@ -127,16 +117,16 @@ class TrainerRecoveryTest(test_utils.TestCase):
           stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
     try:
       self._WaitFor(proc, log_path,
-                    lambda: re.search(r'pids \[\d+, \d+\]', _Read(log_path)),
+                    lambda: re.search(r'pids \[\d+, \d+\]', _Log(log_path)),
                     'workers')
-      pids = re.search(r'pids \[(\d+), (\d+)\]', _Read(log_path))
+      pids = re.search(r'pids \[(\d+), (\d+)\]', _Log(log_path))
       self._KillMidInterval(proc, logdir, log_path, int(pids.group(2)))
       proc.wait(timeout=60)
     finally:
       if proc.poll() is None:
         proc.kill()
         proc.wait()
-    log = _Read(log_path)
+    log = _Log(log_path)
     self.assertEqual(1, proc.returncode, log)
     self.assertIn(
         'trainer: error: could not restart the 2 local worker processes '

@@ -3,12 +3,14 @@
 import contextlib
 import io
 import os
+import signal
 import subprocess
 import sys
 
 from gpipe.compat import lingvo_import  # pylint: disable=unused-import
 from absl import flags
 from absl.testing import flagsaver
+from tests import polling
 from tools.trainer import cli
 
 if not flags.FLAGS.is_parsed():
@@ -53,8 +55,47 @@ def Popen(args, log_path):
         stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
 
 
+def ReadLog(path):
+  """The text of a log file written by a trainer subprocess."""
+  with open(path) as f:
+    return f.read()
+
+
 def Run(args, timeout=300):
-  """Runs the trainer to completion; returns the CompletedProcess."""
-  return subprocess.run(
-      TrainerCommand(*args), cwd=ROOT, env=Environment(), capture_output=True,
-      text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+  """Runs the trainer to completion; returns the CompletedProcess.
+
+  Args:
+    args: the trainer's flags.
+    timeout: seconds to allow (less if Bazel's limit for the test comes
+      sooner, see polling.TimeLimit).
+
+  Returns:
+    A subprocess.CompletedProcess with text stdout and stderr.
+
+  Raises:
+    AssertionError: the trainer was still running at the deadline; the
+      message says which limit that was and ends with the trainer's last
+      output and its threads' stacks.
+  """
+  limit, reason = polling.TimeLimit(timeout)
+  proc = subprocess.Popen(
+      TrainerCommand(*args), cwd=ROOT, env=Environment(),
+      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+      stdin=subprocess.DEVNULL)
+  try:
+    stdout, stderr = proc.communicate(timeout=limit)
+  except subprocess.TimeoutExpired:
+    # The trainer prints every thread's stack on SIGUSR1 (faulthandler).
+    proc.send_signal(signal.SIGUSR1)
+    try:
+      proc.communicate(timeout=5)
+    except subprocess.TimeoutExpired:
+      pass
+    proc.kill()
+    stdout, stderr = proc.communicate()
+    raise AssertionError(
+        'the trainer (%s) was still running after %.0f s (%s); its last '
+        'output:\n%s' % (' '.join(args), limit, reason,
+                         (stdout + stderr)[-6000:])) from None
+  return subprocess.CompletedProcess(proc.args, proc.returncode, stdout,
+                                     stderr)

@@ -6,7 +6,14 @@ Usage (from the repository root)::
   .venv/bin/python -m tools.build_vocab --corpus=numbers \\
       --output_prefix=/tmp/gpipe_data/mt/numbers_spm --vocab_size=512
 
-  # Any text files, one sentence per line (e.g. exported corpus text):
+  # A prepared tfds translation corpus (its training split), e.g. the one
+  # the mt.T* configurations read, at the path and size they expect:
+  .venv/bin/python -m tools.build_vocab --corpus=tfds \\
+      --tfds_name=ted_multi_translate --data_dir=/data/tfds \\
+      --languages=en,de,fr,es,it,pt,ru,ja,ko,zh-cn \\
+      --output_prefix=/tmp/gpipe_data/mt/ted_spm64k --vocab_size=64000
+
+  # Any text files, one sentence per line:
   .venv/bin/python -m tools.build_vocab --corpus=text --input=a.txt,b.txt \\
       --languages=de,en,fr --output_prefix=/data/ted_spm --vocab_size=32000
 """
@@ -16,15 +23,27 @@ import sys
 
 from gpipe.compat import lingvo_import  # pylint: disable=unused-import
 from tasks.mt import corpus
+from tasks.mt import inputs
 from tasks.mt import vocab
 
 
 def _Args(argv):
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument('--corpus', choices=['numbers', 'text'],
+  parser.add_argument('--corpus', choices=['numbers', 'tfds', 'text'],
                       default='numbers', help='Where the training text is.')
   parser.add_argument('--input', default='',
                       help='Comma-separated text files (--corpus=text).')
+  parser.add_argument('--tfds_name', default='ted_multi_translate',
+                      help='--corpus=tfds: the prepared tfds translation '
+                      'corpus (with its config, e.g. wmt14_translate/de-en).')
+  parser.add_argument('--data_dir', default=None,
+                      help="--corpus=tfds: where it is prepared (default: "
+                      "tfds's, ~/tensorflow_datasets).")
+  parser.add_argument('--split', default='train',
+                      help='--corpus=tfds: the split whose text to read.')
+  parser.add_argument('--max_sentences', type=int, default=2000000,
+                      help='--corpus=tfds: read at most this many sentences '
+                      '(0: all).')
   parser.add_argument('--output_prefix', default=vocab.NUMBERS_VOCAB[:-6],
                       help='Writes <prefix>.model and <prefix>.vocab.')
   parser.add_argument(
@@ -49,6 +68,9 @@ def _Sentences(args, languages):
     train, _ = corpus.SplitNumbers(args.max_number, args.test_fraction,
                                    args.split_seed)
     return corpus.TrainingText(train, languages)
+  if args.corpus == 'tfds':
+    return inputs.TfdsSentences(args.tfds_name, languages, args.split,
+                                args.data_dir, args.max_sentences)
   if not args.input:
     raise SystemExit('--corpus=text needs --input=file1[,file2...]')
   sentences = []

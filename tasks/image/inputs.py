@@ -136,36 +136,27 @@ class TfdsImageInput(ImageInput):
     p.Define('manual_dir', '',
              'Directory with manually downloaded archives (imagenet2012).')
     p.Define('download', False,
-             'Let tfds download and prepare the data. This machine is '
-             'offline: prepare the data elsewhere or use manual_dir.')
+             'Let tfds download and prepare a missing data set into data_dir '
+             '(needs network access). False: it must be prepared already '
+             '(`tfds build`), or given as archives in manual_dir.')
     return p
 
   def Examples(self):
     """Preprocessed examples of `p.dataset` / `p.split`."""
-    # Imported here: tensorflow_datasets is slow to import and only this
-    # input needs it.
     import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
     p = self.params
-    download = p.download or bool(p.manual_dir)
     kwargs = {}
     if p.manual_dir:
       kwargs['download_and_prepare_kwargs'] = {
           'download_config': tfds.download.DownloadConfig(
               manual_dir=p.manual_dir)
       }
-    try:
-      ds = tfds.load(p.dataset, split=p.split, data_dir=p.data_dir,
-                     as_supervised=True, download=download,
-                     shuffle_files=False, **kwargs)
-    except (AssertionError, FileNotFoundError, tfds.core.DatasetNotFoundError
-           ) as e:
-      raise ValueError(
-          'tfds data set %r (split %r) is not prepared in data_dir %r and '
-          'this machine cannot download it. Prepare it with `tfds build %s` '
-          'where there is network (imagenet2012: set manual_dir to the '
-          'directory holding the ILSVRC2012 tar files), or train on the '
-          'offline digits input. Cause: %s' %
-          (p.dataset, p.split, p.data_dir, p.dataset, e)) from e
+    ds = dataset_input.LoadTfds(
+        p.dataset, p.split, p.data_dir,
+        download=p.download or bool(p.manual_dir),
+        hint=(', or set download=True where tfds can fetch it (imagenet2012: '
+              'set manual_dir to the directory holding the ILSVRC2012 tar '
+              'files)'), as_supervised=True, **kwargs)
     return self.PreprocessAll(ds)
 
 

@@ -1,9 +1,8 @@
 """The offline many-to-many number corpus and temperature sampling of pairs.
 
-No translation corpus can be downloaded on the build machine, so the default
-multilingual task translates numbers spelled out by `num2words` (real language
-rules: agreement, irregular tens, conjunctions) between every ordered pair of
-languages, e.g.::
+The default multilingual task needs no download: it translates numbers
+spelled out by `num2words` (real language rules: agreement, irregular tens,
+conjunctions) between every ordered pair of languages, e.g.::
 
   source: "<2ru> trois cent quarante-deux"   target: "триста сорок два"
 

@@ -181,6 +181,10 @@ class TfdsTranslationInput(_TranslationInputBase):
     p.Define('dataset_name', 'ted_multi_translate', 'tfds name (with config).')
     p.Define('split', 'train', 'tfds split.')
     p.Define('data_dir', None, 'tfds data_dir (None: tfds default).')
+    p.Define('download', False,
+             'Let tfds download and prepare a missing corpus into data_dir '
+             '(needs network access). False: it must be prepared already '
+             '(`tfds build`).')
     p.Define('language_pairs', [('de', 'en'), ('en', 'de')],
              'The (source, target) language pairs to read.')
     p.Define('pair_sizes', None,
@@ -213,11 +217,10 @@ class TfdsTranslationInput(_TranslationInputBase):
     return ds.map(lambda ex: (ex[src], ex[tgt]))
 
   def Examples(self):
-    import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
     p = self.params
     vocab = self._Vocab()
-    ds = tfds.load(p.dataset_name, split=p.split, data_dir=p.data_dir,
-                   shuffle_files=False)
+    ds = dataset_input.LoadTfds(p.dataset_name, p.split, p.data_dir,
+                                download=p.download)
     keys = ('src_ids', 'src_paddings', 'tgt_ids', 'tgt_labels',
             'tgt_paddings', 'tgt_weights')
     dtypes = (tf.int32, tf.float32, tf.int32, tf.int32, tf.float32, tf.float32)
@@ -251,3 +254,47 @@ class TfdsTranslationInput(_TranslationInputBase):
     sizes = p.pair_sizes or {tuple(pair): 1 for pair in p.language_pairs}
     sizes = {tuple(pair): sizes[tuple(pair)] for pair in p.language_pairs}
     return _MixPairs(per_pair, sizes, p.temperature, p.repeat, p.seed)
+
+
+def TfdsSentences(dataset_name, languages, split='train', data_dir=None,
+                  max_sentences=0):
+  """The texts in `languages` of a prepared tfds translation corpus.
+
+  The training text of a vocabulary (``tools.build_vocab --corpus=tfds``).
+  Reads both layouts of `TfdsTranslationInput`.
+
+  Args:
+    dataset_name: the tfds name, e.g. 'ted_multi_translate' or
+      'wmt14_translate/de-en'.
+    languages: the language codes to keep, e.g. ['en', 'de'].
+    split: the tfds split.
+    data_dir: where the prepared corpus is (None: tfds's default).
+    max_sentences: stop after this many sentences (0: read all).
+
+  Returns:
+    A list of str.
+
+  Raises:
+    ValueError: the corpus is not prepared (see dataset_input.LoadTfds), or
+      it has none of `languages`.
+  """
+  import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
+  wanted = set(languages)
+  sentences = []
+  ds = dataset_input.LoadTfds(dataset_name, split, data_dir)
+  # tfds.as_numpy reads in graph mode too (Lingvo's).
+  for ex in tfds.as_numpy(ds):
+    if 'translations' in ex:
+      texts = zip(ex['translations']['language'],
+                  ex['translations']['translation'])
+    else:
+      texts = [(l.encode(), ex[l]) for l in languages if l in ex]
+    for language, text in texts:
+      if language.decode() in wanted:
+        sentences.append(text.decode('utf-8'))
+        if len(sentences) == max_sentences:
+          return sentences
+  if not sentences:
+    raise ValueError('%s (split %r) has no text in the languages %s' %
+                     (dataset_name, split, ', '.join(languages)))
+  return sentences

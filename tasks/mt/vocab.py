@@ -154,8 +154,10 @@ class Vocab:
     if not os.path.exists(model_path):
       raise FileNotFoundError(
           'sentencepiece model %s does not exist. Build it from the training '
-          'text first: .venv/bin/python -m tools.build_vocab --corpus=numbers '
-          '--output_prefix=%s (see tasks/mt/vocab.py)' %
+          'text first: .venv/bin/python -m tools.build_vocab --output_prefix=%s'
+          ' --vocab_size=<the model\'s> with --corpus=numbers (the number '
+          'corpus) or --corpus=tfds --tfds_name=<corpus> --data_dir=<dir> (a '
+          'prepared tfds corpus); see tools/build_vocab.py' %
           (model_path, model_path[:-len('.model')]
            if model_path.endswith('.model') else model_path))
     self.path = model_path

@@ -1,4 +1,4 @@
-r"""GPipe's Tables 1-3 at this machine's scale, beside Lingvo's GPipe.
+r"""GPipe's Tables 1-3 at the scale of a 2-core CPU, beside Lingvo's GPipe.
 
 Usage (from the repository root; or ``bazel run //tools/benchmark -- ...``)::
 

@@ -34,7 +34,7 @@ def _MeasurePeak(args, config, cache):
 
   Each size gets fresh worker processes: a TensorFlow process keeps much of
   the memory of the graphs it ran, and a sweep of big graphs in the same
-  workers outgrows this machine's RAM.
+  workers could outgrow the machine's RAM.
   """
   if config in cache:
     return cache[config]

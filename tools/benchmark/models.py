@@ -8,7 +8,7 @@ our ``gpipe.pipeline.PipeliningLayer`` (``layers=`` cut into stages), Lingvo's
 (``ChainFProp``). Dropout is off: the comparisons are about speed and memory,
 and Lingvo's GPipe has its own seeding rules.
 
-These are stand-ins at this machine's scale, not the task models of
+These are stand-ins sized for a 2-core CPU, not the task models of
 ``tasks/mt`` and ``tasks/image`` (whose layers pass NestedMaps or tuples that
 Lingvo's GPipe cannot split):
 

@@ -66,7 +66,7 @@ class Config(
   """One benchmark configuration (see the module docstring).
 
   `schedule` (impl 'gpipe' only): None trains with the loss on the merged
-  output (fill-drain, as before schedules existed); a name of
+  output (fill-drain, the loss after the pipeline); a name of
   the registry gpipe.schedules ends the pipeline with a per-example loss layer
   and runs that schedule ('zb_v' places the 2v stages in a V).
   `fprop_dtype` (impl 'gpipe' only): 'bfloat16' computes the layers in
@@ -111,7 +111,7 @@ class Config(
 
 
 def MachineInfo():
-  """A dict describing this machine and the TensorFlow build."""
+  """A dict describing the machine it runs on and the TensorFlow build."""
   info = {
       'cpus': os.cpu_count(),
       'platform': platform.platform(),

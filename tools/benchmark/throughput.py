@@ -11,7 +11,7 @@ from tools.benchmark import lingvo_stack
 from tools.benchmark import report
 from tools.benchmark import runner as runner_lib
 
-# Model shapes at this machine's scale (--quick shrinks them); the bubble
+# Model shapes sized for a 2-core CPU (--quick shrinks them); the bubble
 # subcommand measures the same shapes.
 THROUGHPUT_MODELS = {
     'transformer': dict(num_layers=8, batch=64, width=256),

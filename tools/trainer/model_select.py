@@ -8,6 +8,7 @@ the ``gpipe.pipeline.PipeliningLayer`` params inside the model's params tree,
 so the trainer can set the number of stages, micro-batches and devices.
 """
 
+import ast
 import difflib
 import importlib
 import pkgutil
@@ -120,7 +121,8 @@ def ApplyOverride(cfg, text):
 
   Each ';' or newline separated item is 'dotted.name=value' or Lingvo's own
   'dotted.name : value'; values are parsed as Lingvo's Params.FromText does
-  (by the type of the current value).
+  (by the type of the current value), except that a param that is None takes
+  the value as a Python literal, or else as a string (a path).
 
   Args:
     cfg: params to change in place.
@@ -139,17 +141,44 @@ def ApplyOverride(cfg, text):
                        item)
     name, value = item[:cut].strip(), item[cut + 1:].strip()
     try:
-      cfg.Get(name)
+      old = cfg.Get(name)
     except AttributeError as e:
       raise ValueError(
           '--model_params_override: the model params have no %r (%s); names '
           'are dotted paths from the model params root, e.g. '
           'task.train.learning_rate' % (name, e)) from e
+    if old is None and not value.startswith(_LINGVO_TYPED_TEXTS):
+      # Lingvo's text format types a value by the param's current one: a
+      # param that is None stays None, or fails, for most texts (e.g. a path
+      # as in input.data_dir=/data/tfds). Read it as a Python literal, or
+      # else as a string.
+      cfg.Set(**{name: _Literal(value)})
+      continue
     try:
       cfg.FromText('%s : %s' % (name, value))
     except (AttributeError, ValueError, TypeError) as e:
       raise ValueError('--model_params_override: cannot set %s to %r: %s' %
                        (name, value, e)) from e
+
+
+# Values that Lingvo's text format reads for a param that is None: a class
+# ('type/module/Name'), a proto, or Lingvo's own spelling of None.
+_LINGVO_TYPED_TEXTS = ('type/', 'proto/', 'NoneType')
+
+
+def _Literal(text):
+  """`text` as a Python literal (None, a number, list, quoted string...).
+
+  Args:
+    text: an override's value.
+
+  Returns:
+    The literal, or `text` itself when it is not one (e.g. a path).
+  """
+  try:
+    return ast.literal_eval(text)
+  except (ValueError, SyntaxError):
+    return text
 
 
 def FindPipelines(params, path=''):
