@@ -166,7 +166,7 @@ class Step:
     """
     self.config = config
     c = config
-    if (c.impl == 'gpipe' and
+    if (c.impl == 'gpipe' and c.schedule and
         schedule_registry.Get(c.schedule).placement ==
         schedule_registry.V_SHAPE and c.stages_per_device != 2):
       # A V of K stages puts them on K/2 devices: with one stage per
@@ -195,8 +195,8 @@ class Step:
           # With v stages per device, stage s runs where the schedule's
           # placement rule puts it: device s % K (a loop), or a V.
           num_stages = c.num_stages * c.stages_per_device
-          where = schedule_registry.Placement(c.schedule, num_stages,
-                                              c.num_stages)
+          where = schedule_registry.Placement(c.schedule or 'gpipe',
+                                              num_stages, c.num_stages)
           p = pipeline.PipeliningLayer.Params().Set(
               name='pipe', layers=layers, num_stages=num_stages,
               stage_sizes=_EvenStageSizes(c.num_layers, num_stages),
