@@ -157,34 +157,33 @@ class WeightBatchingTest(test_utils.TestCase, parameterized.TestCase):
     # broadcasting weight gradient reads a shape, so W is not batched.)
     layers = [_SequenceDense.Params().Set(name='seq%d' % i, dtype=tf.float64)
               for i in range(4)]
+    graph, functions = self._MatchingZeroBubbleGraph(
+        remat, layers=layers, stage_sizes=[2, 2])
+    self.assertEqual(
+        _SwappedMatMuls(self, spt.CallOps(graph), functions, 'BatchMatMulV2'),
+        4 * 2)
+
+  def _MatchingZeroBubbleGraph(self, remat, **kwargs):
+    """A zb_h1 K=2 M=2 net's graph and functions, gradients checked."""
     with self.session(graph=tf.Graph(), config=CONFIG) as sess:
-      net = spt.Net('zb_h1', 2, 2, remat, layers=layers, stage_sizes=[2, 2])
+      net = spt.Net('zb_h1', 2, 2, remat, **kwargs)
       rng = np.random.RandomState(5)
       x = tf.constant(rng.randn(4, 8))
       spt.AssertMatches(self, net, (x,), tf.constant(rng.randn(4, 8)), sess)
       graph = sess.graph
-      functions = {f.signature.name: f
-                   for f in graph.as_graph_def().library.function}
-      self.assertEqual(
-          _SwappedMatMuls(self, spt.CallOps(graph), functions,
-                          'BatchMatMulV2'), 4 * 2)
+      return graph, {f.signature.name: f
+                     for f in graph.as_graph_def().library.function}
 
   def testSwapOffByParam(self):
     # swap_small_matmul_rows=0: no B matmul is swapped, same gradients.
-    with self.session(graph=tf.Graph(), config=CONFIG) as sess:
-      net = spt.Net('zb_h1', 2, 2, 'always', swap_small_matmul_rows=0)
-      rng = np.random.RandomState(5)
-      x = tf.constant(rng.randn(4, 8))
-      spt.AssertMatches(self, net, (x,), tf.constant(rng.randn(4, 8)), sess)
-      graph = sess.graph
-      functions = {f.signature.name: f
-                   for f in graph.as_graph_def().library.function}
-      # Each layer's dy W^T stays a MatMul reading W transposed.
-      unswapped = [
-          n for task, op in spt.CallOps(graph).items() if task.phase == 'B'
-          for n in functions[op.get_attr('f').name].node_def
-          if n.op == 'MatMul' and n.attr['transpose_b'].b]
-      self.assertLen(unswapped, spt.NUM_LAYERS * 2)
+    graph, functions = self._MatchingZeroBubbleGraph(
+        'always', swap_small_matmul_rows=0)
+    # Each layer's dy W^T stays a MatMul reading W transposed.
+    unswapped = [
+        n for task, op in spt.CallOps(graph).items() if task.phase == 'B'
+        for n in functions[op.get_attr('f').name].node_def
+        if n.op == 'MatMul' and n.attr['transpose_b'].b]
+    self.assertLen(unswapped, spt.NUM_LAYERS * 2)
 
   def testOrdersMoveWeightTasksAfterTheLastBackward(self):
     _, orders = schedule.Orders('zb_h1', 2, 3)
