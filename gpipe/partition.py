@@ -289,9 +289,8 @@ def Report(layer_params, stage_sizes, costs=None, cost_name='cost',
       cost = '%.4g' % cost
     else:
       cost, share = '-', '-'
-    span = names[0] if size == 1 else '%s .. %s' % (names[0], names[-1])
-    lines.append('%5d | %6d | %s | %s | %s | %s | %s' %
-                 (k, size, span, devices[k] if devices else '-',
+    lines.append('%5d | %6d | %s .. %s | %s | %s | %s | %s' %
+                 (k, size, names[0], names[-1], devices[k] if devices else '-',
                   '{:,}'.format(params), cost, share))
     start += size
   lines.append('total | %6d | | | %s | %s |' %
