@@ -155,8 +155,8 @@ class TransformerStacksTest(test_utils.TestCase, parameterized.TestCase):
     self._AssertClose(ref_out, ref_grads, out, grads)
     report = net.PartitionReport().splitlines()
     self.assertLen(report, 2 + K)
-    self.assertIn('| cell_1 .. cell_1 | /job:localhost/replica:0/task:0/device:CPU:1 |',
-                  report[2])
+    self.assertIn('| cell_1 .. cell_1 | '
+                  '/job:localhost/replica:0/task:0/device:CPU:1 |', report[2])
     self.assertIn('| {:,} |'.format(sum(np.size(v) for v in values.values())),
                   report[-1])
     # Across 2 worker processes (where Lingvo's executor cannot run).
