@@ -38,7 +38,7 @@ from gpipe import lingvo_import  # pylint: disable=unused-import
 from absl import app
 from absl import flags
 from absl import logging
-from gpipe import local_cluster
+from gpipe.runtime import local_cluster
 from gpipe import schedule as gpipe_schedule
 from lingvo import compat as tf
 # Defines --model_params_override, used below.

@@ -6,7 +6,7 @@ Three ways, by flags:
   share one thread pool, so stages do not overlap: right for tests and small
   models, not for speed.
 * ``--worker_processes=K``: K local TensorFlow worker processes
-  (``gpipe.local_cluster.LocalCluster``), stage k on worker k; the session
+  (``gpipe.runtime.local_cluster.LocalCluster``), stage k on worker k; the session
   talks to worker 0. Workers are checked between steps.
 * ``--cluster_spec='worker=host:port,host:port'``: existing TensorFlow
   servers (``python -m gpipe.worker``), e.g. on other hosts.
@@ -18,7 +18,8 @@ instead of blocking forever.
 import os
 
 from gpipe import lingvo_import  # pylint: disable=unused-import
-from gpipe import local_cluster
+from gpipe.runtime import cluster_spec as cluster_spec_lib
+from gpipe.runtime import local_cluster
 from lingvo import compat as tf
 from lingvo.core import cluster_factory
 
@@ -33,24 +34,10 @@ def ParseClusterSpec(text):
     A dict for tf.train.ClusterSpec.
 
   Raises:
-    ValueError: a malformed spec, with an example of a good one.
+    ValueError: a malformed spec, with an example of a good one
+      (gpipe.runtime.cluster_spec.ParseJobs).
   """
-  example = "e.g. --cluster_spec='worker=10.0.0.1:2222,10.0.0.2:2222'"
-  jobs = {}
-  for part in text.split('@'):
-    if '=' not in part:
-      raise ValueError('--cluster_spec=%r: expected job=host:port,...; %s' %
-                       (text, example))
-    job, addrs = part.split('=', 1)
-    addrs = [a.strip() for a in addrs.split(',') if a.strip()]
-    if not addrs or any(':' not in a for a in addrs):
-      raise ValueError('--cluster_spec=%r: each address needs host:port; %s' %
-                       (text, example))
-    jobs[job.strip()] = addrs
-  if 'worker' not in jobs:
-    raise ValueError("--cluster_spec=%r: needs a 'worker' job; %s" %
-                     (text, example))
-  return jobs
+  return cluster_spec_lib.ParseJobs(text)
 
 
 class WorkerRestartError(RuntimeError):
