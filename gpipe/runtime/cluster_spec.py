@@ -28,6 +28,8 @@ EXAMPLE = ("e.g. 'worker=10.0.0.1:2222,10.0.0.2:2222', "
            '"task": {"type": "worker", "index": 0}}\'')
 # The first port of the tasks on a Slurm node (task i on a node: base + i).
 SLURM_PORT_BASE = 8888
+# More than any node's task count (see FromSlurm).
+_CPU_NODE_SLOTS = 1 << 16
 
 
 class ClusterSpecError(ValueError):
@@ -130,7 +132,8 @@ def _Description(jobs, where, task=None, source='--cluster_spec'):
     if address in seen:
       raise ClusterSpecError(
           '%s: worker tasks %d and %d have the same address %s: each task '
-          'needs its own host:port' % (where, seen[address], i, address))
+          'needs its own host:port; %s' % (where, seen[address], i, address,
+                                           EXAMPLE))
     seen[address] = i
   if task is not None and not 0 <= task < len(workers):
     raise ClusterSpecError(
@@ -293,8 +296,7 @@ def FromSlurm(port_base=SLURM_PORT_BASE, environ=None):
 
   Args:
     port_base: the first port on each node.
-    environ: the environment (default os.environ); the resolver reads
-      os.environ, so a different dict is copied into it.
+    environ: the environment (default os.environ).
 
   Returns:
     A ClusterDescription with this task's index.
@@ -312,13 +314,23 @@ def FromSlurm(port_base=SLURM_PORT_BASE, environ=None):
   # pylint: disable=g-import-not-at-top
   from tensorflow.python.distribute.cluster_resolver import slurm_cluster_resolver
   # pylint: enable=g-import-not-at-top
+  gpus = _SlurmGpusPerNode(environ)
+  # The resolver reads os.environ: another environment is lent to it.
+  saved = dict(os.environ)
   if environ is not os.environ:
     os.environ.update({k: v for k, v in environ.items()
                        if k.startswith('SLURM_')})
-  gpus = _SlurmGpusPerNode(environ)
   try:
-    resolver = slurm_cluster_resolver.SlurmClusterResolver(
-        port_base=port_base, gpus_per_node=gpus, auto_set_gpu=gpus > 0)
+    if gpus:
+      resolver = slurm_cluster_resolver.SlurmClusterResolver(
+          port_base=port_base, gpus_per_node=gpus)
+    else:
+      # The resolver gives every task of a node its own GPU slot (and no
+      # more tasks than slots): CPU nodes get a slot per possible task and
+      # no CUDA_VISIBLE_DEVICES.
+      resolver = slurm_cluster_resolver.SlurmClusterResolver(
+          port_base=port_base, gpus_per_node=_CPU_NODE_SLOTS, gpus_per_task=1,
+          auto_set_gpu=False)
     spec = resolver.cluster_spec().as_dict()
   except (RuntimeError, ValueError, KeyError) as e:
     raise ClusterSpecError(
@@ -327,6 +339,10 @@ def FromSlurm(port_base=SLURM_PORT_BASE, environ=None):
         (environ.get('SLURM_STEP_NODELIST'),
          environ.get('SLURM_STEP_TASKS_PER_NODE'),
          environ.get('SLURM_PROCID'), e)) from None
+  finally:
+    if environ is not os.environ:
+      os.environ.clear()
+      os.environ.update(saved)
   task_type, task = resolver.get_task_info()
   return _Description(spec, 'Slurm step', task if task_type == JOB else None,
                       'Slurm')

@@ -24,7 +24,8 @@ from gpipe.runtime import cluster_spec
 JOB = cluster_spec.JOB
 
 
-def _FreePort():
+def FreePort():
+  """A TCP port of localhost that nothing listens on now."""
   with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
     s.bind(('localhost', 0))
     return s.getsockname()[1]
@@ -69,7 +70,7 @@ class LocalCluster:
                        num_workers)
     self.num_workers = num_workers
     self.cpu_devices = cpu_devices
-    self.ports = [_FreePort() for _ in range(num_workers)]
+    self.ports = [FreePort() for _ in range(num_workers)]
     self.cluster_def = {JOB: ['localhost:%d' % p for p in self.ports]}
     self._procs = []
     self._logs = []
@@ -134,6 +135,10 @@ class LocalCluster:
 
   def ClusterSpecDict(self):
     return dict(self.cluster_def)
+
+  def ClusterSpec(self):
+    """The workers as the trainer's --cluster_spec, 'worker=h:p,h:p'."""
+    return '%s=%s' % (JOB, ','.join(self.cluster_def[JOB]))
 
   def CheckAlive(self):
     """Raises WorkerDiedError if any worker has exited."""

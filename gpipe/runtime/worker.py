@@ -82,16 +82,16 @@ def _ServerSpec(args):
   """(jobs dict for tf.train.ClusterSpec, job, task, where it came from)."""
   if args.cluster:
     # The older flags: any job, served as given.
-    description = cluster_spec_lib.FromJson(args.cluster, '--cluster')
-    jobs = json.loads(args.cluster)
-    if args.task is None:
-      raise cluster_spec_lib.ClusterSpecError('--cluster needs --task=i')
-    tasks = jobs.get(args.job) if isinstance(jobs, dict) else None
-    if not tasks or not 0 <= args.task < len(tasks):
+    try:
+      jobs = json.loads(args.cluster)
+    except ValueError as e:
       raise cluster_spec_lib.ClusterSpecError(
-          '--cluster: job %r has no task %d (it lists %r)' %
-          (args.job, args.task, tasks))
-    del description  # checked only
+          '--cluster is not valid JSON (%s): %r' % (e, args.cluster)) from None
+    tasks = jobs.get(args.job) if isinstance(jobs, dict) else None
+    if args.task is None or not tasks or not 0 <= args.task < len(tasks):
+      raise cluster_spec_lib.ClusterSpecError(
+          '--cluster=%s --job=%s --task=%s: the job has no such task (it '
+          'lists %r)' % (args.cluster, args.job, args.task, tasks))
     return jobs, args.job, args.task, '--cluster'
   description = cluster_spec_lib.Resolve(
       args.cluster_spec, args.task, port_base=args.slurm_port_base,
