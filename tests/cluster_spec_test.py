@@ -128,7 +128,6 @@ class ResolveTest(absltest.TestCase):
         'SLURM_STEP_NUM_TASKS': '4',
         'SLURM_STEP_NODELIST': 'node[07-08]',
         'SLURM_STEP_TASKS_PER_NODE': '2(x2)',
-        'SLURM_GPUS_ON_NODE': '0',
     }
     self.assertFalse(cluster_spec.InSlurmStep({}))
     self.assertTrue(cluster_spec.InSlurmStep(slurm))

@@ -29,7 +29,7 @@ EXAMPLE = ("e.g. 'worker=10.0.0.1:2222,10.0.0.2:2222', "
 # The first port of the tasks on a Slurm node (task i on a node: base + i).
 SLURM_PORT_BASE = 8888
 # More than any node's task count (see FromSlurm).
-_CPU_NODE_SLOTS = 1 << 16
+_NODE_SLOTS = 1 << 16
 
 
 class ClusterSpecError(ValueError):
@@ -270,29 +270,15 @@ def InSlurmStep(environ=None):
   return 'SLURM_PROCID' in environ and 'SLURM_STEP_NODELIST' in environ
 
 
-def _SlurmGpusPerNode(environ):
-  """GPUs on this Slurm node (0 when none can be found)."""
-  for name in ('SLURM_GPUS_ON_NODE', 'SLURM_JOB_GPUS'):
-    value = environ.get(name, '')
-    if value.isdigit():
-      return int(value)
-    if value and name == 'SLURM_JOB_GPUS':  # a list of GPU ids
-      return len(value.split(','))
-  # pylint: disable=g-import-not-at-top
-  from tensorflow.python.distribute.cluster_resolver import slurm_cluster_resolver
-  # pylint: enable=g-import-not-at-top
-  try:
-    return slurm_cluster_resolver.get_num_gpus()
-  except (RuntimeError, OSError):
-    return 0  # no nvidia-smi: a CPU node
-
-
 def FromSlurm(port_base=SLURM_PORT_BASE, environ=None):
   """The worker tasks of the current Slurm job step, and this task's index.
 
   Every task of the step is a worker; tasks on a node use ports port_base,
   port_base + 1, ...; TensorFlow's SlurmClusterResolver orders the nodes by
-  name and, on GPU nodes, sets CUDA_VISIBLE_DEVICES to this task's share.
+  name (as ``LC_ALL=C sort`` does). Which GPUs a task sees is left to
+  Slurm's own binding (``--gres``, ``--gpus-per-task``): the resolver's
+  rewrite of CUDA_VISIBLE_DEVICES, which assumes a whole node's GPUs, is not
+  used.
 
   Args:
     port_base: the first port on each node.
@@ -314,23 +300,18 @@ def FromSlurm(port_base=SLURM_PORT_BASE, environ=None):
   # pylint: disable=g-import-not-at-top
   from tensorflow.python.distribute.cluster_resolver import slurm_cluster_resolver
   # pylint: enable=g-import-not-at-top
-  gpus = _SlurmGpusPerNode(environ)
   # The resolver reads os.environ: another environment is lent to it.
   saved = dict(os.environ)
   if environ is not os.environ:
     os.environ.update({k: v for k, v in environ.items()
                        if k.startswith('SLURM_')})
   try:
-    if gpus:
-      resolver = slurm_cluster_resolver.SlurmClusterResolver(
-          port_base=port_base, gpus_per_node=gpus)
-    else:
-      # The resolver gives every task of a node its own GPU slot (and no
-      # more tasks than slots): CPU nodes get a slot per possible task and
-      # no CUDA_VISIBLE_DEVICES.
-      resolver = slurm_cluster_resolver.SlurmClusterResolver(
-          port_base=port_base, gpus_per_node=_CPU_NODE_SLOTS, gpus_per_task=1,
-          auto_set_gpu=False)
+    # The resolver gives every task of a node its own GPU slot (and no more
+    # tasks than slots): a slot per possible task, and no
+    # CUDA_VISIBLE_DEVICES rewrite.
+    resolver = slurm_cluster_resolver.SlurmClusterResolver(
+        port_base=port_base, gpus_per_node=_NODE_SLOTS, gpus_per_task=1,
+        auto_set_gpu=False)
     spec = resolver.cluster_spec().as_dict()
   except (RuntimeError, ValueError, KeyError) as e:
     raise ClusterSpecError(
