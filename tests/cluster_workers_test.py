@@ -196,16 +196,23 @@ class ClusterWorkersTest(test_utils.TestCase):
       self.assertIn('gpipe.worker: error: ', done.stderr)
       self.assertIn(message, done.stderr)
 
-  def testWorkerExitsWithItsParentOnlyWhenAsked(self):
-    address = 'localhost:%d' % local_cluster.FreePort()
-    log = os.path.join(self.tmp, 'child.log')
+  def testSlurmWorkerExitsWithItsParentOnlyWhenAsked(self):
+    # Task 0 of a one-task srun step on this host.
+    port = local_cluster.FreePort()
+    slurm = {'SLURM_PROCID': '0', 'SLURM_STEP_NUM_TASKS': '1',
+             'SLURM_STEP_NODELIST': 'localhost',
+             'SLURM_STEP_TASKS_PER_NODE': '1'}
+    log = os.path.join(self.tmp, 'slurm.log')
     pid, = cluster_testlib.StartDetached([dict(
-        cmd=cluster_testlib.WorkerCommand(
-            '--cluster_spec=worker=' + address, '--task=0',
-            '--exit_with_parent'),
-        env={}, address=address, log=log)])
-    # Its parent, the launcher, has exited: so does the worker.
+        cmd=cluster_testlib.WorkerCommand('--slurm_port_base=%d' % port,
+                                          '--exit_with_parent'),
+        env=slurm, address='localhost:%d' % port, log=log)])
+    # Its parent, the launcher, has exited: so does the worker (the TF_CONFIG
+    # workers, started without --exit_with_parent, serve on).
     self.assertTrue(cluster_testlib.WaitGone(pid), 'worker %d runs on' % pid)
+    with open(log) as f:
+      self.assertIn('gpipe worker worker:0 serving at grpc://localhost:%d '
+                    '(localhost:%d of 1 from Slurm)' % (port, port), f.read())
 
 
 if __name__ == '__main__':
