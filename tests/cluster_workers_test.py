@@ -121,6 +121,16 @@ class ClusterWorkersTest(test_utils.TestCase):
     # The launcher is gone; the workers serve on.
     self.assertTrue(all(cluster_testlib.Alive(p) for p in self.pids))
 
+  def testLocalWorkersWithSeveralDevicesEach(self):
+    logdir = self.create_tempdir().full_path
+    code, out, err = _Run(logdir=logdir, worker_processes=2,
+                          devices_per_task=2, num_stages=4,
+                          num_micro_batches=8, max_steps=2)
+    self.assertEqual(0, code, err)
+    self.assertIn('  replica 0: stages 0-1 on task 0 (CPU:0, CPU:1), stages '
+                  '2-3 on task 1 (CPU:0, CPU:1)', out)
+    self.assertAllClose(_Losses(self.ref_dir)[:2], _Losses(logdir), rtol=1e-5)
+
   def testLayoutMustUseEveryDevice(self):
     code, _, err = _Run(logdir=self.create_tempdir().full_path,
                         cluster_spec=self.spec, num_stages=2)

@@ -297,9 +297,7 @@ def FromSlurm(port_base=SLURM_PORT_BASE, environ=None):
         'no Slurm job step: SLURM_PROCID and SLURM_STEP_NODELIST are not set '
         '(start the workers with srun, e.g. srun --ntasks-per-node=1 python '
         '-m gpipe.worker)')
-  # pylint: disable=g-import-not-at-top
-  from tensorflow.python.distribute.cluster_resolver import slurm_cluster_resolver
-  # pylint: enable=g-import-not-at-top
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
   # The resolver reads os.environ: another environment is lent to it.
   saved = dict(os.environ)
   if environ is not os.environ:
@@ -309,7 +307,7 @@ def FromSlurm(port_base=SLURM_PORT_BASE, environ=None):
     # The resolver gives every task of a node its own GPU slot (and no more
     # tasks than slots): a slot per possible task, and no
     # CUDA_VISIBLE_DEVICES rewrite.
-    resolver = slurm_cluster_resolver.SlurmClusterResolver(
+    resolver = tf.distribute.cluster_resolver.SlurmClusterResolver(
         port_base=port_base, gpus_per_node=_NODE_SLOTS, gpus_per_task=1,
         auto_set_gpu=False)
     spec = resolver.cluster_spec().as_dict()

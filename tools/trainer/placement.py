@@ -120,57 +120,70 @@ class Placement:
     description = None if worker_processes else cluster_spec_lib.Resolve(
         cluster_spec, environ=environ, slurm=False)
     if worker_processes:
-      if device_type not in ('auto', 'cpu'):
-        raise ValueError(
-            '--device_type=%s with --worker_processes: local worker processes '
-            'run on CPU; start a gpipe worker on each accelerator host '
-            '(python -m gpipe.worker) and pass --cluster_spec or TF_CONFIG' %
-            device_type)
-      self.device_type = 'CPU'
-      if plan_only:
-        self.task_devices = devices_lib.PlannedDevices(
-            worker_processes, 'cpu', self._worker_args['cpu_devices'])
-        self.target = 'grpc://localhost'
-      else:
-        self.cluster = local_cluster.LocalCluster(worker_processes,
-                                                  **self._worker_args)
-        self.task_devices = self.cluster.task_devices
-        self.target = self.cluster.target
-      self.num_cpus = 1
+      self._LocalWorkers(worker_processes, device_type, plan_only)
     elif description is not None:
-      self.description = description
-      if plan_only:
-        if not devices_per_task:
-          raise ValueError(
-              'planning a layout for a cluster that is not running needs '
-              '--devices_per_task (e.g. --devices_per_task=8 '
-              '--device_type=gpu for hosts with 8 GPUs)')
-        found = devices_lib.PlannedDevices(description.num_tasks,
-                                           device_type, devices_per_task)
-      else:
-        found = devices_lib.Discover(description, connect_timeout_secs)
-      self.device_type = devices_lib.ChooseDeviceType(found, device_type)
-      self.task_devices = devices_lib.SelectDevices(
-          found, self.device_type, devices_per_task)
-      self.target = description.Target(0)
-      self.num_cpus = 1
+      self._RunningCluster(description, device_type, devices_per_task,
+                           connect_timeout_secs, plan_only)
     else:
-      self.device_type = _LocalDeviceType(device_type)
-      if self.device_type == 'CPU':
-        self.devices = ['/device:CPU:%d' % k for k in range(num_stages)]
-        self.num_cpus = num_stages
-      else:
-        gpus = len(tf.config.list_physical_devices('GPU'))
-        self.devices = ['/device:GPU:%d' % g
-                        for g in range(min(gpus, devices_per_task or gpus))]
-        self.num_cpus = 1
-      self.target = ''
+      self._ThisProcess(num_stages, device_type, devices_per_task)
     if self.task_devices is not None:
       self.devices = layout.Flatten(self.task_devices)
     self.distributed = bool(self.target)
     # Every device of a cluster (or of this process's GPUs) is used, so the
     # layout must fit them exactly; in-process CPUs are made to fit.
     self.exact = self.task_devices is not None or self.device_type != 'CPU'
+
+  def _LocalWorkers(self, num, device_type, plan_only):
+    """Starts (or plans) `num` local worker processes."""
+    if device_type not in ('auto', 'cpu'):
+      raise ValueError(
+          '--device_type=%s with --worker_processes: local worker processes '
+          'run on CPU; start a gpipe worker on each accelerator host '
+          '(python -m gpipe.worker) and pass --cluster_spec or TF_CONFIG' %
+          device_type)
+    self.device_type = 'CPU'
+    self.num_cpus = 1
+    if plan_only:
+      self.task_devices = devices_lib.PlannedDevices(
+          num, 'cpu', self._worker_args['cpu_devices'])
+      self.target = 'grpc://localhost'
+      return
+    self.cluster = local_cluster.LocalCluster(num, **self._worker_args)
+    self.task_devices = self.cluster.task_devices
+    self.target = self.cluster.target
+
+  def _RunningCluster(self, description, device_type, devices_per_task,
+                      connect_timeout_secs, plan_only):
+    """Checks (or plans) the workers of `description` and their devices."""
+    self.description = description
+    self.num_cpus = 1
+    if plan_only:
+      if not devices_per_task:
+        raise ValueError(
+            'planning a layout for a cluster that is not running needs '
+            '--devices_per_task (e.g. --devices_per_task=8 '
+            '--device_type=gpu for hosts with 8 GPUs)')
+      found = devices_lib.PlannedDevices(description.num_tasks, device_type,
+                                         devices_per_task)
+    else:
+      found = devices_lib.Discover(description, connect_timeout_secs)
+    self.device_type = devices_lib.ChooseDeviceType(found, device_type)
+    self.task_devices = devices_lib.SelectDevices(found, self.device_type,
+                                                  devices_per_task)
+    self.target = description.Target(0)
+
+  def _ThisProcess(self, num_stages, device_type, devices_per_task):
+    """num_stages virtual CPUs, or this process's GPUs."""
+    self.device_type = _LocalDeviceType(device_type)
+    self.target = ''
+    if self.device_type == 'CPU':
+      self.devices = ['/device:CPU:%d' % k for k in range(num_stages)]
+      self.num_cpus = num_stages
+      return
+    gpus = len(tf.config.list_physical_devices('GPU'))
+    self.devices = ['/device:GPU:%d' % g
+                    for g in range(min(gpus, devices_per_task or gpus))]
+    self.num_cpus = 1
 
   def SessionConfig(self):
     """The ConfigProto: virtual CPUs, soft placement and an op timeout."""
