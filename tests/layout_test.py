@@ -72,9 +72,10 @@ class LayoutTest(absltest.TestCase):
                      _Short(layout.Layout(mixed, 2, 3)))
 
   def testVPlacementOfZeroBubbleV(self):
+    # zb_v's rule.
     # K=8 stages in a V over each host's 4 GPUs: device d holds stages d and
     # 7-d, so the V's turn stays on one GPU and every hand-over on the host.
-    replicas = layout.Layout(layout.Flatten(_Gpus(2, 4)), 2, 8, 'zb_v')
+    replicas = layout.Layout(layout.Flatten(_Gpus(2, 4)), 2, 8, layout.V_SHAPE)
     self.assertEqual([['0/0', '0/1', '0/2', '0/3', '0/3', '0/2', '0/1',
                        '0/0'], ['1/%d' % g for g in (0, 1, 2, 3, 3, 2, 1, 0)]],
                      _Short(replicas))
@@ -82,17 +83,18 @@ class LayoutTest(absltest.TestCase):
         layout.ParseDevice(d)[2] for d in replicas[0]])
     with self.assertRaisesRegex(layout.LayoutError,
                                 r'two stages per device in a V.*R=2 x K=8'):
-      layout.Layout(layout.Flatten(_Gpus(2, 4)), 2, 4, 'zb_v')
+      layout.Layout(layout.Flatten(_Gpus(2, 4)), 2, 4, layout.V_SHAPE)
 
   def testRoundRobinOfInterleavedAndLoopedStages(self):
+    # interleaved_1f1b's rule: round-robin when there are fewer devices.
     gpus = layout.Flatten(_Gpus(2, 4))
-    replicas = layout.Layout(gpus, 1, 16, 'interleaved_1f1b')
+    replicas = layout.Layout(gpus, 1, 16, layout.ROUND_ROBIN)
     self.assertEqual(gpus + gpus, replicas[0])
-    replicas = layout.Layout(gpus, 2, 8, 'gpipe', loop=True)
+    replicas = layout.Layout(gpus, 2, 8, layout.ANY, loop=True)
     self.assertEqual(_Short([_Gpus(1, 4)[0] * 2, _Gpus(2, 4)[1] * 2]),
                      _Short(replicas))
     # With enough devices interleaved 1F1B runs one stage per device.
-    self.assertEqual(gpus, layout.Layout(gpus, 1, 8, 'interleaved_1f1b')[0])
+    self.assertEqual(gpus, layout.Layout(gpus, 1, 8, layout.ROUND_ROBIN)[0])
 
   def testDescribeNamesTasksDevicesAndHandOvers(self):
     lines = layout.Describe(layout.Layout(layout.Flatten(_Gpus(2, 4)), 1, 8))

@@ -11,10 +11,11 @@ devices:
   hosts only when it needs more devices than one host has);
 * replicas across tasks: replica r+1 starts where replica r ended, so the R
   replicas fill the hosts one after another;
-* within a replica the schedule's placement maps stages to its D devices:
-  one stage per device (D = K), a V for 'zb_v' (D = K/2; stage s on device
-  min(s, K-1-s)), round-robin for 'interleaved_1f1b' with fewer devices than
-  stages and for looped stages (stage s on device s mod D).
+* within a replica the schedule's placement rule maps stages to its D
+  devices: one stage per device (D = K; also for schedules that take any
+  placement), a V (D = K/2; stage s on device min(s, K-1-s), as 'zb_v'),
+  round-robin with fewer devices than stages (stage s on device s mod D, as
+  'interleaved_1f1b') and for looped stages of any schedule.
 
 Every device given is used: R x D must equal their number, else a
 LayoutError names the counts. For 2 hosts x 4 GPUs, R=2 x K=4 puts replica 0
@@ -25,6 +26,12 @@ host 0 and 4-7 on host 1 (one hand-over between hosts).
 import re
 
 from gpipe import schedule as schedule_lib
+
+# The schedules' placement rules.
+ANY = 'any'  # any placement: one stage per device here, unless looped
+ONE_PER_DEVICE = 'one_per_device'  # K = D, stage s on device s
+ROUND_ROBIN = 'round_robin'  # stage s on device s mod D when D < K
+V_SHAPE = 'v'  # K = 2D, stage s on device min(s, K-1-s)
 
 _DEVICE = re.compile(r'^(?:/job:(?P<job>[^/]+))?(?:/replica:(?P<replica>\d+))?'
                      r'(?:/task:(?P<task>\d+))?/device:(?P<type>[A-Za-z_]+):'
@@ -70,71 +77,74 @@ def Flatten(task_devices):
   return [d for devices in task_devices for d in devices]
 
 
-def DevicesPerReplica(num_stages, schedule='gpipe', num_devices=None,
+def DevicesPerReplica(num_stages, placement=ONE_PER_DEVICE, num_devices=None,
                       loop=False, num_replicas=1):
   """D, the devices one replica's pipeline runs on.
 
   Args:
     num_stages: K.
-    schedule: the pipeline's schedule name.
+    placement: the schedule's placement rule (ANY, ONE_PER_DEVICE,
+      ROUND_ROBIN or V_SHAPE).
     num_devices: the devices available to all replicas (needed for
       round-robin placements, which use all of them).
     loop: several stages per device, round-robin (stage s on s mod D).
     num_replicas: R.
 
   Returns:
-    K for one stage per device, K/2 for 'zb_v', and for round-robin
-    placements the available devices' share of one replica.
+    K for one stage per device, K/2 for a V, and for round-robin placements
+    the available devices' share of one replica.
   """
-  if schedule == 'zb_v':
+  if placement == V_SHAPE:
     return num_stages // 2
   if num_devices is not None and (
-      loop or (schedule == 'interleaved_1f1b' and
+      loop or (placement == ROUND_ROBIN and
                num_devices < num_stages * num_replicas)):
     return max(1, num_devices // num_replicas)
   return num_stages
 
 
-def StagePlacement(num_stages, num_devices, schedule='gpipe', loop=False):
+def StagePlacement(num_stages, num_devices, placement=ONE_PER_DEVICE,
+                   loop=False):
   """Which of a replica's D devices each of the K stages runs on.
 
   Args:
     num_stages: K.
     num_devices: D, the replica's devices.
-    schedule: the schedule name ('zb_v': a V; 'interleaved_1f1b' with D < K:
-      round-robin).
-    loop: round-robin whatever the schedule (looped stages).
+    placement: the schedule's placement rule (V_SHAPE: a V; ROUND_ROBIN with
+      D < K: round-robin; otherwise one stage per device).
+    loop: round-robin whatever the rule (looped stages).
 
   Returns:
     K device indices in 0..D-1.
 
   Raises:
-    LayoutError: the schedule's placement does not fit K stages on D devices.
+    LayoutError: the placement does not fit K stages on D devices.
   """
   k, d = num_stages, num_devices
-  if schedule == 'zb_v':
+  if placement == V_SHAPE:
     if k % 2 or d != k // 2:
       raise LayoutError(
-          "schedule 'zb_v' puts two stages per device in a V: K=%d stages "
-          'need an even K and K/2 devices, got %d device(s)' % (k, d))
+          'a V puts two stages per device: K=%d stages need an even K and '
+          'K/2 devices, got %d device(s)' % (k, d))
     return schedule_lib.VPlacement(k)
-  if loop or (schedule == 'interleaved_1f1b' and d < k):
+  if loop or (placement == ROUND_ROBIN and d < k):
     return schedule_lib.RoundRobinPlacement(k, d)
   if d != k:
-    raise LayoutError(
-        'schedule %r runs one stage per device: K=%d stages need %d devices, '
-        'got %d' % (schedule, k, k, d))
+    raise LayoutError('one stage per device: K=%d stages need %d devices, got '
+                      '%d' % (k, k, d))
   return list(range(k))
 
 
-def Layout(devices, num_replicas, num_stages, schedule='gpipe', loop=False):
+def Layout(devices, num_replicas, num_stages, placement=ONE_PER_DEVICE,
+           loop=False):
   """R lists of K stage devices on `devices` (see the module doc).
 
   Args:
     devices: every device to use, task by task (Flatten of per-task lists).
     num_replicas: R.
     num_stages: K.
-    schedule: the pipeline's schedule (decides the placement in a replica).
+    placement: the schedule's placement rule (ANY, ONE_PER_DEVICE,
+      ROUND_ROBIN or V_SHAPE): decides the placement in a replica.
     loop: several stages per device, round-robin.
 
   Returns:
@@ -149,22 +159,22 @@ def Layout(devices, num_replicas, num_stages, schedule='gpipe', loop=False):
   if r < 1 or k < 1:
     raise LayoutError('need R >= 1 replicas and K >= 1 stages, got R=%d, '
                       'K=%d' % (r, k))
-  d = DevicesPerReplica(k, schedule, n, loop, r)
+  d = DevicesPerReplica(k, placement, n, loop, r)
   if r * d != n:
-    how = ('two stages per device in a V' if schedule == 'zb_v' else
+    how = ('two stages per device in a V' if placement == V_SHAPE else
            'stages round-robin' if d != k else 'one stage per device')
     raise LayoutError(
         '%d replica(s) x %d device(s) each (%d stages, %s) = %d devices, but '
         '%d device(s) are there (%s): every device is used, so R x D must '
         'equal %d%s' % (r, d, k, how, r * d, n, CountByTask(devices), n,
-                        _Fits(n, r, k, schedule)))
-  placement = StagePlacement(k, d, schedule, loop)
-  return [[devices[i * d + j] for j in placement] for i in range(r)]
+                        _Fits(n, r, k, placement)))
+  where = StagePlacement(k, d, placement, loop)
+  return [[devices[i * d + j] for j in where] for i in range(r)]
 
 
-def _Fits(n, r, k, schedule):
+def _Fits(n, r, k, placement):
   """'; R=2 x K=4 or R=1 x K=8 would fit' for n devices ('' if neither)."""
-  per_device = 2 if schedule == 'zb_v' else 1  # stages per device
+  per_device = 2 if placement == V_SHAPE else 1  # stages per device
   d = max(1, k // per_device)
   fits = []
   if n % d == 0 and n // d != r:

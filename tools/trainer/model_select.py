@@ -260,10 +260,21 @@ def SetStageDevices(cfg, devices, keep_explicit=False, loop=False,
       pp.stage_devices = replicas[0]
 
 
+# The schedules whose placement is not one stage per device (any other
+# schedule takes any placement and runs one stage per device here).
+_PLACEMENT_RULES = {'zb_v': layout.V_SHAPE,
+                    'interleaved_1f1b': layout.ROUND_ROBIN}
+
+
+def PlacementRule(pipeline_params):
+  """The gpipe.runtime.layout placement rule of the pipeline's schedule."""
+  return _PLACEMENT_RULES.get(pipeline_params.schedule, layout.ANY)
+
+
 def DevicesPerReplica(pipeline_params):
-  """The devices one pipeline needs: K, or K/2 for 'zb_v' (a V)."""
+  """The devices one pipeline needs: K, or K/2 for a V ('zb_v')."""
   return layout.DevicesPerReplica(NumStages(pipeline_params),
-                                  pipeline_params.schedule)
+                                  PlacementRule(pipeline_params))
 
 
 def PipelineLayout(path, pp, devices, data_parallel=1, loop=False,
@@ -294,6 +305,7 @@ def PipelineLayout(path, pp, devices, data_parallel=1, loop=False,
       change.
   """
   k = NumStages(pp)
+  rule = PlacementRule(pp)
   devices = list(devices)
   if data_parallel > 1:
     need = DevicesPerReplica(pp)
@@ -306,16 +318,16 @@ def PipelineLayout(path, pp, devices, data_parallel=1, loop=False,
           'given: set --worker_processes=%d (or --cluster_spec with %d '
           'servers), or change --data_parallel or --num_stages (devices: '
           '%s)' % (data_parallel, path, need, k,
-                   ', two per device in a V' if pp.schedule == 'zb_v' else '',
+                   ', two per device in a V' if rule == layout.V_SHAPE else '',
                    total, len(devices), total, total,
                    layout.CountByTask(devices)))
-  elif pp.schedule == 'zb_v' and (k % 2 or len(devices) < k // 2):
+  elif rule == layout.V_SHAPE and (k % 2 or len(devices) < k // 2):
     raise ValueError(
-        "the pipeline at %s runs schedule 'zb_v' (two stages per device "
-        'in a V) but has %d stages for %d devices/workers: use an even '
-        '--num_stages of at most %d' % (path, k, len(devices),
-                                        2 * len(devices)))
-  elif (not loop and pp.schedule not in ('zb_v', 'interleaved_1f1b') and
+        'the pipeline at %s runs schedule %r (two stages per device in a V) '
+        'but has %d stages for %d devices/workers: use an even --num_stages '
+        'of at most %d' % (path, pp.schedule, k, len(devices),
+                           2 * len(devices)))
+  elif (not loop and rule in (layout.ANY, layout.ONE_PER_DEVICE) and
         len(devices) < k):
     raise ValueError(
         'the pipeline at %s has %d stages but only %d devices/workers were '
@@ -323,10 +335,9 @@ def PipelineLayout(path, pp, devices, data_parallel=1, loop=False,
         '--num_stages=%d, or --loop_stages to put several stages on each' %
         (path, k, len(devices), devices, len(devices)))
   elif not exact:
-    devices = devices[:layout.DevicesPerReplica(k, pp.schedule, len(devices),
-                                                loop)]
+    devices = devices[:layout.DevicesPerReplica(k, rule, len(devices), loop)]
   try:
-    return layout.Layout(devices, data_parallel, k, pp.schedule, loop)
+    return layout.Layout(devices, data_parallel, k, rule, loop)
   except layout.LayoutError as e:
     raise ValueError(
         'the pipeline at %s: %s. Change --data_parallel or --num_stages to '
