@@ -108,7 +108,14 @@ def _ServerSpec(args):
 
 
 def LocalDeviceNames(config):
-  """'CPU:0', 'GPU:1'... of this process's devices under `config`."""
+  """This process's devices under `config`, short names.
+
+  Args:
+    config: the server's ConfigProto (its CPU device count).
+
+  Returns:
+    ['CPU:0', 'CPU:1', 'GPU:0', ...].
+  """
   names = []
   for device in device_lib.list_local_devices(config):
     parts = device.name.split(':')
@@ -117,6 +124,15 @@ def LocalDeviceNames(config):
 
 
 def main(argv=None):
+  """Serves the worker task the flags or the environment describe.
+
+  Args:
+    argv: the flags (default: sys.argv[1:]).
+
+  Returns:
+    2 for a cluster description that cannot be used, 1 when the server
+    cannot start; otherwise it serves until killed.
+  """
   args = _Parser().parse_args(argv)
   try:
     jobs, job, task, source = _ServerSpec(args)
