@@ -43,7 +43,7 @@ from gpipe import schedule
 from gpipe.measure import timeline
 from gpipe.batch_norm import MicroBatchBatchNormLayer
 from gpipe.compat.lingvo_gpipe import FromLingvo
-from gpipe.local_cluster import LocalCluster
+from gpipe.runtime.local_cluster import LocalCluster
 from gpipe.partition import PartitionByCost
 from gpipe.partition import StageCut
 from gpipe.pipeline import PipeliningLayer

@@ -5,7 +5,7 @@ from gpipe.compat import lingvo_import  # pylint: disable=unused-import
 import os
 import signal
 
-from gpipe import local_cluster
+from gpipe.runtime import local_cluster
 from gpipe import pipeline
 from gpipe import pipeline_tasks
 from gpipe import schedule
