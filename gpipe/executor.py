@@ -81,12 +81,16 @@ class PipelineExecutor:
     return len(self.replica_devices)
 
   def _BatchedWeights(self):
-    """Whether each stage computes its weight gradients once per step."""
-    return bool(getattr(self.params, 'batched_weight_gradients', False))
+    """Whether each stage computes its weight gradients once per step.
+
+    Never in eval graphs: their stage functions are not batched either.
+    """
+    return bool(getattr(self.params, 'batched_weight_gradients',
+                        False)) and not self.do_eval
 
   def _StageFns(self, micro_batch_inputs, replica=0, num_micro_batches=1):
     """The StageFunctions for this mode, input signature and replica."""
-    batched = self._BatchedWeights() and not self.do_eval
+    batched = self._BatchedWeights()
     key = (replica, self.do_eval, batched and num_micro_batches, tuple(
         (tuple(t.shape.as_list()), t.dtype.name)
         for t in micro_batch.Present(micro_batch_inputs)),

@@ -122,6 +122,12 @@ def Dependencies(task, num_stages, num_micro_batches, per_micro_batch_loss):
     A list of Tasks.
   """
   s, m = task.stage, task.micro_batch
+  if IsAll(m):
+    raise ValueError(
+        'task %s covers all micro-batches (batched weight gradients): the '
+        'dataflow of per-micro-batch schedules does not describe it; '
+        'simulate the orders before gpipe.weight_batching.Orders' %
+        Label(task))
   if task.phase == FORWARD:
     return [Task(s - 1, m, FORWARD)] if s else []
   if task.phase == WEIGHT:

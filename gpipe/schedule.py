@@ -42,5 +42,6 @@ Orders = _registry.Orders
 BubbleFormula = _registry.BubbleFormula
 CostsOf = _registry.Costs
 Spec = _registry.Get
+ScheduleSpec = _registry.Schedule
 SCHEDULES = collections.OrderedDict(
     (name, _registry.Get(name)) for name in _registry.Names())

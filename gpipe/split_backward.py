@@ -513,6 +513,12 @@ class SplitStageFunctions(stage_lib.StageFunctions):
     pending = [feeds for _, feeds in self._pending]
     self._pending = []
     covered = pipeline_tasks.AllMicroBatches(min(indices), len(indices))
+    if sorted(indices) != list(range(covered.first,
+                                     covered.first + covered.count)):
+      raise ValueError(
+          'stage %d: its batched weight gradient would mix micro-batches %s; '
+          'one tf.gradients pass over one FProp must give each micro-batch '
+          'once (see README, Known limits)' % (self.index, sorted(indices)))
     whole = self._pieces['W*']
     values = {}
     with tf.name_scope(pipeline_tasks.OpScope(self.index, 'merge_W',

@@ -374,6 +374,9 @@ class StageFunctions:
           else:
             all_grads = tf_gradient(op, *d_results)
             ops = list({g.op for g in all_grads if g is not None})
+            if not ops:
+              # Nothing to compute: a no-op keeps the device's chain whole.
+              ops = [tf.no_op()]
             grads = list(all_grads[:num_theta]) + [
                 all_grads[num_theta + i] for i in self._float_args
             ]

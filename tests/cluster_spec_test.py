@@ -1,6 +1,6 @@
 """Cluster descriptions: worker=h:p, JSON, TF_CONFIG and Slurm, and errors."""
 
-from gpipe import lingvo_import  # pylint: disable=unused-import
+from gpipe.compat import lingvo_import  # pylint: disable=unused-import
 
 import json
 import os
@@ -143,6 +143,28 @@ class ResolveTest(absltest.TestCase):
     with self.assertRaisesRegex(cluster_spec.ClusterSpecError,
                                 'no Slurm job step'):
       cluster_spec.FromSlurm(environ={})
+
+  def testSlurmTaskIsItsOwnNodeWhenNamesSortOtherwise(self):
+    # Slurm ranks follow the node list (node9, then node10); TensorFlow's
+    # resolver sorts the hosts by name (node10 first). Each worker must be
+    # the task at its own node's address.
+    for rank, node in ((0, 'node9'), (1, 'node10')):
+      slurm = {
+          'SLURM_PROCID': str(rank), 'SLURM_STEP_NUM_TASKS': '2',
+          'SLURM_STEP_NODELIST': 'node[9-10]',
+          'SLURM_STEP_TASKS_PER_NODE': '1(x2)', 'SLURMD_NODENAME': node,
+          'SLURM_LOCALID': '0',
+      }
+      description = cluster_spec.Resolve('', environ=slurm, port_base=9000,
+                                          require_worker=True)
+      self.assertEqual(description.workers[description.task],
+                       '%s:9000' % node)
+
+  def testTfConfigWithoutAWorkerJobIsNotACluster(self):
+    chief_only = json.dumps({'cluster': {'chief': ['h:1']},
+                             'task': {'type': 'chief', 'index': 0}})
+    self.assertIsNone(cluster_spec.Resolve('', environ={'TF_CONFIG':
+                                                        chief_only}))
 
 
 if __name__ == '__main__':

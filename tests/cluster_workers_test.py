@@ -9,7 +9,7 @@ descriptions, unreachable tasks and servers that are not the task asked for
 fail at once with the address named.
 """
 
-from gpipe import lingvo_import  # pylint: disable=unused-import
+from gpipe.compat import lingvo_import  # pylint: disable=unused-import
 
 import json
 import os

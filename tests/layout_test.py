@@ -1,6 +1,6 @@
 """R replicas x K stages laid out on GPU device lists (gpipe.runtime.layout)."""
 
-from gpipe import lingvo_import  # pylint: disable=unused-import
+from gpipe.compat import lingvo_import  # pylint: disable=unused-import
 
 from absl.testing import absltest
 from gpipe import schedule

@@ -60,7 +60,29 @@ class RegistryTest(parameterized.TestCase):
     with self.assertRaisesRegex(ValueError, 'K=4 stages need 2 devices'):
       registry.Placement('zb_v', 4, 4)
     with self.assertRaisesRegex(ValueError, 'do not go evenly'):
-      registry.Placement('gpipe', 5, 2)
+      registry.Placement('interleaved_1f1b', 5, 2)
+    with self.assertRaisesRegex(ValueError, 'K must be even, got K=5'):
+      registry.Placement('zb_v', 5, 2)
+    # Any placement runs fill-drain: several stages loop breadth-first.
+    self.assertEqual(registry.Placement('gpipe', 5, 2), [0, 1, 0, 1, 0])
+    registry.Orders('gpipe', [0, 1, 0, 1, 0], 4)
+
+  def testBubbleFormulasAreTheSimulatedIdleTime(self):
+    for name in registry.Names():
+      schedule = registry.Get(name)
+      v = schedule.stages_per_device
+      for d, m in itertools.product([2, 4], [4, 8, 16]):
+        where = registry.Placement(name, d * v, d)
+        try:
+          _, orders = registry.Orders(name, where, m)
+        except ValueError:
+          continue
+        self.assertAlmostEqual(
+            simulate.SimulatedBubble(orders, d * v, m,
+                                     schedule.per_micro_batch_loss,
+                                     registry.Costs(name)),
+            registry.BubbleFormula(name, d, v, m), places=9,
+            msg='%s D=%d M=%d' % (name, d, m))
 
   def testUnknownAndDuplicateNames(self):
     with self.assertRaisesRegex(ValueError, "unknown schedule 'zb_x'; known "

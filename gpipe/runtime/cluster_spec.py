@@ -322,9 +322,27 @@ def FromSlurm(port_base=SLURM_PORT_BASE, environ=None):
     if environ is not os.environ:
       os.environ.clear()
       os.environ.update(saved)
-  task_type, task = resolver.get_task_info()
-  return _Description(spec, 'Slurm step', task if task_type == JOB else None,
-                      'Slurm')
+  # The resolver sorts the hosts by name but takes SLURM_PROCID as the index
+  # into that sorted list; Slurm numbers ranks in node-list order (node9
+  # before node10). This task's own address is its node and local id.
+  task = None
+  node, local = environ.get('SLURMD_NODENAME'), environ.get('SLURM_LOCALID')
+  if node and local is not None:
+    own = '%s:%d' % (node, port_base + int(local))
+    if own in spec.get(JOB, []):
+      task = spec[JOB].index(own)
+  if task is None:
+    task_type, task = resolver.get_task_info()
+    task = task if task_type == JOB else None
+  return _Description(spec, 'Slurm step', task, 'Slurm')
+
+
+def _HasWorkerJob(tf_config):
+  """Whether TF_CONFIG text names a 'worker' job (else it is not ours)."""
+  try:
+    return bool(json.loads(tf_config).get('cluster', {}).get(JOB))
+  except (ValueError, AttributeError):
+    return True  # Let FromJson say what is wrong with it.
 
 
 def Resolve(cluster_spec='', task=None, environ=None, slurm=True,
@@ -357,7 +375,8 @@ def Resolve(cluster_spec='', task=None, environ=None, slurm=True,
     if task is not None:
       description = _Description(description.Dict(), '--cluster_spec', task,
                                  '--cluster_spec')
-  elif environ.get('TF_CONFIG', '').strip():
+  elif environ.get('TF_CONFIG', '').strip() and (
+      require_worker or _HasWorkerJob(environ['TF_CONFIG'])):
     description = FromJson(environ['TF_CONFIG'], 'TF_CONFIG',
                            require_worker=require_worker and task is None)
     if task is not None:

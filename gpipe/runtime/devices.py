@@ -22,14 +22,16 @@ import socket
 import threading
 import time
 
-from gpipe import lingvo_import  # pylint: disable=unused-import
+from gpipe.compat import lingvo_import  # pylint: disable=unused-import
 from gpipe.runtime import cluster_spec as cluster_spec_lib
 from gpipe.runtime import layout
 from lingvo import compat as tf
 
 DEVICE_TYPES = ('auto', 'cpu', 'gpu', 'tpu')
 # Accelerators in the order 'auto' prefers them when every task has both.
-ACCELERATORS = ('GPU', 'TPU')
+# What --device_type=auto looks for: GPUs. TPU cores are used only when asked
+# for (--device_type=tpu): the library does not initialize a TPU system.
+ACCELERATORS = ('GPU',)
 # Matches no task: a server asked with it lists only its own devices.
 _NO_REMOTE_TASK = '/job:gpipe_no_such_job'
 

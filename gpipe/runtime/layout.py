@@ -128,6 +128,11 @@ def StagePlacement(num_stages, num_devices, placement=ONE_PER_DEVICE,
           'a V puts two stages per device: K=%d stages need an even K and '
           'K/2 devices, got %d device(s)' % (k, d))
     return schedule_orders.VPlacement(k)
+  if placement == ROUND_ROBIN and d < k and k % d:
+    raise LayoutError(
+        'round-robin puts the same number of stages on each device: K=%d '
+        'stages do not go evenly over %d devices; use --num_stages=%d or %d'
+        % (k, d, k - k % d, k + d - k % d))
   if loop or (placement == ROUND_ROBIN and d < k):
     return schedule_orders.RoundRobinPlacement(k, d)
   if d != k:

@@ -34,7 +34,11 @@ import sys
 import threading
 import time
 
-from gpipe import lingvo_import  # pylint: disable=unused-import
+# Read before the slow imports below: a parent that dies while they run
+# must still be noticed (getppid() would already name the reaper).
+_PARENT_PID = os.getppid()
+
+from gpipe.compat import lingvo_import  # pylint: disable=unused-import
 from gpipe.runtime import cluster_spec as cluster_spec_lib
 from lingvo import compat as tf
 from lingvo.core import py_utils  # pylint: disable=unused-import  # registers ops
@@ -141,7 +145,7 @@ def main(argv=None):
     return 2
   if args.exit_with_parent:
     threading.Thread(
-        target=_ExitWhenOrphaned, args=(os.getppid(),), daemon=True).start()
+        target=_ExitWhenOrphaned, args=(_PARENT_PID,), daemon=True).start()
   config = tf.compat.v1.ConfigProto(
       intra_op_parallelism_threads=args.intra_op_threads,
       inter_op_parallelism_threads=args.inter_op_threads,

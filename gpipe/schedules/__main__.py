@@ -16,7 +16,7 @@ def main(argv):
   for name in registry.Names():
     schedule = registry.Get(name)
     v = schedule.stages_per_device
-    devices = k // v
+    devices = max(1, k // v)
     where = registry.Placement(name, devices * v, devices)
     print('%s, %d stages on %d devices, M=%d:' % (name, devices * v, devices,
                                                   m))

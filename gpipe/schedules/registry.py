@@ -123,6 +123,9 @@ def Placement(name, num_stages, num_devices):
   """
   rule = Get(name).placement
   if rule == V_SHAPE:
+    if num_stages % 2:
+      raise ValueError('schedule %r places two stages per device in a V: K '
+                       'must be even, got K=%d' % (name, num_stages))
     if num_stages != 2 * num_devices:
       raise ValueError(
           'schedule %r places two stages per device in a V: K=%d stages need '
@@ -133,7 +136,7 @@ def Placement(name, num_stages, num_devices):
     raise ValueError(
         'schedule %r runs one stage per device: K=%d stages need %d devices, '
         'not %d' % (name, num_stages, num_stages, num_devices))
-  if num_stages % num_devices:
+  if num_stages % num_devices and rule != ANY:
     raise ValueError(
         'schedule %r: %d stages do not go evenly round-robin over %d devices; '
         'use a number of stages that is a multiple of the devices' %
@@ -345,7 +348,7 @@ Register(Schedule(
     # (D-1)(T_F+T_B-2T_W) = 0 leaves the fill of the first forward, D-1
     # half-stage ticks over a 6M-tick step.
     bubble=lambda d, v, m: (d - 1.0) / (6 * m + d - 1),
-    bubble_text='(D-1)/(6M+D-1)',
+    bubble_text='(D-1)/(6M+D-1) (M >= D)',
     # Device 0 holds stage 0's forwards until micro-batch 0 comes back down
     # the V to stage K-1 on the same device.
     activations=lambda d, v, m: min(2 * d, m + 1),

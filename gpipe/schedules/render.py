@@ -102,7 +102,8 @@ def RenderSchedule(name, stage_devices, num_micro_batches, costs=None):
   Returns:
     A multi-line string, one row per device; cells like ``B3s1``.
   """
-  devices, orders = registry.Orders(name, stage_devices, num_micro_batches)
+  devices, orders = registry.Orders(name, stage_devices, num_micro_batches,
+                                    costs)
   k = stage_devices if isinstance(stage_devices, int) else len(stage_devices)
   lanes = simulate.Simulate(orders, k, num_micro_batches,
                             registry.Get(name).per_micro_batch_loss,

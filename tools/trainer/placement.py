@@ -109,6 +109,9 @@ class Placement:
     if devices_per_task < 0:
       raise ValueError('--devices_per_task=%d: give a count >= 1 (or 0: all)'
                        % devices_per_task)
+    if connect_timeout_secs <= 0:
+      raise ValueError('--connect_timeout_secs=%s: give the seconds each '
+                       'check of a worker may take, > 0' % connect_timeout_secs)
     self.num_stages = num_stages
     self.step_timeout_ms = int(step_timeout_secs * 1000)
     self.cluster = None
