@@ -50,7 +50,7 @@ class LocalCluster:
   """K local TensorFlow worker processes."""
 
   def __init__(self, num_workers, pin_cores=False, intra_op_threads=1,
-               inter_op_threads=2, log_dir=None, start_timeout=60.0,
+               inter_op_threads=2, log_dir=None, start_timeout=None,
                cpu_devices=1):
     """Starts the workers and waits until each one serves.
 
@@ -61,7 +61,10 @@ class LocalCluster:
       intra_op_threads: threads per op in each worker.
       inter_op_threads: ops run concurrently in each worker.
       log_dir: where worker i writes worker_i.log (default: discarded).
-      start_timeout: seconds to wait for the workers to serve.
+      start_timeout: seconds to wait for the workers to serve (default: 60
+        plus 15 per worker: every worker imports TensorFlow and Lingvo at
+        once, so on a busy machine they take the longer the more there are;
+        a worker that exits is reported at once).
       cpu_devices: virtual CPU devices per worker (device:CPU:0..n-1), which
         share the worker's threads.
     """
@@ -107,6 +110,8 @@ class LocalCluster:
           subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
                            stdin=subprocess.DEVNULL, start_new_session=True))
     atexit.register(self.Stop)
+    if start_timeout is None:
+      start_timeout = 60.0 + 15.0 * num_workers
     deadline = time.time() + start_timeout
     for i, port in enumerate(self.ports):
       while not _Serving(port):
