@@ -29,7 +29,7 @@ then connect to ``r.addresses[0]``. As a process::
       [--control /run/relay.sock] [--exit_with_parent]
 
 prints ``delay relay ready: <listen>=<target> ...`` once every route
-listens. tools/netlab/netns.py runs it between network-namespace hosts.
+listens, then ``connection <peer> -> <target>`` for each connection. tools/netlab/netns.py runs it between network-namespace hosts.
 """
 
 import argparse
@@ -84,13 +84,14 @@ def _Reset(writer):
 class Relay:
   """The routes of one relay and their connections, on one asyncio loop."""
 
-  def __init__(self, routes, delay_ms):
+  def __init__(self, routes, delay_ms, log=None):
     """Configures the relay (nothing listens yet: see Start).
 
     Args:
       routes: a list of (listen, target) addresses, each a 'host:port'
         string or a (host, port) pair; port 0 listens on a free port.
       delay_ms: the one-way delay in milliseconds (>= 0).
+      log: optional function(line), called for each connection accepted.
     """
     self.routes = [
         tuple(ParseAddress(a) if isinstance(a, str) else tuple(a)
@@ -98,6 +99,7 @@ class Relay:
     self.SetDelay(delay_ms)
     self._servers = []
     self._tasks = set()
+    self._log = log
     self.addresses = []
     self.connections = 0
 
@@ -135,6 +137,9 @@ class Relay:
 
   async def _Connection(self, reader, writer, target):
     self.connections += 1
+    if self._log:
+      peer = writer.get_extra_info('peername') or ('?', 0)
+      self._log('connection %s:%d -> %s:%d' % (peer[0], peer[1], *target))
     task = asyncio.current_task()
     self._tasks.add(task)
     writers = [writer]
@@ -310,7 +315,8 @@ def SetDelayAt(control, delay_ms, timeout=10.0):
 
 
 async def _Main(args):
-  relay = Relay([ParseRoute(r) for r in args.route], args.delay_ms)
+  relay = Relay([ParseRoute(r) for r in args.route], args.delay_ms,
+                log=lambda line: print(line, flush=True))
   await relay.Start()
   if args.control:
     await asyncio.start_unix_server(

@@ -86,9 +86,15 @@ class LabError(RuntimeError):
   """A lab could not be set up (the failing command and its output)."""
 
 
+def _Tool(name):
+  """The path of an iproute2 command (also where PATH lacks /usr/sbin)."""
+  return (shutil.which(name) or
+          shutil.which(name, path='/usr/sbin:/sbin:/usr/bin:/bin') or name)
+
+
 def _Ip(*args, check=True):
   """Runs `ip args`; returns its stdout. Raises LabError on failure."""
-  return _Run(['ip'] + list(args), check)
+  return _Run([_Tool('ip')] + list(args), check)
 
 
 def _Run(argv, check=True):
@@ -108,7 +114,7 @@ def Unavailable():
   if os.geteuid() != 0:
     reason = ('network namespaces need root (ip netns add); running as uid '
               '%d' % os.geteuid())
-  elif not (shutil.which('ip') and shutil.which('tc')):
+  elif not all(os.path.isabs(_Tool(name)) for name in ('ip', 'tc')):
     reason = 'the `ip` and `tc` commands (iproute2) are not installed'
   else:
     probe = '%s%dx0-probe' % (PREFIX, os.getpid())
@@ -215,6 +221,16 @@ def _Connects(address, port, timeout):
     return s.connect_ex((address, port)) == 0
 
 
+def StopProcess(proc, timeout=10.0):
+  """SIGKILLs a subprocess.Popen if it runs, and reaps it."""
+  if proc.poll() is None:
+    proc.kill()
+  try:
+    proc.wait(timeout=timeout)
+  except subprocess.TimeoutExpired:
+    pass  # Stuck in the kernel: nothing more to do from here.
+
+
 def ChildEnvironment():
   """The environment of lab processes: the repository on the path, no proxy.
 
@@ -245,8 +261,8 @@ class Lab:
       rate_mbit: cap every host's and the client's link at this many
         Mbit/s each way (tbf), or None.
       ports: the ports the relay forwards on every host.
-      log_dir: where the relay writes relay.log (default: a temporary
-        directory, removed by Close).
+      log_dir: where the relay writes relay.log, one line per connection
+        (default: a temporary directory, removed by Close).
 
     Raises:
       LabError: the lab could not be made (the failing command says why;
@@ -268,6 +284,7 @@ class Lab:
     self.client_address = '%s.%d' % (SUBNET, CLIENT_HOST)
     self.delay_ms = delay_ms
     self.relay_addresses = None
+    self.relay_log = None
     if delay_ms is not None:
       self.relay_addresses = ['%s.%d' % (SUBNET, FIRST_RELAY + i)
                               for i in range(num_hosts)]
@@ -321,9 +338,9 @@ class Lab:
   def _Cap(self, ns, dev):
     """A tbf qdisc of rate_mbit on `dev` (a burst of 5 ms, >= 64 KiB)."""
     burst = max(64 << 10, int(self.rate_mbit * 1e6 / 8 * 0.005))
-    _Run(['tc', '-n', ns, 'qdisc', 'replace', 'dev', dev, 'root', 'tbf',
-          'rate', '%gmbit' % self.rate_mbit, 'burst', str(burst), 'latency',
-          '100ms'])
+    _Run([_Tool('tc'), '-n', ns, 'qdisc', 'replace', 'dev', dev, 'root',
+          'tbf', 'rate', '%gmbit' % self.rate_mbit, 'burst', str(burst),
+          'latency', '100ms'])
 
   def _StartRelay(self):
     # Short: a socket path has at most 107 bytes.
@@ -332,7 +349,7 @@ class Lab:
     for relay, host in zip(self.relay_addresses, self.host_addresses):
       for port in self.ports:
         routes += ['--route', '%s:%d=%s:%d' % (relay, port, host, port)]
-    log_path = os.path.join(self.log_dir, 'relay.log')
+    log_path = self.relay_log = os.path.join(self.log_dir, 'relay.log')
     self._relay = self.Popen(
         self.hub, [sys.executable, '-m', 'tools.netlab.delay_relay',
                    '--delay_ms', str(self.delay_ms), '--control',
@@ -351,7 +368,7 @@ class Lab:
 
   def Command(self, ns, argv):
     """The command line running `argv` in namespace `ns`."""
-    return ['ip', 'netns', 'exec', ns] + list(argv)
+    return [_Tool('ip'), 'netns', 'exec', ns] + list(argv)
 
   def Popen(self, ns, argv, log_path=None, **kwargs):
     """Starts `argv` in namespace `ns` (stopped by Close).
@@ -416,13 +433,7 @@ class Lab:
       return
     self._closed = True
     for proc in self._procs:
-      if proc.poll() is None:
-        proc.kill()
-    for proc in self._procs:
-      try:
-        proc.wait(timeout=10)
-      except subprocess.TimeoutExpired:
-        pass
+      StopProcess(proc)
     for ns in self.hosts + [self.client, self.hub]:
       _KillNamespace(ns)
     shutil.rmtree(self._tmp, ignore_errors=True)
@@ -519,8 +530,11 @@ class Workers:
     if self._pin:
       argv = ['taskset', '-c', str(i % (os.cpu_count() or 1))] + argv
     self._starts[i] += 1
+    # Its own session, as gpipe.local_cluster's workers: Linux's autogroup
+    # scheduler gives each session one CPU share.
     self.procs[i] = self.lab.Popen(self.lab.hosts[i], argv,
-                                   log_path=self.LogPath(i))
+                                   log_path=self.LogPath(i),
+                                   start_new_session=True)
     return self.procs[i]
 
   def WaitServing(self, i, timeout=60.0):
@@ -543,10 +557,7 @@ class Workers:
 
   def Kill(self, i):
     """SIGKILLs worker i and waits for it."""
-    proc = self.procs[i]
-    if proc.poll() is None:
-      proc.kill()
-    proc.wait()
+    StopProcess(self.procs[i])
 
   def Stop(self):
     for i, proc in enumerate(self.procs):

@@ -9,7 +9,9 @@ Three ways, by flags:
   (``gpipe.local_cluster.LocalCluster``), stage k on worker k; the session
   talks to worker 0. Workers are checked between steps.
 * ``--cluster_spec='worker=host:port,host:port'``: existing TensorFlow
-  servers (``python -m gpipe.worker``), e.g. on other hosts.
+  servers (``python -m gpipe.worker``), e.g. on other hosts. The trainer
+  does not restart them: after a loss it waits for them to serve again
+  (``tools.trainer.remote_tasks``).
 
 Each step runs with a timeout, so a lost worker fails the step with an error
 instead of blocking forever.
@@ -21,6 +23,7 @@ from gpipe import lingvo_import  # pylint: disable=unused-import
 from gpipe import local_cluster
 from lingvo import compat as tf
 from lingvo.core import cluster_factory
+from tools.trainer import remote_tasks
 
 
 def ParseClusterSpec(text):
@@ -61,7 +64,8 @@ class Placement:
   """Stage devices, the session target/config, and worker liveness."""
 
   def __init__(self, num_stages, worker_processes=0, cluster_spec='',
-               step_timeout_secs=300, log_dir=None, pin_cores=False):
+               step_timeout_secs=300, log_dir=None, pin_cores=False,
+               worker_wait_secs=300):
     """Sets up (and for worker_processes, starts) the devices.
 
     Args:
@@ -71,6 +75,8 @@ class Placement:
       step_timeout_secs: the longest a session run may take.
       log_dir: where local workers write their logs.
       pin_cores: pin local worker i to core i (taskset).
+      worker_wait_secs: on Restart, how long to wait for lost servers of
+        cluster_spec to serve again.
     """
     if worker_processes and cluster_spec:
       raise ValueError('give either --worker_processes or --cluster_spec, '
@@ -79,6 +85,9 @@ class Placement:
     self.step_timeout_ms = int(step_timeout_secs * 1000)
     self.cluster = None
     self.restarts = 0
+    # The servers of cluster_spec (a RemoteTasks), or None.
+    self.remote = None
+    self.worker_wait_secs = worker_wait_secs
     self._worker_args = dict(pin_cores=pin_cores, log_dir=log_dir)
     if worker_processes:
       self.cluster = local_cluster.LocalCluster(worker_processes,
@@ -94,6 +103,7 @@ class Placement:
       ]
       self.target = 'grpc://' + workers[0]
       self.num_cpus = 1
+      self.remote = remote_tasks.RemoteTasks(workers)
     else:
       self.devices = ['/device:CPU:%d' % k for k in range(num_stages)]
       self.target = ''
@@ -117,6 +127,14 @@ class Placement:
     return options
 
   def NewSession(self, graph):
+    """A session on the placement's target for `graph`.
+
+    With a cluster spec, first checks that its tasks reach each other
+    (remote_tasks.RemoteTasks.Connect: TaskUnreachableError names a task
+    that does not answer).
+    """
+    if self.remote is not None:
+      self.remote.Connect(self.target)
     return tf.compat.v1.Session(
         self.target, graph=graph, config=self.SessionConfig())
 
@@ -151,12 +169,16 @@ class Placement:
 
     The devices (task i of job 'worker') stay the same; the ports and the
     session target change, so a new graph and session are needed. Worker
-    logs of restart n go to <log_dir>/restart_<n>/.
+    logs of restart n go to <log_dir>/restart_<n>/. With a cluster spec,
+    waits for its servers instead (WaitForRemoteTasks).
 
     Raises:
       WorkerRestartError: there are no local workers to restart, or the
         fresh workers did not start (the reason is in the message).
     """
+    if self.cluster is None and self.remote is not None:
+      self.WaitForRemoteTasks()
+      return
     if self.cluster is None:
       raise WorkerRestartError(
           'the trainer can only restart local worker processes it started '
@@ -178,3 +200,24 @@ class Placement:
           'checkpoint' % (num, self.restarts, e, (' in %s' % args['log_dir'])
                           if args['log_dir'] else '')) from e
     self.target = self.cluster.target
+
+  def WaitForRemoteTasks(self):
+    """Waits up to worker_wait_secs until every server of the spec answers.
+
+    Their supervisor restarts lost servers at the same addresses; the
+    devices and the session target stay the same, but a new graph and
+    session are needed (a restarted server has none of the old state).
+
+    Raises:
+      WorkerRestartError: a server still does not answer after the wait;
+        the message names it.
+    """
+    lost = self.remote.WaitServing(self.worker_wait_secs)
+    if lost:
+      raise WorkerRestartError(
+          '%s after waiting %g s (--worker_wait_secs). The trainer does not '
+          'start the servers of --cluster_spec: start the lost ones again at '
+          'the same addresses, then run the same command to resume from the '
+          'newest checkpoint' % (self.remote.Explain(lost),
+                                 self.worker_wait_secs))
+    self.restarts += 1

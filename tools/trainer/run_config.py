@@ -49,8 +49,9 @@ class RunConfig:
     decode_max_batches: decode at most this many batches (None: all).
     fprop_dtype: the layers' compute dtype, 'float32' or 'bfloat16'.
     data_parallel: R, data-parallel replicas of the training pipeline(s).
-    max_worker_restarts: how often a lost local worker may be replaced by
-      restarting the workers and resuming from the newest checkpoint.
+    max_worker_restarts: how often a lost worker may be replaced (local
+      workers restarted, servers of a cluster spec waited for) and training
+      resumed from the newest checkpoint.
   """
   model: str
   mode: str
@@ -107,7 +108,7 @@ def Settle(model, mode, logdir=None, override='', num_stages=None,
            worker_processes=0,
            cluster_spec='', pin_cores=False, loop_stages=False,
            step_timeout_secs=300, fprop_dtype='float32', data_parallel=1,
-           max_worker_restarts=0, **settings):
+           max_worker_restarts=0, worker_wait_secs=300, **settings):
   """Decides the run: params, placement, stage devices (see module doc).
 
   Args:
@@ -128,8 +129,10 @@ def Settle(model, mode, logdir=None, override='', num_stages=None,
     step_timeout_secs: the longest a session run may take.
     data_parallel: R replicas of the training pipeline on R x K devices
       (evaluation and decoding run one pipeline, on the first replica's).
-    max_worker_restarts: restarts of lost local workers (needs
-      worker_processes).
+    max_worker_restarts: restarts of lost workers (needs worker_processes,
+      or cluster_spec whose servers a supervisor restarts).
+    worker_wait_secs: with cluster_spec, how long a restart waits for lost
+      servers to serve again.
     **settings: the other RunConfig fields (seed, max_steps, periods...).
 
   Returns:
@@ -148,13 +151,16 @@ def Settle(model, mode, logdir=None, override='', num_stages=None,
   if max_worker_restarts < 0:
     raise ValueError('--max_worker_restarts=%d: give a count >= 0' %
                      max_worker_restarts)
-  if max_worker_restarts and not worker_processes:
+  if max_worker_restarts and not (worker_processes or cluster_spec):
     raise ValueError(
-        '--max_worker_restarts=%d: the trainer can only restart the local '
-        'worker processes it starts itself (--worker_processes=N); servers '
-        'of --cluster_spec or in-process devices cannot be restarted by it. '
-        'Use --worker_processes, or restart the servers yourself and run '
-        'the same command again to resume' % max_worker_restarts)
+        '--max_worker_restarts=%d: there are no workers to restart; the '
+        'stages run on devices of this process. Use --worker_processes=N '
+        '(restarted by the trainer) or --cluster_spec (servers restarted by '
+        'their supervisor, waited for up to --worker_wait_secs)' %
+        max_worker_restarts)
+  if worker_wait_secs < 0:
+    raise ValueError('--worker_wait_secs=%g: give seconds >= 0' %
+                     worker_wait_secs)
   settings.update(data_parallel=data_parallel,
                   max_worker_restarts=max_worker_restarts)
   if mode == 'inspect_model':
@@ -166,7 +172,8 @@ def Settle(model, mode, logdir=None, override='', num_stages=None,
       model_select.MaxStages(train) * data_parallel,
       worker_processes=worker_processes,
       cluster_spec=cluster_spec, step_timeout_secs=step_timeout_secs,
-      log_dir=os.path.join(logdir, 'workers'), pin_cores=pin_cores)
+      log_dir=os.path.join(logdir, 'workers'), pin_cores=pin_cores,
+      worker_wait_secs=worker_wait_secs)
   try:
     model_select.SetStageDevices(
         train, placement.devices, keep_explicit=not placement.distributed,
@@ -177,6 +184,9 @@ def Settle(model, mode, logdir=None, override='', num_stages=None,
         test, placement.devices[:len(placement.devices) // data_parallel],
         keep_explicit=not placement.distributed,
         loop=loop_stages and placement.distributed)
+    if placement.remote is not None:
+      # Errors about a lost server name the stages it holds.
+      placement.remote.SetStages(train)
   except BaseException:
     placement.Stop()
     raise
