@@ -51,6 +51,27 @@ def _Connect(address):
   return socket.create_connection((host, port), timeout=30)
 
 
+def _FreePort():
+  """A localhost port that nothing listens on (now)."""
+  with socket.socket() as free:
+    free.bind(('127.0.0.1', 0))
+    return free.getsockname()[1]
+
+
+def _RoundTripSeconds(address, port=None):
+  """Seconds for 'ping' to come back from the echo server at `address`."""
+  if port is not None:
+    address = '%s:%d' % (address, port)
+  with _Connect(address) as sock:
+    start = time.monotonic()
+    sock.sendall(b'ping')
+    echoed = sock.recv(16)
+    elapsed = time.monotonic() - start
+  if echoed != b'ping':
+    raise AssertionError('%s echoed %r' % (address, echoed))
+  return elapsed
+
+
 def _ReadAll(sock):
   chunks = []
   while True:
@@ -89,14 +110,10 @@ class DelayRelayTest(absltest.TestCase):
 
   def testEachDirectionIsDelayed(self):
     relay = self._Relay()
-    with _Connect(relay.addresses[0]) as sock:
-      for _ in range(3):
-        start = time.monotonic()
-        sock.sendall(b'ping')
-        self.assertEqual(b'ping', sock.recv(16))
-        # There and back: two one-way delays at least.
-        self.assertGreaterEqual(time.monotonic() - start,
-                                2 * DELAY_MS / 1e3 * 0.99)
+    for _ in range(3):
+      # There and back: two one-way delays at least.
+      self.assertGreaterEqual(_RoundTripSeconds(relay.addresses[0]),
+                              2 * DELAY_MS / 1e3 * 0.99)
 
   def testStreamsAreNotStopAndWait(self):
     # 40 messages in a row, each answered: a relay that held one message at
@@ -116,22 +133,14 @@ class DelayRelayTest(absltest.TestCase):
   def testSetDelayAppliesToLaterBytes(self):
     relay = self._Relay(delay_ms=0)
     relay.SetDelay(DELAY_MS)
-    with _Connect(relay.addresses[0]) as sock:
-      start = time.monotonic()
-      sock.sendall(b'ping')
-      self.assertEqual(b'ping', sock.recv(16))
-      self.assertGreaterEqual(time.monotonic() - start,
-                              2 * DELAY_MS / 1e3 * 0.99)
+    self.assertGreaterEqual(_RoundTripSeconds(relay.addresses[0]),
+                            2 * DELAY_MS / 1e3 * 0.99)
     with self.assertRaisesRegex(ValueError, 'must be >= 0 ms'):
       delay_relay.Relay([], -1)
 
   def testARefusedTargetResetsTheConnection(self):
-    free = socket.socket()
-    free.bind(('127.0.0.1', 0))
-    port = free.getsockname()[1]
-    free.close()  # Nothing listens on `port` now.
-    relay = delay_relay.RelayThread([('127.0.0.1:0', '127.0.0.1:%d' % port)],
-                                    DELAY_MS)
+    relay = delay_relay.RelayThread(
+        [('127.0.0.1:0', '127.0.0.1:%d' % _FreePort())], DELAY_MS)
     self.addCleanup(relay.Close)
     # Reset during the handshake or right after it; never left open.
     try:
@@ -152,10 +161,7 @@ class DelayRelayTest(absltest.TestCase):
     # An abstract socket: no path (a test's temporary directory can be
     # longer than a socket path may be).
     control = '@gpnl-relay-test-%d' % os.getpid()
-    free = socket.socket()
-    free.bind(('127.0.0.1', 0))
-    port = free.getsockname()[1]
-    free.close()
+    port = _FreePort()
     proc = subprocess.Popen(
         [sys.executable, '-m', 'tools.netlab.delay_relay', '--route',
          '127.0.0.1:%d=%s' % (port, self.echo.address), '--delay_ms', '0',
@@ -168,12 +174,8 @@ class DelayRelayTest(absltest.TestCase):
     self.assertIn('delay relay ready: 127.0.0.1:%d=%s (delay 0 ms)' %
                   (port, self.echo.address), proc.stdout.readline())
     delay_relay.SetDelayAt(control, DELAY_MS)
-    with _Connect('127.0.0.1:%d' % port) as sock:
-      start = time.monotonic()
-      sock.sendall(b'ping')
-      self.assertEqual(b'ping', sock.recv(16))
-      self.assertGreaterEqual(time.monotonic() - start,
-                              2 * DELAY_MS / 1e3 * 0.99)
+    self.assertGreaterEqual(_RoundTripSeconds('127.0.0.1', port),
+                            2 * DELAY_MS / 1e3 * 0.99)
     with self.assertRaisesRegex(ValueError, 'answered .error'):
       delay_relay.SetDelayAt(control, -5)
     bad = subprocess.run(
@@ -243,19 +245,12 @@ class LabTest(absltest.TestCase):
       echo = netns.InNamespace(
           lab.hosts[0], lambda: _EchoServer(lab.host_addresses[0], 2345))
       self.addCleanup(echo.Close)
-
-      def RoundTrip(address):
-        with socket.create_connection((address, 2345), timeout=30) as sock:
-          start = time.monotonic()
-          sock.sendall(b'ping')
-          self.assertEqual(b'ping', sock.recv(16))
-          return time.monotonic() - start
-
-      delayed = netns.InNamespace(lab.client,
-                                  lambda: RoundTrip(lab.Address(0)))
+      delayed = netns.InNamespace(
+          lab.client, lambda: _RoundTripSeconds(lab.Address(0), 2345))
       self.assertGreaterEqual(delayed, 2 * DELAY_MS / 1e3 * 0.99)
       direct = netns.InNamespace(
-          lab.client, lambda: RoundTrip(lab.Address(0, delayed=False)))
+          lab.client,
+          lambda: _RoundTripSeconds(lab.Address(0, delayed=False), 2345))
       self.assertLess(direct, delayed)
 
   def testLabsOfKilledProcessesAreRemoved(self):
