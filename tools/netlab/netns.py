@@ -354,7 +354,7 @@ class Lab:
         self.hub, [sys.executable, '-m', 'tools.netlab.delay_relay',
                    '--delay_ms', str(self.delay_ms), '--control',
                    self.relay_control, '--exit_with_parent'] + routes,
-        log_path=log_path)
+        log_path=log_path, start_new_session=True)
     deadline = time.time() + 30
     while True:
       with open(log_path) as f:
@@ -365,6 +365,11 @@ class Lab:
         raise LabError('the delay relay did not start (exit %s): %s' %
                        (self._relay.poll(), text.strip()))
       time.sleep(0.05)
+
+  @property
+  def relay_pid(self):
+    """The relay process's pid (None without a relay)."""
+    return self._relay.pid if self._relay else None
 
   def Command(self, ns, argv):
     """The command line running `argv` in namespace `ns`."""
