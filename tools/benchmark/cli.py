@@ -156,7 +156,6 @@ def _Parser():
   p.add_argument('--remat', default='always', choices=pipeline.REMAT_MODES)
   p.add_argument('--steps', type=int, default=5, help='timed rounds')
   p.add_argument('--warmup', type=int, default=2)
-  p.add_argument('--driver_spec', help=argparse.SUPPRESS)
   return parser
 
 

@@ -26,8 +26,8 @@ that task order predicts with its unit cost scaled to t(0).
 
 This process creates the lab (it needs root), starts the workers and the
 relay, then runs the timing in a child process in the lab's client
-namespace (``--driver_spec``), which writes its results for this process to
-report.
+namespace (``python -m tools.benchmark.links SPEC.json``), which writes its
+results for this process to report.
 """
 
 import json
@@ -209,9 +209,6 @@ def _Table(records, delays):
 
 def Links(args):
   """Step time per schedule, K and M over namespace hosts with link delays."""
-  if args.driver_spec:
-    _Drive(args.driver_spec)
-    return None
   reason = netns.Unavailable()
   if reason:
     raise SystemExit('links: the hosts are network namespaces, which cannot '
@@ -263,8 +260,8 @@ def Links(args):
       with open(spec_path, 'w') as f:
         json.dump(spec, f)
       child = lab.Popen(lab.client, [
-          sys.executable, '-m', 'tools.benchmark', 'links', '--driver_spec',
-          spec_path], stdout=None, stderr=None)
+          sys.executable, '-m', 'tools.benchmark.links', spec_path],
+                        stdout=None, stderr=None)
       if child.wait():
         raise SystemExit('links: the timing process in the lab failed (exit '
                          '%d); see its output above' % child.returncode)
@@ -308,3 +305,7 @@ def Links(args):
 
   report.Write(args, result, Plot)
   return result
+
+
+if __name__ == '__main__':
+  _Drive(sys.argv[1])
