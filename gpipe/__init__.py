@@ -12,7 +12,7 @@ The public names, importable from the package itself::
 * ``Dropout``: dropout that the recomputed forward pass reproduces
   (gpipe.randomness);
 * ``LocalCluster``: K local TensorFlow worker processes, one per stage
-  (gpipe.local_cluster);
+  (gpipe.runtime.local_cluster);
 * ``PartitionByCost``, ``StageCut``: the cut into stages (gpipe.partition);
 * ``schedule``, ``timeline``: the pipeline schedules as pure functions, and
   the measured timeline of a traced step;
@@ -27,7 +27,7 @@ from gpipe import schedule
 from gpipe import timeline
 from gpipe.batch_norm import MicroBatchBatchNormLayer
 from gpipe.lingvo_gpipe import FromLingvo
-from gpipe.local_cluster import LocalCluster
+from gpipe.runtime.local_cluster import LocalCluster
 from gpipe.partition import PartitionByCost
 from gpipe.partition import StageCut
 from gpipe.pipeline import PipeliningLayer

@@ -6,7 +6,7 @@ import os
 import signal
 import time
 
-from gpipe import local_cluster
+from gpipe.runtime import local_cluster
 from gpipe import pipeline
 from gpipe import pipeline_tasks
 from gpipe import schedule

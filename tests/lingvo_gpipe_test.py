@@ -9,7 +9,7 @@ from absl import flags
 from absl.testing import parameterized
 from gpipe import lingvo_import  # pylint: disable=unused-import
 from gpipe import lingvo_gpipe
-from gpipe import local_cluster
+from gpipe.runtime import local_cluster
 import numpy as np
 from lingvo import compat as tf
 from lingvo.core import cluster_factory

@@ -148,7 +148,7 @@ class NetnsRecoveryTest(test_utils.TestCase):
     self.assertRegex(
         log, r'trainer: error: %s does not answer \(cannot connect: '
         r'Connection refused\) after waiting 3 s \(--worker_wait_secs\). The '
-        r'trainer does not start the servers of --cluster_spec' %
+        r'trainer does not start the servers of a running cluster' %
         self._Task(1, 1))
     # Started again later, the same command resumes from the checkpoint.
     self.workers.Start(1)

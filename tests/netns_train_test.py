@@ -39,11 +39,22 @@ class NetnsTrainTest(test_utils.TestCase):
     self.assertEqual(0, code, err)
     return netns_testlib.Losses(logdir)
 
-  def _TrainOnHosts(self, num_hosts, reference, *flags):
-    """Trains on one worker per host, direct then delayed links."""
+  def _TrainOnHosts(self, num_hosts, reference, *flags, cpu_devices=1):
+    """Trains on one worker per host, direct then delayed links.
+
+    Args:
+      num_hosts: hosts, one worker each.
+      reference: the losses the runs must have.
+      *flags: more trainer flags.
+      cpu_devices: virtual CPU devices per worker.
+
+    Returns:
+      The trainer's output of the delayed run.
+    """
     with netns.Lab(num_hosts, delay_ms=netns_testlib.DELAY_MS) as lab:
       for delayed in (False, True):
-        with netns.Workers(lab, delayed=delayed) as workers:
+        with netns.Workers(lab, delayed=delayed,
+                           cpu_devices=cpu_devices) as workers:
           logdir = self.create_tempdir().full_path
           result = netns_testlib.RunTrainer(
               lab, ['--model=' + TOY, '--logdir=' + logdir,
@@ -51,8 +62,8 @@ class NetnsTrainTest(test_utils.TestCase):
                     '--cluster_spec=' + workers.cluster_spec] +
               netns_testlib.QUIET + list(flags))
           self.assertEqual(0, result.returncode, result.stderr)
-          self.assertIn('/job:worker/replica:0/task:%d/device:CPU:0' %
-                        (num_hosts - 1), result.stdout)
+          self.assertIn('/job:worker/replica:0/task:%d/device:CPU:%d' %
+                        (num_hosts - 1, cpu_devices - 1), result.stdout)
           # Exactly the losses of local worker processes.
           self.assertEqual(reference, netns_testlib.Losses(logdir))
           self.assertEqual(
@@ -67,15 +78,22 @@ class NetnsTrainTest(test_utils.TestCase):
       self.assertIn((lab.client_address, lab.host_addresses[0]), connections)
       self.assertIn((lab.host_addresses[0], lab.host_addresses[1]),
                     connections)
+    return result.stdout
 
   def testTwoStagesOnTwoHosts(self):
-    self._TrainOnHosts(2, self._Reference(worker_processes=2))
+    out = self._TrainOnHosts(2, self._Reference(worker_processes=2))
+    self.assertIn('stage 0 on task 0 (CPU:0), stage 1 on task 1 (CPU:0)',
+                  out)
 
-  def testTwoReplicasOfTwoStagesOnFourHosts(self):
-    # R=2 x K=2 over four single-device hosts.
-    self._TrainOnHosts(4, self._Reference(worker_processes=4,
-                                          data_parallel=2),
-                       '--data_parallel=2')
+  def testTwoReplicasOfTwoStagesOnTwoHostsWithTwoDevicesEach(self):
+    # Each replica's two stages on one host's two devices; the replicas
+    # meet across the link (the weights are read from, and the gradients
+    # added on, the first replica's devices).
+    reference = self._Reference(worker_processes=2, devices_per_task=2,
+                                data_parallel=2)
+    out = self._TrainOnHosts(2, reference, '--data_parallel=2',
+                             cpu_devices=2)
+    self.assertIn('replica 1: stages 0-1 on task 1 (CPU:0, CPU:1)', out)
 
 
 if __name__ == '__main__':

@@ -8,7 +8,7 @@ processes; the loss and batch-norm statistics are float32.
 from gpipe import lingvo_import  # pylint: disable=unused-import
 
 from absl.testing import parameterized
-from gpipe import local_cluster
+from gpipe.runtime import local_cluster
 from gpipe import pipeline
 from gpipe import precision
 import numpy as np

@@ -3,7 +3,7 @@
 from gpipe import lingvo_import  # pylint: disable=unused-import
 
 from absl.testing import parameterized
-from gpipe import local_cluster
+from gpipe.runtime import local_cluster
 from gpipe import pipeline
 from gpipe import replicas
 import numpy as np

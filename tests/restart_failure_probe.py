@@ -1,7 +1,7 @@
 """The trainer binary whose local workers start once but never again.
 
 ``python -m tests.restart_failure_probe <trainer flags>`` runs
-``tools.trainer`` with ``gpipe.local_cluster.LocalCluster`` failing from its
+``tools.trainer`` with ``gpipe.runtime.local_cluster.LocalCluster`` failing from its
 second construction on, the way a machine out of memory or processes fails to
 start fresh workers: tests/trainer_recovery_test.py kills a worker and checks
 the trainer's error.
@@ -9,7 +9,7 @@ the trainer's error.
 
 from gpipe import lingvo_import  # pylint: disable=unused-import
 from absl import app
-from gpipe import local_cluster
+from gpipe.runtime import local_cluster
 from tools.trainer import cli
 
 _REAL = local_cluster.LocalCluster

@@ -6,6 +6,7 @@ import os
 import shutil
 import tempfile
 
+from gpipe.runtime import local_cluster
 from lingvo import compat as tf
 from lingvo.core import test_utils
 from tasks import dense
@@ -79,9 +80,10 @@ class TrainerDataParallelTest(test_utils.TestCase):
 
   def testReplicasTimesStagesMustEqualTheWorkers(self):
     logdir = self.create_tempdir().full_path
-    code, _, err = _Run(logdir=logdir, max_steps=1, data_parallel=2,
-                        cluster_spec='worker=localhost:1,localhost:2,'
-                        'localhost:3')
+    # Running workers: the trainer asks them for their devices first.
+    with local_cluster.LocalCluster(3) as servers:
+      code, _, err = _Run(logdir=logdir, max_steps=1, data_parallel=2,
+                          cluster_spec=servers.ClusterSpec())
     self.assertEqual(1, code)
     self.assertIn(
         '--data_parallel=2: the pipeline at task.network needs 2 device(s) '

@@ -128,7 +128,9 @@ class PlacementTest(test_utils.TestCase):
       placement.ParseClusterSpec('ps=h1:1')
 
   def testClusterSpecDevicesAndTarget(self):
-    p = placement.Placement(2, cluster_spec='worker=h1:1,h2:2')
+    # Planned, as for --mode=inspect_model: no worker is asked.
+    p = placement.Placement(2, cluster_spec='worker=h1:1,h2:2',
+                            devices_per_task=1, plan_only=True)
     self.assertEqual('grpc://h1:1', p.target)
     self.assertEqual('/job:worker/replica:0/task:1/device:CPU:0', p.devices[1])
     self.assertTrue(p.distributed)

@@ -5,7 +5,7 @@ from gpipe import lingvo_import  # pylint: disable=unused-import
 import os
 import tempfile
 
-from gpipe import local_cluster
+from gpipe.runtime import local_cluster
 from lingvo import compat as tf
 from lingvo.core import test_utils
 from tests import trainer_testlib

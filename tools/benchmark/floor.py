@@ -38,7 +38,7 @@ import time
 import numpy as np
 
 from gpipe import lingvo_import  # pylint: disable=unused-import
-from gpipe import local_cluster
+from gpipe.runtime import local_cluster
 from gpipe import split_backward
 from lingvo import compat as tf
 

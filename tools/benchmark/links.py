@@ -36,8 +36,8 @@ import statistics
 import sys
 import tempfile
 
-from gpipe import local_cluster
 from gpipe import schedule
+from gpipe.runtime import cluster_spec as cluster_spec_lib
 from tools.benchmark import report
 from tools.benchmark import runner as runner_lib
 from tools.benchmark import throughput
@@ -248,7 +248,7 @@ def Links(args):
         runner_lib.RaisePriority([p for p in workers.pids if p],
                                  args.priority)
       clusters[str(k)] = dict(target=workers.target,
-                              devices=[local_cluster.StageDevice(i)
+                              devices=[cluster_spec_lib.DeviceName(i)
                                        for i in range(k)])
       report.Log('K=%d: workers at %s' % (k, ', '.join(workers.addresses)))
     with tempfile.TemporaryDirectory() as tmp:

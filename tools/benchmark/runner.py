@@ -3,8 +3,8 @@
 A configuration (``Config``) is one way to train the same layer stack:
 
   * ``'gpipe'``: our ``gpipe.pipeline.PipeliningLayer`` with K stages on K
-    local worker processes (``gpipe.local_cluster``), each pinned to its own
-    core with one intra-op thread: one core per "device".
+    local worker processes (``gpipe.runtime.local_cluster``), each pinned to
+    its own core with one intra-op thread: one core per "device".
   * ``'lingvo'``: Lingvo's ``lingvo.core.gpipe.PipeliningLayer`` in its best
     working placement here: one worker process with K virtual CPU devices
     sharing all cores' threads (it cannot span worker processes: its
@@ -39,7 +39,7 @@ import statistics
 import time
 
 from gpipe import lingvo_import  # pylint: disable=unused-import
-from gpipe import local_cluster
+from gpipe.runtime import local_cluster
 from gpipe import pipeline
 from gpipe import precision
 from gpipe import schedule

@@ -38,8 +38,9 @@ Partitions: ``SetLink(i, False)`` sets host i's interface down (its
 connections stall, new ones fail), ``SetLink(i, True)`` brings it back.
 
 Workers (``Workers``): ``python -m gpipe.worker`` processes, worker i in
-host i, each a separate process tree started with ``ip netns exec`` (so it
-exits with this process), at a fixed port (labs do not share ports).
+host i, each a separate process tree started with ``ip netns exec`` (which
+becomes the worker, so with ``--exit_with_parent`` it exits with this
+process), at a fixed port (labs do not share ports).
 
 Clean-up: ``Close`` (also the context manager's exit and, at interpreter
 exit, ``atexit``) kills every process in the lab's namespaces and deletes
@@ -53,7 +54,6 @@ made here, for tests to skip with that reason.
 import atexit
 import ctypes
 import fcntl
-import json
 import os
 import re
 import secrets
@@ -530,8 +530,9 @@ class Workers:
     if self.procs[i] is not None and self.procs[i].poll() is None:
       raise ValueError('worker %d (pid %d) is still running' %
                        (i, self.procs[i].pid))
-    argv = [sys.executable, '-m', 'gpipe.worker', '--cluster',
-            json.dumps(self.cluster_def), '--task', str(i)] + self._args
+    argv = [sys.executable, '-m', 'gpipe.worker', '--cluster_spec',
+            self.cluster_spec, '--task', str(i), '--exit_with_parent'
+           ] + self._args
     if self._pin:
       argv = ['taskset', '-c', str(i % (os.cpu_count() or 1))] + argv
     self._starts[i] += 1

@@ -21,8 +21,9 @@ Modes:
 
 Where the stages run: by default K virtual CPU devices in this process;
 ``--worker_processes=K`` starts K local TensorFlow worker processes, one
-stage each; ``--cluster_spec=worker=host:port,...`` uses running servers
-(``python -m gpipe.worker``).
+stage each; ``--cluster_spec=worker=host:port,...`` (or ``TF_CONFIG`` in the
+environment) uses running workers (``python -m gpipe.worker``) and their
+devices (``--device_type``, ``--devices_per_task``; tools/trainer/placement.py).
 """
 
 import faulthandler
@@ -39,7 +40,8 @@ from gpipe import lingvo_import  # pylint: disable=unused-import
 from absl import app
 from absl import flags
 from absl import logging
-from gpipe import local_cluster
+from gpipe.runtime import devices
+from gpipe.runtime import local_cluster
 from gpipe import schedule as gpipe_schedule
 from lingvo import compat as tf
 # Defines --model_params_override, used below.
@@ -87,8 +89,24 @@ flags.DEFINE_bool('pin_cores', False,
                   'With --worker_processes: pin worker i to core i.')
 flags.DEFINE_string(
     'cluster_spec', '',
-    "Existing TensorFlow servers, 'worker=host:port,host:port': stage k on "
-    'worker k.')
+    "Running workers (python -m gpipe.worker): 'worker=host:port,host:port', "
+    'a JSON cluster dict or TF_CONFIG JSON (default: $TF_CONFIG, if set). '
+    'Stages are laid out on their devices task by task.')
+# Devices of a cluster (tools/trainer/placement.py, gpipe/runtime/).
+flags.DEFINE_enum(
+    'device_type', 'auto', ['auto', 'cpu', 'gpu', 'tpu'],
+    'The devices stages run on: auto is the accelerator every worker task '
+    'has (GPU, TPU), else CPU.')
+flags.DEFINE_integer(
+    'devices_per_task', 0,
+    'Use the first N devices of --device_type on each worker task (0: all). '
+    'With --worker_processes: virtual CPUs per local worker. With '
+    '--mode=inspect_model and a cluster: plan N devices per task without '
+    'connecting.')
+flags.DEFINE_float(
+    'connect_timeout_secs', 10,
+    'The longest each check of a running worker (reachable, serving as '
+    'its task, its devices) may take before the run stops with its address.')
 flags.DEFINE_string(
     'fprop_dtype', 'float32',
     "Compute dtype of the model's layers: 'float32', or 'bfloat16' for mixed "
@@ -106,12 +124,13 @@ flags.DEFINE_integer(
     'max_worker_restarts', 0,
     'When a worker dies, restore the newest checkpoint and go on, at most '
     'this many times (0: stop with an error). With --worker_processes the '
-    'trainer stops the workers and starts fresh ones; with --cluster_spec it '
-    'names the lost task and waits up to --worker_wait_secs for its '
-    'supervisor to start it again at the same address.')
+    'trainer stops the workers and starts fresh ones; with a running cluster '
+    '(--cluster_spec or TF_CONFIG) it names the lost task and waits up to '
+    '--worker_wait_secs for its supervisor to start it again at the same '
+    'address.')
 flags.DEFINE_float(
     'worker_wait_secs', 300,
-    'With --cluster_spec and --max_worker_restarts: how long to wait for '
+    'With a running cluster and --max_worker_restarts: how long to wait for '
     'lost servers to serve again before stopping with the reason.')
 flags.DEFINE_integer('checkpoint_every_n_steps', 100, 'Checkpoint period.')
 flags.DEFINE_integer('log_every_n_steps', 10,
@@ -139,7 +158,7 @@ USER_ERRORS = (model_select.UnknownModelError, run_config.LogdirError,
                checkpoints.NoCheckpointError,
                train_loop.NonFiniteLossError, train_loop.WorkerLostError,
                local_cluster.WorkerDiedError, placement_lib.WorkerRestartError,
-               ValueError)
+               devices.DiscoveryError, ValueError)
 
 
 def SettleFromFlags():
@@ -155,7 +174,9 @@ def SettleFromFlags():
       step_timeout_secs=FLAGS.step_timeout_secs,
       data_parallel=FLAGS.data_parallel,
       max_worker_restarts=FLAGS.max_worker_restarts,
-      worker_wait_secs=FLAGS.worker_wait_secs, seed=FLAGS.seed,
+      worker_wait_secs=FLAGS.worker_wait_secs,
+      device_type=FLAGS.device_type, devices_per_task=FLAGS.devices_per_task,
+      connect_timeout_secs=FLAGS.connect_timeout_secs, seed=FLAGS.seed,
       max_steps=FLAGS.max_steps,
       checkpoint_every_n_steps=FLAGS.checkpoint_every_n_steps,
       log_every_n_steps=FLAGS.log_every_n_steps,
@@ -181,6 +202,12 @@ def Main(run, echo):
       echo('started %d worker processes (pids %s) serving %s' %
            (len(placement.cluster.pids), placement.cluster.pids,
             ', '.join(placement.cluster.ClusterSpecDict()['worker'])))
+    if placement.description is not None:
+      echo('cluster from %s: %d worker task(s) at %s; stages on %d %s '
+           'device(s)' % (placement.description.source,
+                          placement.description.num_tasks,
+                          ', '.join(placement.description.workers),
+                          len(placement.devices), placement.device_type))
     if run.mode == 'eval':
       evaler.Evaluate(run, echo=echo)
     elif run.mode == 'decode':

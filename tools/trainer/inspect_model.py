@@ -20,6 +20,7 @@ from gpipe import lingvo_import  # pylint: disable=unused-import
 from absl import logging
 from gpipe import param_count
 from gpipe import partition
+from gpipe.runtime import layout
 from lingvo import compat as tf
 from lingvo.core import base_layer
 from lingvo.core import hyperparams
@@ -113,6 +114,9 @@ def Inspect(cfg, echo=print):
                                      '{:,}'.format(counts[i])))
       start += size
     echo(partition.Report(layers, sizes, cut.costs, cut.cost_name))
+    for line in layout.Describe(pp.replica_devices or
+                                [pp.stage_devices or []]):
+      echo(line)
     total += sum(counts)
   rest = _RestOfModel(cfg)
   if rest:

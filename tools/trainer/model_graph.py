@@ -11,6 +11,7 @@ dropout are the same in every run with the same seed.
 
 from gpipe import lingvo_import  # pylint: disable=unused-import
 from gpipe import pipeline
+from gpipe.runtime import layout
 from lingvo import compat as tf
 from lingvo.core import py_utils
 
@@ -75,5 +76,6 @@ def Describe(layer):
       lines.append('pipeline %s: %d data-parallel replicas, on %s' % (
           pipe.path, pipe.num_replicas, ' | '.join(
               ', '.join(devices) for devices in pipe.replica_devices)))
+    lines.extend(layout.Describe(pipe.replica_devices))
     lines.append(pipe.PartitionReport())
   return lines

@@ -15,6 +15,7 @@ import pkgutil
 from gpipe import lingvo_import  # pylint: disable=unused-import
 from gpipe import pipeline
 from gpipe import schedule as gpipe_schedule
+from gpipe.runtime import layout
 from lingvo import model_registry
 from lingvo.core import hyperparams
 
@@ -227,85 +228,121 @@ def SetPipelineShape(cfg, num_stages=None, num_micro_batches=None,
 
 
 def SetStageDevices(cfg, devices, keep_explicit=False, loop=False,
-                    data_parallel=1):
-  """Places stage k of every pipeline in `cfg` on devices[k].
+                    data_parallel=1, exact=False):
+  """Lays out every pipeline in `cfg` on `devices` (PipelineLayout).
 
   Args:
     cfg: model params (changed in place).
-    devices: device strings, at least K of them (any number with `loop`);
-      with data_parallel=R, R equal groups of them, one per replica.
+    devices: device strings, task by task; at least the devices one
+      pipeline needs (any number with `loop`); with data_parallel=R, R
+      equal groups of them, one per replica.
     keep_explicit: leave pipelines whose params already name devices alone
       (not with data_parallel > 1: the replicas need the devices given).
     loop: place stage k on devices[k % D]: with fewer devices than stages a
       device holds several stages (run breadth-first, a smaller bubble).
     data_parallel: R, data-parallel replicas of each pipeline: replica r runs
       on the r-th of R equal groups of `devices` (p.replica_devices).
-
-  A pipeline whose schedule places several stages per device gets its
-  placement: 'zb_v' a V over K/2 devices (stage s on device min(s, K-1-s)),
-  'interleaved_1f1b' stages round-robin when there are fewer devices than
-  stages.
+    exact: every device must be used (a cluster's devices): R x D must equal
+      len(devices); otherwise a single pipeline uses the first D.
 
   Raises:
-    ValueError: fewer devices than stages (without `loop`); with
-      data_parallel, a device count that is not R x the devices one replica
-      needs.
+    ValueError: the devices do not fit (see PipelineLayout).
   """
   for path, pp in FindPipelines(cfg):
     if (keep_explicit and data_parallel == 1 and
         (pp.stage_devices or pp.replica_devices)):
       continue
+    replicas = PipelineLayout(path, pp, devices, data_parallel, loop, exact)
     if data_parallel > 1:
-      groups = _ReplicaGroups(path, pp, devices, data_parallel, loop)
-      pp.replica_devices = [_StageDevices(path, pp, g, loop) for g in groups]
-      pp.stage_devices = list(pp.replica_devices[0])
+      pp.replica_devices = replicas
+      pp.stage_devices = list(replicas[0])
     else:
-      pp.stage_devices = _StageDevices(path, pp, devices, loop)
+      pp.stage_devices = replicas[0]
+
+
+# The schedules whose placement is not one stage per device (any other
+# schedule takes any placement and runs one stage per device here).
+_PLACEMENT_RULES = {'zb_v': layout.V_SHAPE,
+                    'interleaved_1f1b': layout.ROUND_ROBIN}
+
+
+def PlacementRule(pipeline_params):
+  """The gpipe.runtime.layout placement rule of the pipeline's schedule."""
+  return _PLACEMENT_RULES.get(pipeline_params.schedule, layout.ANY)
 
 
 def DevicesPerReplica(pipeline_params):
-  """The devices one pipeline needs: K, or K/2 for 'zb_v' (a V)."""
-  k = NumStages(pipeline_params)
-  return k // 2 if pipeline_params.schedule == 'zb_v' else k
+  """The devices one pipeline needs: K, or K/2 for a V ('zb_v')."""
+  return layout.DevicesPerReplica(NumStages(pipeline_params),
+                                  PlacementRule(pipeline_params))
 
 
-def _ReplicaGroups(path, pp, devices, data_parallel, loop):
-  """`devices` cut into R groups for R replicas of the pipeline at `path`."""
-  need = DevicesPerReplica(pp)
-  per = len(devices) // data_parallel
-  if len(devices) % data_parallel or (not loop and per != need):
-    total = data_parallel * need
-    raise ValueError(
-        '--data_parallel=%d: the pipeline at %s needs %d device(s) per '
-        'replica (%d stages%s), so R x K = %d workers/devices, but %d were '
-        'given: set --worker_processes=%d (or --cluster_spec with %d '
-        'servers), or change --data_parallel or --num_stages' %
-        (data_parallel, path, need, NumStages(pp),
-         ', two per device in a V' if pp.schedule == 'zb_v' else '', total,
-         len(devices), total, total))
-  return [devices[r * per:(r + 1) * per] for r in range(data_parallel)]
+def PipelineLayout(path, pp, devices, data_parallel=1, loop=False,
+                   exact=False):
+  """R lists of K stage devices for the pipeline at `path`.
 
+  The layout is gpipe.runtime.layout's: replica r on the r-th run of D
+  consecutive devices (neighbouring stages on one task first), stages
+  placed as the schedule needs: 'zb_v' a V over K/2 devices (stage s on
+  device min(s, K-1-s)), 'interleaved_1f1b' round-robin when there are fewer
+  devices than stages.
 
-def _StageDevices(path, pp, devices, loop):
-  """The stage devices of the pipeline at `path` on `devices`."""
+  Args:
+    path: the pipeline's dotted path (for messages).
+    pp: its PipeliningLayer params.
+    devices: device strings, task by task.
+    data_parallel: R.
+    loop: several stages per device, round-robin.
+    exact: every device must be used.
+
+  Returns:
+    R lists of K device strings.
+
+  Raises:
+    ValueError: fewer devices than stages (without `loop`); with
+      data_parallel (or exact), a device count that is not R x the devices
+      one replica needs; the message names the counts and the flags to
+      change.
+  """
   k = NumStages(pp)
-  if pp.schedule == 'zb_v':
-    if k % 2 or len(devices) < k // 2:
+  rule = PlacementRule(pp)
+  devices = list(devices)
+  if data_parallel > 1:
+    need = DevicesPerReplica(pp)
+    per = len(devices) // data_parallel
+    if len(devices) % data_parallel or (not loop and per != need):
+      total = data_parallel * need
       raise ValueError(
-          "the pipeline at %s runs schedule 'zb_v' (two stages per device "
-          'in a V) but has %d stages for %d devices/workers: use an even '
-          '--num_stages of at most %d' % (path, k, len(devices),
-                                          2 * len(devices)))
-    return [devices[d] for d in gpipe_schedule.VPlacement(k)]
-  if loop or (pp.schedule == 'interleaved_1f1b' and len(devices) < k):
-    return [devices[s % len(devices)] for s in range(k)]
-  if len(devices) < k:
+          '--data_parallel=%d: the pipeline at %s needs %d device(s) per '
+          'replica (%d stages%s), so R x K = %d workers/devices, but %d were '
+          'given: set --worker_processes=%d (or --cluster_spec with %d '
+          'servers), or change --data_parallel or --num_stages (devices: '
+          '%s)' % (data_parallel, path, need, k,
+                   ', two per device in a V' if rule == layout.V_SHAPE else '',
+                   total, len(devices), total, total,
+                   layout.CountByTask(devices)))
+  elif rule == layout.V_SHAPE and (k % 2 or len(devices) < k // 2):
+    raise ValueError(
+        'the pipeline at %s runs schedule %r (two stages per device in a V) '
+        'but has %d stages for %d devices/workers: use an even --num_stages '
+        'of at most %d' % (path, pp.schedule, k, len(devices),
+                           2 * len(devices)))
+  elif (not loop and rule in (layout.ANY, layout.ONE_PER_DEVICE) and
+        len(devices) < k):
     raise ValueError(
         'the pipeline at %s has %d stages but only %d devices/workers were '
         'given (%s): start as many workers as stages, pass '
         '--num_stages=%d, or --loop_stages to put several stages on each' %
         (path, k, len(devices), devices, len(devices)))
-  return list(devices[:k])
+  elif not exact:
+    devices = devices[:layout.DevicesPerReplica(k, rule, len(devices), loop)]
+  try:
+    return layout.Layout(devices, data_parallel, k, rule, loop)
+  except layout.LayoutError as e:
+    raise ValueError(
+        'the pipeline at %s: %s. Change --data_parallel or --num_stages to '
+        'fit, or use fewer devices (--devices_per_task, fewer workers)' %
+        (path, e)) from None
 
 
 def MaxStages(cfg):

@@ -4,23 +4,33 @@ Three ways, by flags:
 
 * default: one process with K virtual CPU devices (``/device:CPU:k``). They
   share one thread pool, so stages do not overlap: right for tests and small
-  models, not for speed.
-* ``--worker_processes=K``: K local TensorFlow worker processes
-  (``gpipe.local_cluster.LocalCluster``), stage k on worker k; the session
-  talks to worker 0. Workers are checked between steps.
-* ``--cluster_spec='worker=host:port,host:port'``: existing TensorFlow
-  servers (``python -m gpipe.worker``), e.g. on other hosts. The trainer
-  does not restart them: after a loss it waits for them to serve again
-  (``tools.trainer.remote_tasks``).
+  models, not for speed. ``--device_type=gpu`` (or ``auto`` on a host with
+  GPUs) uses this process's GPUs instead.
+* ``--worker_processes=N``: N local TensorFlow worker processes
+  (``gpipe.runtime.local_cluster.LocalCluster``), each with
+  ``--devices_per_task`` virtual CPUs (default 1); the session talks to
+  worker 0. Workers are checked between steps.
+* a cluster of running ``python -m gpipe.worker`` servers, e.g. on other
+  hosts: ``--cluster_spec`` (``worker=host:port,...``, a JSON cluster dict or
+  TF_CONFIG JSON) or ``TF_CONFIG`` in the environment. The trainer checks
+  every task and asks it for its devices first (gpipe.runtime.devices), and
+  uses ``--device_type`` devices of each (the first ``--devices_per_task``).
+  The trainer does not restart these servers: after a loss it waits for
+  them to serve again (``tools.trainer.remote_tasks``).
 
-Each step runs with a timeout, so a lost worker fails the step with an error
-instead of blocking forever.
+Stages are laid out on the devices task by task (gpipe.runtime.layout):
+neighbouring stages on one task first, replicas across tasks. Each step runs
+with a timeout, so a lost worker fails the step with an error instead of
+blocking forever.
 """
 
 import os
 
 from gpipe import lingvo_import  # pylint: disable=unused-import
-from gpipe import local_cluster
+from gpipe.runtime import cluster_spec as cluster_spec_lib
+from gpipe.runtime import devices as devices_lib
+from gpipe.runtime import layout
+from gpipe.runtime import local_cluster
 from lingvo import compat as tf
 from lingvo.core import cluster_factory
 from tools.trainer import remote_tasks
@@ -36,24 +46,25 @@ def ParseClusterSpec(text):
     A dict for tf.train.ClusterSpec.
 
   Raises:
-    ValueError: a malformed spec, with an example of a good one.
+    ValueError: a malformed spec, with an example of a good one
+      (gpipe.runtime.cluster_spec.ParseJobs).
   """
-  example = "e.g. --cluster_spec='worker=10.0.0.1:2222,10.0.0.2:2222'"
-  jobs = {}
-  for part in text.split('@'):
-    if '=' not in part:
-      raise ValueError('--cluster_spec=%r: expected job=host:port,...; %s' %
-                       (text, example))
-    job, addrs = part.split('=', 1)
-    addrs = [a.strip() for a in addrs.split(',') if a.strip()]
-    if not addrs or any(':' not in a for a in addrs):
-      raise ValueError('--cluster_spec=%r: each address needs host:port; %s' %
-                       (text, example))
-    jobs[job.strip()] = addrs
-  if 'worker' not in jobs:
-    raise ValueError("--cluster_spec=%r: needs a 'worker' job; %s" %
-                     (text, example))
-  return jobs
+  return cluster_spec_lib.ParseJobs(text)
+
+
+def _LocalDeviceType(device_type):
+  """The device type of stages in this process ('CPU' or 'GPU')."""
+  if device_type == 'tpu':
+    raise ValueError(
+        '--device_type=tpu: TPU cores are reached through a TensorFlow '
+        'server on the TPU host: start python -m gpipe.worker there and pass '
+        '--cluster_spec or TF_CONFIG')
+  gpus = tf.config.list_physical_devices('GPU')
+  if device_type == 'gpu' and not gpus:
+    raise ValueError('--device_type=gpu: this process sees no GPU '
+                     '(tf.config.list_physical_devices is empty); use '
+                     '--device_type=auto or cpu, or run where GPUs are')
+  return 'GPU' if gpus and device_type in ('auto', 'gpu') else 'CPU'
 
 
 class WorkerRestartError(RuntimeError):
@@ -65,50 +76,124 @@ class Placement:
 
   def __init__(self, num_stages, worker_processes=0, cluster_spec='',
                step_timeout_secs=300, log_dir=None, pin_cores=False,
+               device_type='auto', devices_per_task=0,
+               connect_timeout_secs=10.0, plan_only=False, environ=None,
                worker_wait_secs=300):
     """Sets up (and for worker_processes, starts) the devices.
 
     Args:
-      num_stages: K, the stages of the model's pipeline(s).
+      num_stages: the devices in-process virtual CPUs provide (R x K).
       worker_processes: start this many local worker processes (0: none).
-      cluster_spec: existing servers, see ParseClusterSpec ('' for none).
+      cluster_spec: running workers, any form of
+        gpipe.runtime.cluster_spec.Parse ('' for none: TF_CONFIG in
+        `environ`, if set).
       step_timeout_secs: the longest a session run may take.
       log_dir: where local workers write their logs.
       pin_cores: pin local worker i to core i (taskset).
-      worker_wait_secs: on Restart, how long to wait for lost servers of
-        cluster_spec to serve again.
+      device_type: 'auto', 'cpu', 'gpu' or 'tpu': the devices stages run on
+        (auto: the accelerator every task has, else CPU).
+      devices_per_task: use the first N devices of that type on each task
+        (0: all); with worker_processes, each worker's virtual CPUs.
+      connect_timeout_secs: the longest each check of a running worker may
+        take.
+      plan_only: do not start or ask workers: plan devices_per_task devices
+        on each task (--mode=inspect_model).
+      environ: the environment to read TF_CONFIG from (default os.environ).
+      worker_wait_secs: on Restart, how long to wait for lost servers of a
+        running cluster to serve again.
+
+    Raises:
+      ValueError: conflicting or impossible flags, named.
+      gpipe.runtime.devices.DiscoveryError: a worker that cannot be used.
     """
     if worker_processes and cluster_spec:
       raise ValueError('give either --worker_processes or --cluster_spec, '
                        'not both')
+    if device_type not in devices_lib.DEVICE_TYPES:
+      raise ValueError('--device_type=%s: use one of %s' %
+                       (device_type, ', '.join(devices_lib.DEVICE_TYPES)))
+    if devices_per_task < 0:
+      raise ValueError('--devices_per_task=%d: give a count >= 1 (or 0: all)'
+                       % devices_per_task)
     self.num_stages = num_stages
     self.step_timeout_ms = int(step_timeout_secs * 1000)
     self.cluster = None
     self.restarts = 0
-    # The servers of cluster_spec (a RemoteTasks), or None.
+    # The servers of a running cluster (a RemoteTasks), or None.
     self.remote = None
     self.worker_wait_secs = worker_wait_secs
-    self._worker_args = dict(pin_cores=pin_cores, log_dir=log_dir)
+    self.description = None
+    self.task_devices = None
+    self._worker_args = dict(pin_cores=pin_cores, log_dir=log_dir,
+                             cpu_devices=max(1, devices_per_task))
+    description = None if worker_processes else cluster_spec_lib.Resolve(
+        cluster_spec, environ=environ, slurm=False)
     if worker_processes:
-      self.cluster = local_cluster.LocalCluster(worker_processes,
-                                                **self._worker_args)
-      self.devices = self.cluster.devices
-      self.target = self.cluster.target
-      self.num_cpus = 1
-    elif cluster_spec:
-      jobs = ParseClusterSpec(cluster_spec)
-      workers = jobs['worker']
-      self.devices = [
-          local_cluster.StageDevice(i) for i in range(len(workers))
-      ]
-      self.target = 'grpc://' + workers[0]
-      self.num_cpus = 1
-      self.remote = remote_tasks.RemoteTasks(workers)
+      self._LocalWorkers(worker_processes, device_type, plan_only)
+    elif description is not None:
+      self._RunningCluster(description, device_type, devices_per_task,
+                           connect_timeout_secs, plan_only)
     else:
-      self.devices = ['/device:CPU:%d' % k for k in range(num_stages)]
-      self.target = ''
-      self.num_cpus = num_stages
+      self._ThisProcess(num_stages, device_type, devices_per_task)
+    if self.task_devices is not None:
+      self.devices = layout.Flatten(self.task_devices)
     self.distributed = bool(self.target)
+    # Every device of a cluster (or of this process's GPUs) is used, so the
+    # layout must fit them exactly; in-process CPUs are made to fit.
+    self.exact = self.task_devices is not None or self.device_type != 'CPU'
+
+  def _LocalWorkers(self, num, device_type, plan_only):
+    """Starts (or plans) `num` local worker processes."""
+    if device_type not in ('auto', 'cpu'):
+      raise ValueError(
+          '--device_type=%s with --worker_processes: local worker processes '
+          'run on CPU; start a gpipe worker on each accelerator host '
+          '(python -m gpipe.worker) and pass --cluster_spec or TF_CONFIG' %
+          device_type)
+    self.device_type = 'CPU'
+    self.num_cpus = 1
+    if plan_only:
+      self.task_devices = devices_lib.PlannedDevices(
+          num, 'cpu', self._worker_args['cpu_devices'])
+      self.target = 'grpc://localhost'
+      return
+    self.cluster = local_cluster.LocalCluster(num, **self._worker_args)
+    self.task_devices = self.cluster.task_devices
+    self.target = self.cluster.target
+
+  def _RunningCluster(self, description, device_type, devices_per_task,
+                      connect_timeout_secs, plan_only):
+    """Checks (or plans) the workers of `description` and their devices."""
+    self.description = description
+    self.num_cpus = 1
+    if plan_only:
+      if not devices_per_task:
+        raise ValueError(
+            'planning a layout for a cluster that is not running needs '
+            '--devices_per_task (e.g. --devices_per_task=8 '
+            '--device_type=gpu for hosts with 8 GPUs)')
+      found = devices_lib.PlannedDevices(description.num_tasks, device_type,
+                                         devices_per_task)
+    else:
+      found = devices_lib.Discover(description, connect_timeout_secs)
+      self.remote = remote_tasks.RemoteTasks(description.workers)
+    self.device_type = devices_lib.ChooseDeviceType(found, device_type)
+    self.task_devices = devices_lib.SelectDevices(found, self.device_type,
+                                                  devices_per_task)
+    self.target = description.Target(0)
+
+  def _ThisProcess(self, num_stages, device_type, devices_per_task):
+    """num_stages virtual CPUs, or this process's GPUs."""
+    self.device_type = _LocalDeviceType(device_type)
+    self.target = ''
+    if self.device_type == 'CPU':
+      self.devices = ['/device:CPU:%d' % k for k in range(num_stages)]
+      self.num_cpus = num_stages
+      return
+    gpus = len(tf.config.list_physical_devices('GPU'))
+    self.devices = ['/device:GPU:%d' % g
+                    for g in range(min(gpus, devices_per_task or gpus))]
+    self.num_cpus = 1
 
   def SessionConfig(self):
     """The ConfigProto: virtual CPUs, soft placement and an op timeout."""
@@ -129,7 +214,7 @@ class Placement:
   def NewSession(self, graph):
     """A session on the placement's target for `graph`.
 
-    With a cluster spec, first checks that its tasks reach each other
+    With a running cluster, first checks that its tasks reach each other
     (remote_tasks.RemoteTasks.Connect: TaskUnreachableError names a task
     that does not answer).
     """
@@ -169,7 +254,7 @@ class Placement:
 
     The devices (task i of job 'worker') stay the same; the ports and the
     session target change, so a new graph and session are needed. Worker
-    logs of restart n go to <log_dir>/restart_<n>/. With a cluster spec,
+    logs of restart n go to <log_dir>/restart_<n>/. With a running cluster,
     waits for its servers instead (WaitForRemoteTasks).
 
     Raises:
@@ -202,7 +287,7 @@ class Placement:
     self.target = self.cluster.target
 
   def WaitForRemoteTasks(self):
-    """Waits up to worker_wait_secs until every server of the spec answers.
+    """Waits up to worker_wait_secs until every server of the cluster answers.
 
     Their supervisor restarts lost servers at the same addresses; the
     devices and the session target stay the same, but a new graph and
@@ -216,8 +301,8 @@ class Placement:
     if lost:
       raise WorkerRestartError(
           '%s after waiting %g s (--worker_wait_secs). The trainer does not '
-          'start the servers of --cluster_spec: start the lost ones again at '
-          'the same addresses, then run the same command to resume from the '
-          'newest checkpoint' % (self.remote.Explain(lost),
-                                 self.worker_wait_secs))
+          'start the servers of a running cluster: start the lost ones again '
+          'at the same addresses, then run the same command to resume from '
+          'the newest checkpoint' % (self.remote.Explain(lost),
+                                     self.worker_wait_secs))
     self.restarts += 1

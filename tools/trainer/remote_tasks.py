@@ -27,7 +27,7 @@ import re
 import time
 
 from gpipe import lingvo_import  # pylint: disable=unused-import
-from gpipe import local_cluster
+from gpipe.runtime import cluster_spec as cluster_spec_lib
 import grpc
 from lingvo import compat as tf
 from tools.trainer import model_select
@@ -164,12 +164,12 @@ class RemoteTasks:
     with graph.as_default():
       values = []
       for task in range(len(self.addresses)):
-        with tf.device(local_cluster.StageDevice(task)):
+        with tf.device(cluster_spec_lib.DeviceName(task)):
           # Random, so that graph optimization cannot fold the sums away.
           values.append(tf.random.uniform([]))
       sums = []
       for task in range(len(self.addresses)):
-        with tf.device(local_cluster.StageDevice(task)):
+        with tf.device(cluster_spec_lib.DeviceName(task)):
           sums.append(tf.add_n(values))
     timeout_ms = int(timeout_secs * 1000)
     sess = tf.compat.v1.Session(

@@ -19,6 +19,7 @@ from typing import Optional
 
 from gpipe import lingvo_import  # pylint: disable=unused-import
 from gpipe import precision
+from gpipe.runtime import cluster_spec as cluster_spec_lib
 from lingvo.core import hyperparams
 from tools.trainer import model_select
 from tools.trainer import placement as placement_lib
@@ -50,8 +51,8 @@ class RunConfig:
     fprop_dtype: the layers' compute dtype, 'float32' or 'bfloat16'.
     data_parallel: R, data-parallel replicas of the training pipeline(s).
     max_worker_restarts: how often a lost worker may be replaced (local
-      workers restarted, servers of a cluster spec waited for) and training
-      resumed from the newest checkpoint.
+      workers restarted, servers of a running cluster waited for) and
+      training resumed from the newest checkpoint.
   """
   model: str
   mode: str
@@ -103,12 +104,48 @@ def _ModelParams(model, dataset, override, num_stages, num_micro_batches,
   return cfg
 
 
+def _SetDevices(train, test, placement, data_parallel, loop_stages):
+  """Lays out the pipelines of train (and test) on the placement's devices.
+
+  Evaluation and decoding run one pipeline, on the first replica's devices.
+  """
+  model_select.SetStageDevices(
+      train, placement.devices, keep_explicit=not placement.distributed,
+      loop=loop_stages and placement.distributed,
+      data_parallel=data_parallel, exact=placement.exact)
+  if test is not None:
+    model_select.SetStageDevices(
+        test, placement.devices[:len(placement.devices) // data_parallel],
+        keep_explicit=not placement.distributed,
+        loop=loop_stages and placement.distributed, exact=placement.exact)
+
+
+def _PlanLayout(train, where, data_parallel, loop_stages):
+  """--mode=inspect_model: the layout on the cluster the flags describe.
+
+  Local worker processes are planned, not started; a cluster is planned
+  with --devices_per_task and asked for its devices without it. Without
+  either, the pipelines keep their own (default) devices.
+  """
+  described = where['worker_processes'] or cluster_spec_lib.Resolve(
+      where['cluster_spec'], environ=where['environ'], slurm=False)
+  if not described:
+    return
+  placement = placement_lib.Placement(
+      model_select.MaxStages(train) * data_parallel,
+      plan_only=bool(where['worker_processes'] or where['devices_per_task']),
+      **where)
+  _SetDevices(train, None, placement, data_parallel, loop_stages)
+
+
 def Settle(model, mode, logdir=None, override='', num_stages=None,
            num_micro_batches=None, schedule=None, input_seed=None,
            worker_processes=0,
            cluster_spec='', pin_cores=False, loop_stages=False,
            step_timeout_secs=300, fprop_dtype='float32', data_parallel=1,
-           max_worker_restarts=0, worker_wait_secs=300, **settings):
+           max_worker_restarts=0, device_type='auto', devices_per_task=0,
+           connect_timeout_secs=10.0, environ=None, worker_wait_secs=300,
+           **settings):
   """Decides the run: params, placement, stage devices (see module doc).
 
   Args:
@@ -121,7 +158,9 @@ def Settle(model, mode, logdir=None, override='', num_stages=None,
     schedule: override the pipeline schedule (None: keep).
     input_seed: the input order seed, when given on the command line.
     worker_processes: start this many local worker processes (0: none).
-    cluster_spec: existing servers, 'worker=host:port,...' ('' for none).
+    cluster_spec: running workers, 'worker=host:port,...', a JSON cluster
+      dict or TF_CONFIG JSON ('' for none: TF_CONFIG in the environment,
+      if set).
     pin_cores: pin local worker i to core i.
     loop_stages: with fewer workers than stages, stage k on worker k mod D.
     fprop_dtype: 'float32' or 'bfloat16' (mixed precision, gpipe.precision);
@@ -130,9 +169,16 @@ def Settle(model, mode, logdir=None, override='', num_stages=None,
     data_parallel: R replicas of the training pipeline on R x K devices
       (evaluation and decoding run one pipeline, on the first replica's).
     max_worker_restarts: restarts of lost workers (needs worker_processes,
-      or cluster_spec whose servers a supervisor restarts).
-    worker_wait_secs: with cluster_spec, how long a restart waits for lost
-      servers to serve again.
+      or a running cluster whose servers a supervisor restarts).
+    device_type: 'auto', 'cpu', 'gpu' or 'tpu': the devices stages run on.
+    devices_per_task: use the first N devices of each task (0: all); with
+      worker_processes, each local worker's virtual CPUs; for inspect_model
+      with a cluster, the devices each task is planned to have (no
+      connection is made).
+    connect_timeout_secs: the longest each check of a running worker takes.
+    environ: the environment TF_CONFIG is read from (default os.environ).
+    worker_wait_secs: with a running cluster, how long a restart waits for
+      lost servers to serve again.
     **settings: the other RunConfig fields (seed, max_steps, periods...).
 
   Returns:
@@ -151,39 +197,35 @@ def Settle(model, mode, logdir=None, override='', num_stages=None,
   if max_worker_restarts < 0:
     raise ValueError('--max_worker_restarts=%d: give a count >= 0' %
                      max_worker_restarts)
-  if max_worker_restarts and not (worker_processes or cluster_spec):
+  if max_worker_restarts and not (worker_processes or cluster_spec_lib.Resolve(
+      cluster_spec, environ=environ, slurm=False)):
     raise ValueError(
         '--max_worker_restarts=%d: there are no workers to restart; the '
         'stages run on devices of this process. Use --worker_processes=N '
-        '(restarted by the trainer) or --cluster_spec (servers restarted by '
-        'their supervisor, waited for up to --worker_wait_secs)' %
-        max_worker_restarts)
+        '(restarted by the trainer) or a running cluster (--cluster_spec or '
+        'TF_CONFIG: servers restarted by their supervisor, waited for up to '
+        '--worker_wait_secs)' % max_worker_restarts)
   if worker_wait_secs < 0:
     raise ValueError('--worker_wait_secs=%g: give seconds >= 0' %
                      worker_wait_secs)
   settings.update(data_parallel=data_parallel,
                   max_worker_restarts=max_worker_restarts)
+  where = dict(worker_processes=worker_processes, cluster_spec=cluster_spec,
+               step_timeout_secs=step_timeout_secs, pin_cores=pin_cores,
+               device_type=device_type, devices_per_task=devices_per_task,
+               connect_timeout_secs=connect_timeout_secs, environ=environ)
   if mode == 'inspect_model':
+    _PlanLayout(train, where, data_parallel, loop_stages)
     return RunConfig(model=model, mode=mode, logdir=None, placement=None,
                      train=train, test=None, **settings)
   logdir = PrepareLogdir(logdir, mode)
   test = _ModelParams(model, 'Test', *shape)
   placement = placement_lib.Placement(
       model_select.MaxStages(train) * data_parallel,
-      worker_processes=worker_processes,
-      cluster_spec=cluster_spec, step_timeout_secs=step_timeout_secs,
-      log_dir=os.path.join(logdir, 'workers'), pin_cores=pin_cores,
-      worker_wait_secs=worker_wait_secs)
+      log_dir=os.path.join(logdir, 'workers'),
+      worker_wait_secs=worker_wait_secs, **where)
   try:
-    model_select.SetStageDevices(
-        train, placement.devices, keep_explicit=not placement.distributed,
-        loop=loop_stages and placement.distributed,
-        data_parallel=data_parallel)
-    # Evaluation runs one pipeline, on the first replica's devices.
-    model_select.SetStageDevices(
-        test, placement.devices[:len(placement.devices) // data_parallel],
-        keep_explicit=not placement.distributed,
-        loop=loop_stages and placement.distributed)
+    _SetDevices(train, test, placement, data_parallel, loop_stages)
     if placement.remote is not None:
       # Errors about a lost server name the stages it holds.
       placement.remote.SetStages(train)

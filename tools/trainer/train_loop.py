@@ -28,7 +28,7 @@ import threading
 import time
 
 from gpipe import lingvo_import  # pylint: disable=unused-import
-from gpipe import local_cluster
+from gpipe.runtime import local_cluster
 from gpipe import timeline
 from lingvo import compat as tf
 from tools.trainer import checkpoints

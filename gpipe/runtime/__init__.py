@@ -1,0 +1,9 @@
+"""Where stages run: cluster descriptions, worker processes, device layout.
+
+* ``cluster_spec``: the worker tasks of a cluster, from ``worker=h:p,...``,
+  a JSON cluster dict, ``TF_CONFIG`` or Slurm;
+* ``worker``: the worker binary (``python -m gpipe.worker``);
+* ``local_cluster``: K worker processes on this host (``LocalCluster``);
+* ``devices``: asking a running cluster for its devices;
+* ``layout``: R replicas x K stages on the tasks' devices.
+"""

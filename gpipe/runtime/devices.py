@@ -1,0 +1,231 @@
+"""Asking a cluster of gpipe workers for their devices, within seconds.
+
+``Discover`` checks each worker task in turn and returns its devices:
+
+1. a TCP connect to its address with a short timeout: an address where
+   nothing listens, or that cannot be reached, is named at once instead of a
+   session that waits for it forever;
+2. a session to that address alone, with device filters that match no other
+   task, lists the server's own devices: they name the job and task it
+   serves, so a server of another job or task index (or something that is
+   not a TensorFlow server: no answer within the timeout) is named too;
+3. a session to worker 0, which masters the training sessions, lists the
+   whole cluster's devices: every task must be there, as described.
+
+``ChooseDeviceType`` picks the devices stages run on (``auto``: the
+accelerator every task has, else CPU) and ``SelectDevices`` takes them from
+each task (the first N with ``devices_per_task``). ``PlannedDevices`` gives
+the device strings of a cluster that is not running, for planning.
+"""
+
+import socket
+import threading
+import time
+
+from gpipe import lingvo_import  # pylint: disable=unused-import
+from gpipe.runtime import cluster_spec as cluster_spec_lib
+from gpipe.runtime import layout
+from lingvo import compat as tf
+
+DEVICE_TYPES = ('auto', 'cpu', 'gpu', 'tpu')
+# Accelerators in the order 'auto' prefers them when every task has both.
+ACCELERATORS = ('GPU', 'TPU')
+# Matches no task: a server asked with it lists only its own devices.
+_NO_REMOTE_TASK = '/job:gpipe_no_such_job'
+
+
+class DiscoveryError(RuntimeError):
+  """A worker task cannot be used; the message names its address."""
+
+
+def Probe(address, timeout_secs):
+  """None if a TCP connection to 'host:port' opens, else the reason.
+
+  The name lookup runs in a thread too: a resolver that does not answer
+  would otherwise hold the caller for its own (long) timeouts.
+  """
+  host, _, port = address.rpartition(':')
+  result = []
+
+  def Connect():
+    try:
+      with socket.create_connection((host.strip('[]'), int(port)),
+                                    timeout=timeout_secs):
+        result.append(None)
+    except socket.timeout:
+      result.append('no answer within %.0f s' % timeout_secs)
+    except OSError as e:
+      result.append(e.strerror or str(e))
+
+  thread = threading.Thread(target=Connect, daemon=True)
+  thread.start()
+  thread.join(timeout_secs)
+  return result[0] if result else (
+      'no answer (name lookup or connect) within %.0f s' % timeout_secs)
+
+
+def _ListDevices(target, timeout_secs, device_filters=()):
+  """The device names a session to `target` lists (OpError on failure)."""
+  config = tf.compat.v1.ConfigProto(
+      operation_timeout_in_ms=int(timeout_secs * 1000),
+      device_filters=list(device_filters))
+  with tf.compat.v1.Session(target, graph=tf.Graph(), config=config) as sess:
+    return [d.name for d in sess.list_devices()]
+
+
+def _StartHint(description, task):
+  return ('start it with: python -m gpipe.worker --cluster_spec=%s --task=%d '
+          '(or TF_CONFIG with "task": {"type": "worker", "index": %d})' %
+          (description.Spec(), task, task))
+
+
+def _OwnDevices(description, task, timeout_secs):
+  """The devices of the server at task `task`'s address; checks who it is."""
+  address = description.workers[task]
+  where = '%s from %s' % (description.Name(task), description.source)
+  reason = Probe(address, timeout_secs)
+  if reason:
+    raise DiscoveryError('cannot reach %s: %s. Is the worker running and the '
+                         'address right? If not, %s' %
+                         (where, reason, _StartHint(description, task)))
+  try:
+    names = _ListDevices(description.Target(task), timeout_secs,
+                         [_NO_REMOTE_TASK])
+  except tf.errors.OpError as e:
+    raise DiscoveryError(
+        '%s accepts connections but did not answer as a TensorFlow server '
+        'within %.0f s (%s): is something else listening at %s? A worker: %s' %
+        (where, timeout_secs, type(e).__name__, address,
+         _StartHint(description, task))) from None
+  own = '/job:%s/replica:0/task:%d/' % (cluster_spec_lib.JOB, task)
+  if not names or not all(n.startswith(own) for n in names):
+    served = sorted({n.rsplit('/device:', 1)[0] for n in names})
+    raise DiscoveryError(
+        'the server at %s is not %s: it serves %s; %s' %
+        (address, where, ', '.join(served) or 'no devices',
+         _StartHint(description, task)))
+  return names
+
+
+def Discover(description, timeout_secs=10.0):
+  """Every worker task's devices, checked (see the module doc).
+
+  Args:
+    description: a cluster_spec.ClusterDescription.
+    timeout_secs: the longest each check may take.
+
+  Returns:
+    A list with each task's device strings, in task order (all types).
+
+  Raises:
+    DiscoveryError: a task is unreachable, not a TensorFlow server, serves
+      another job or task, or worker 0's cluster differs from the
+      description; the message names the task and its address.
+  """
+  task_devices = [_OwnDevices(description, t, timeout_secs)
+                  for t in range(description.num_tasks)]
+  start = time.time()
+  try:
+    names = _ListDevices(description.Target(0), timeout_secs)
+  except tf.errors.OpError as e:
+    raise DiscoveryError(
+        '%s could not list the devices of every task within %.0f s (%s), '
+        'although each task answers on its own: it was probably started '
+        'with another cluster description than %s (%s). Start every worker '
+        'with the same one' %
+        (description.Name(0), time.time() - start, type(e).__name__,
+         description.source, description.Spec())) from None
+  tasks = sorted({layout.ParseDevice(n)[0] for n in names
+                  if n.startswith('/job:%s/' % cluster_spec_lib.JOB)})
+  if tasks != list(range(description.num_tasks)):
+    raise DiscoveryError(
+        '%s serves a cluster with worker tasks %s, but %s lists %d (%s): '
+        'start every worker with the same cluster description' %
+        (description.Name(0), tasks, description.source,
+         description.num_tasks, description.Spec()))
+  return task_devices
+
+
+def _Types(names):
+  return {layout.ParseDevice(n)[1] for n in names}
+
+
+def ChooseDeviceType(task_devices, device_type='auto'):
+  """The device type stages run on: 'CPU', 'GPU' or 'TPU'.
+
+  Args:
+    task_devices: each task's device strings.
+    device_type: 'auto' (the accelerator every task has, else CPU), 'cpu',
+      'gpu' or 'tpu'.
+
+  Returns:
+    The upper-case device type.
+
+  Raises:
+    DiscoveryError: a task has no device of the type asked for (named).
+  """
+  if device_type not in DEVICE_TYPES:
+    raise ValueError('--device_type=%s: use one of %s' %
+                     (device_type, ', '.join(DEVICE_TYPES)))
+  if device_type == 'auto':
+    for accelerator in ACCELERATORS:
+      if task_devices and all(accelerator in _Types(names)
+                              for names in task_devices):
+        return accelerator
+    return 'CPU'
+  wanted = device_type.upper()
+  missing = [t for t, names in enumerate(task_devices)
+             if wanted not in _Types(names)]
+  if missing:
+    raise DiscoveryError(
+        '--device_type=%s: worker task(s) %s have no %s device (task %d has '
+        '%s); use --device_type=auto or start those workers on hosts with '
+        '%ss' % (device_type, missing, wanted, missing[0],
+                 ', '.join(layout.ShortName(n)
+                           for n in task_devices[missing[0]]), wanted))
+  return wanted
+
+
+def SelectDevices(task_devices, device_type, devices_per_task=0):
+  """Each task's devices of `device_type`, in index order.
+
+  Args:
+    task_devices: each task's device strings (any types).
+    device_type: 'CPU', 'GPU' or 'TPU'.
+    devices_per_task: use only the first N of each task (0: all).
+
+  Returns:
+    A list with each task's chosen device strings.
+
+  Raises:
+    DiscoveryError: a task has fewer than devices_per_task such devices.
+  """
+  chosen = []
+  for t, names in enumerate(task_devices):
+    of_type = sorted((n for n in names
+                      if layout.ParseDevice(n)[1] == device_type),
+                     key=lambda n: layout.ParseDevice(n)[2])
+    if devices_per_task:
+      if len(of_type) < devices_per_task:
+        raise DiscoveryError(
+            '--devices_per_task=%d: worker task %d has only %d %s device(s)'
+            % (devices_per_task, t, len(of_type), device_type))
+      of_type = of_type[:devices_per_task]
+    chosen.append(of_type)
+  return chosen
+
+
+def PlannedDevices(num_tasks, device_type, devices_per_task):
+  """The device strings of a cluster that is not running (for planning).
+
+  Args:
+    num_tasks: worker tasks.
+    device_type: 'auto', 'cpu', 'gpu' or 'tpu' ('auto' plans CPUs).
+    devices_per_task: devices of that type on each task.
+
+  Returns:
+    A list with each task's device strings.
+  """
+  kind = 'CPU' if device_type == 'auto' else device_type.upper()
+  return [[cluster_spec_lib.DeviceName(t, kind, i)
+           for i in range(devices_per_task)] for t in range(num_tasks)]
