@@ -86,6 +86,13 @@ class NetnsRecoveryTest(test_utils.TestCase):
         'steps after a checkpoint')
     return checkpoints.GlobalStepOf(checkpoints.Newest(self.logdir))
 
+  def _StoppedLog(self, proc, timeout=120):
+    """Waits for the trainer to stop with an error; returns its output."""
+    proc.wait(timeout=timeout)
+    log = self._Log()
+    self.assertEqual(1, proc.returncode, log)
+    return log
+
   def _Task(self, i, stage):
     return r'task %d at %s:%d \(stage %d\)' % (
         i, re.escape(self.lab.host_addresses[i]), self.workers.port, stage)
@@ -113,9 +120,7 @@ class NetnsRecoveryTest(test_utils.TestCase):
         'steps after the restart')
     # Losing the master task too exceeds --max_worker_restarts=1.
     self.workers.Kill(0)
-    proc.wait(timeout=120)
-    log = self._Log()
-    self.assertEqual(1, proc.returncode, log)
+    log = self._StoppedLog(proc)
     self.assertRegex(
         log, r'worker lost: a pipeline worker became unreachable %s \(.*\): '
         r'%s does not answer \(cannot connect: Connection refused\)' %
@@ -142,9 +147,7 @@ class NetnsRecoveryTest(test_utils.TestCase):
                        '--worker_wait_secs=3')
     resume_step = self._AfterCheckpoint(proc)
     self.workers.Kill(1)
-    proc.wait(timeout=120)
-    log = self._Log()
-    self.assertEqual(1, proc.returncode, log)
+    log = self._StoppedLog(proc)
     self.assertRegex(
         log, r'trainer: error: %s does not answer \(cannot connect: '
         r'Connection refused\) after waiting 3 s \(--worker_wait_secs\). The '
@@ -164,9 +167,7 @@ class NetnsRecoveryTest(test_utils.TestCase):
     proc = self._Start('--max_steps=1000000')
     self._AfterCheckpoint(proc)
     self.lab.SetLink(1, False)
-    proc.wait(timeout=STEP_TIMEOUT_SECS + 120)
-    log = self._Log()
-    self.assertEqual(1, proc.returncode, log)
+    log = self._StoppedLog(proc, timeout=STEP_TIMEOUT_SECS + 120)
     self.assertRegex(
         log, r'trainer: error: the session did not finish %s within the step '
         r'timeout \(%d s\): %s does not answer \(no answer within 3 s\)\. The '

@@ -144,6 +144,12 @@ def _Parser():
   Common(p)
   p.add_argument('--model', default='transformer',
                  choices=['transformer', 'amoeba', 'dense'])
+  p.add_argument('--num_layers', type=int, default=0,
+                 help='layers (default %d)' % links.SHAPE['num_layers'])
+  p.add_argument('--batch', type=int, default=0,
+                 help='mini-batch (default %d)' % links.SHAPE['batch'])
+  p.add_argument('--width', type=int, default=0,
+                 help='model width (default %d)' % links.SHAPE['width'])
   p.add_argument('--num_stages', default='2,4',
                  help='K values: one host (network namespace) per stage')
   p.add_argument('--schedules', default='gpipe,1f1b,zb_h1',

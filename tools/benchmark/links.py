@@ -45,6 +45,10 @@ from tools.netlab import delay_relay
 from tools.netlab import netns
 
 FIRST_PORT = 2300
+# The model's default shape: a step of ~0.1-0.2 s on this kind of core, so
+# that millisecond delays are not lost in the noise of long steps, and
+# micro-batch tasks of a few ms, about as long as the delays.
+SHAPE = dict(num_layers=8, batch=32, width=128)
 # Messages of a step that are no stage hand-over: the client's RunStep
 # request and reply, the master's RunGraph requests and replies.
 CONTROL_CROSSINGS = 4
@@ -213,9 +217,13 @@ def Links(args):
   if reason:
     raise SystemExit('links: the hosts are network namespaces, which cannot '
                      'be made here: %s. Run it as root on Linux.' % reason)
-  models = (throughput.QUICK_THROUGHPUT_MODELS if args.quick else
-            throughput.THROUGHPUT_MODELS)
-  shape = models[args.model]
+  if args.quick:
+    shape = dict(throughput.QUICK_THROUGHPUT_MODELS[args.model])
+  else:
+    shape = dict(SHAPE)
+  for name in shape:
+    if getattr(args, name, None):
+      shape[name] = getattr(args, name)
   delays = sorted({float(v) for v in args.delays_ms.split(',')} | {0.0})
   delays = [int(d) if d == int(d) else d for d in delays]
   configs = _Configs(args, shape)
@@ -274,37 +282,47 @@ def Links(args):
   print(text)
   result = dict(machine=info, settings=settings, configs=records,
                 markdown=text)
-
-  def Plot(plt):
-    top = str(max(delays))
-    fig, axes = plt.subplots(1, len(ks), figsize=(6 * len(ks), 3.8),
-                             squeeze=False)
-    for ax, k in zip(axes[0], ks):
-      for name in args.schedules.split(','):
-        rs = [r for r in records if r['K'] == k and r['schedule'] == name]
-        if not rs:
-          continue
-        line, = ax.plot([r['M'] for r in rs],
-                        [r['exposed'][top] for r in rs], 'o-',
-                        label='%s measured' % name)
-        ax.plot([r['M'] for r in rs],
-                [r['simulated_added'][top] / (float(top) / 1e3)
-                 for r in rs], ':', color=line.get_color(),
-                label='%s simulated' % name)
-      ms = sorted({r['M'] for r in records if r['K'] == k})
-      ax.plot(ms, [_Crossings(k, m) for m in ms], 'k--',
-              label='every crossing exposed')
-      ax.set_xscale('log', base=2)
-      ax.set_yscale('log')
-      ax.set_xlabel('micro-batches M')
-      ax.set_ylabel('delays exposed: added time / %s ms' % top)
-      ax.set_title('%s, K=%d, %g Mbit/s links' % (args.model, k,
-                                                  args.rate_mbit))
-      ax.legend(fontsize=7)
-    return fig
-
-  report.Write(args, result, Plot)
+  report.Write(args, result, lambda plt: Plot(plt, result))
   return result
+
+
+def Plot(plt, result):
+  """The figure of a links result: delays exposed against M, per K."""
+  from matplotlib import ticker  # pylint: disable=g-import-not-at-top
+  records = result['configs']
+  settings = result['settings']
+  top = str(max(settings['delays_ms']))
+  ks = sorted({r['K'] for r in records})
+  schedules = list(dict.fromkeys(r['schedule'] for r in records))
+  fig, axes = plt.subplots(1, len(ks), figsize=(6 * len(ks), 3.8),
+                           squeeze=False)
+  for ax, k in zip(axes[0], ks):
+    for name in schedules:
+      rs = [r for r in records if r['K'] == k and r['schedule'] == name]
+      line, = ax.plot([r['M'] for r in rs],
+                      [r['exposed'][top] for r in rs], 'o-',
+                      label='%s measured' % name)
+      ax.plot([r['M'] for r in rs],
+              [r['simulated_added'][top] / (float(top) / 1e3) for r in rs],
+              ':', color=line.get_color(), label='%s simulated' % name)
+    ms = sorted({r['M'] for r in records if r['K'] == k})
+    ax.plot(ms, [_Crossings(k, m) for m in ms], 'k--',
+            label='every crossing exposed')
+    ax.set_xscale('log', base=2)
+    ax.set_yscale('log')
+    ax.set_xticks(ms)
+    ax.set_xticklabels([str(m) for m in ms])
+    low, high = ax.get_ylim()
+    ax.set_yticks([t for t in (1, 2, 5, 10, 20, 50, 100, 200, 500)
+                   if low <= t <= high])
+    ax.yaxis.set_major_formatter(ticker.ScalarFormatter())
+    ax.yaxis.set_minor_formatter(ticker.NullFormatter())
+    ax.set_xlabel('micro-batches M')
+    ax.set_ylabel('delays exposed: added time / %s ms' % top)
+    ax.set_title('%s, K=%d, %g Mbit/s links' % (settings['model'], k,
+                                                settings['rate_mbit']))
+    ax.legend(fontsize=7)
+  return fig
 
 
 if __name__ == '__main__':
