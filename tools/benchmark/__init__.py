@@ -34,6 +34,9 @@ Subcommands:
               it leaves.
   data_parallel  R replicas x K stages beside R=1: speed-up and the
               all-reduce's share of the step.
+  links       K stages on K hosts (network namespaces, as root) whose links
+              are capped and delayed by 0, 1 and 5 ms: step time per
+              schedule and M, and how much of the link each one hides.
 
 Every subcommand prints a markdown table, the machine and the settings, and
 writes ``--json`` and ``--plot`` if given. ``--quick`` runs a tiny version
@@ -43,7 +46,7 @@ work, pipelined stages otherwise get only part of their cores.
 
 Modules: ``cli`` (flags and dispatch), one per subcommand (``throughput``,
 ``memory``, ``bubble``, ``graph``, ``schedules``, ``cost``,
-``data_parallel``), ``floor`` (the kernel floor ``cost`` reports),
+``data_parallel``, ``links``), ``floor`` (the kernel floor ``cost`` reports),
 ``report`` (their tables, header, JSON and plots), ``runner``
 (configurations, worker clusters, timed steps), ``models`` (the benchmark
 layer stacks) and ``lingvo_stack`` (Lingvo's GPipeTransformerStack).

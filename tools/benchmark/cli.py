@@ -3,7 +3,7 @@
 ``main`` parses the subcommand and its flags (``--help`` lists them), shrinks
 the defaults for ``--quick`` and runs one of ``throughput.Throughput``,
 ``memory.Memory``, ``bubble.Bubble``, ``schedules.Schedules``,
-``data_parallel.DataParallel`` or ``graph.Graph``.
+``data_parallel.DataParallel``, ``graph.Graph`` or ``links.Links``.
 """
 
 import argparse
@@ -15,6 +15,7 @@ from tools.benchmark import bubble
 from tools.benchmark import cost
 from tools.benchmark import data_parallel
 from tools.benchmark import graph
+from tools.benchmark import links
 from tools.benchmark import memory
 from tools.benchmark import schedules
 from tools.benchmark import throughput
@@ -138,6 +139,29 @@ def _Parser():
 
   p = sub.add_parser('graph', help=graph.Graph.__doc__)
   Common(p)
+
+  p = sub.add_parser('links', help=links.Links.__doc__)
+  Common(p)
+  p.add_argument('--model', default='transformer',
+                 choices=['transformer', 'amoeba', 'dense'])
+  p.add_argument('--num_layers', type=int, default=0,
+                 help='layers (default %d)' % links.SHAPE['num_layers'])
+  p.add_argument('--batch', type=int, default=0,
+                 help='mini-batch (default %d)' % links.SHAPE['batch'])
+  p.add_argument('--width', type=int, default=0,
+                 help='model width (default %d)' % links.SHAPE['width'])
+  p.add_argument('--num_stages', default='2,4',
+                 help='K values: one host (network namespace) per stage')
+  p.add_argument('--schedules', default='gpipe,1f1b,zb_h1',
+                 help='schedules with one stage per device')
+  p.add_argument('--micro_batches', default='4,8,16')
+  p.add_argument('--delays_ms', default='0,1,5',
+                 help='one-way delays added to every link (0 is always run)')
+  p.add_argument('--rate_mbit', type=float, default=1000.0,
+                 help='every link capped at this rate each way (tbf)')
+  p.add_argument('--remat', default='always', choices=pipeline.REMAT_MODES)
+  p.add_argument('--steps', type=int, default=5, help='timed rounds')
+  p.add_argument('--warmup', type=int, default=2)
   return parser
 
 
@@ -165,6 +189,13 @@ def _ApplyQuick(args):
     args.micro_batches = '2'
   if args.command == 'data_parallel':
     args.trace_steps = 1
+  if args.command == 'links':
+    args.num_stages = '2' if args.num_stages == '2,4' else args.num_stages
+    if args.micro_batches == '4,8,16':
+      args.micro_batches = '2'
+    if args.schedules == 'gpipe,1f1b,zb_h1':
+      args.schedules = 'gpipe,1f1b'
+    args.delays_ms = '0,1' if args.delays_ms == '0,1,5' else args.delays_ms
   if args.command == 'memory':
     args.cap_mib = min(args.cap_mib, 4.0)
     args.micro_batches = 2
@@ -189,6 +220,6 @@ def main(argv=None):
   commands = dict(throughput=throughput.Throughput, memory=memory.Memory,
                   bubble=bubble.Bubble, graph=graph.Graph,
                   schedules=schedules.Schedules, cost=cost.Cost,
-                  data_parallel=data_parallel.DataParallel)
+                  data_parallel=data_parallel.DataParallel, links=links.Links)
   commands[args.command](args)
   return 0

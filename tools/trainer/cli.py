@@ -31,6 +31,7 @@ import functools
 import os
 import signal
 import sys
+import time
 
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
 
@@ -51,6 +52,7 @@ from tools.trainer import evaler
 from tools.trainer import inspect_model
 from tools.trainer import model_select
 from tools.trainer import placement as placement_lib
+from tools.trainer import remote_tasks
 from tools.trainer import run_config
 from tools.trainer import train_loop
 # pylint: enable=g-import-not-at-top,wrong-import-position
@@ -118,9 +120,16 @@ flags.DEFINE_integer(
     'copy of the variables (checkpoints do not depend on R).')
 flags.DEFINE_integer(
     'max_worker_restarts', 0,
-    'With --worker_processes: when a worker dies, stop the workers, start '
-    'fresh ones, restore the newest checkpoint and go on, at most this many '
-    'times (0: stop with an error).')
+    'When a worker dies, restore the newest checkpoint and go on, at most '
+    'this many times (0: stop with an error). With --worker_processes the '
+    'trainer stops the workers and starts fresh ones; with a running cluster '
+    '(--cluster_spec or TF_CONFIG) it names the lost task and waits up to '
+    '--worker_wait_secs for its supervisor to start it again at the same '
+    'address.')
+flags.DEFINE_float(
+    'worker_wait_secs', 300,
+    'With a running cluster and --max_worker_restarts: how long to wait for '
+    'lost servers to serve again before stopping with the reason.')
 flags.DEFINE_integer('checkpoint_every_n_steps', 100, 'Checkpoint period.')
 flags.DEFINE_integer('log_every_n_steps', 10,
                      'Console progress line and summary period.')
@@ -163,6 +172,7 @@ def SettleFromFlags():
       step_timeout_secs=FLAGS.step_timeout_secs,
       data_parallel=FLAGS.data_parallel,
       max_worker_restarts=FLAGS.max_worker_restarts,
+      worker_wait_secs=FLAGS.worker_wait_secs,
       device_type=FLAGS.device_type, devices_per_task=FLAGS.devices_per_task,
       connect_timeout_secs=FLAGS.connect_timeout_secs, seed=FLAGS.seed,
       max_steps=FLAGS.max_steps,
@@ -231,7 +241,10 @@ def _Train(run, echo):
         raise train_loop.WorkerLostError('%s%s' % (e, train_loop.GaveUpNote(
             placement.restarts, run.max_worker_restarts))) from e
       # The error's advice (run the command again) is what happens next.
-      echo('worker lost: %s' % str(e).split(': training stopped')[0])
+      echo('worker lost: %s' % e.summary)
+      if placement.remote is not None:
+        _AwaitRemoteTasks(run, echo)
+        continue
       echo('restarting the worker processes (restart %d of %d), then '
            'resuming from the newest checkpoint' %
            (placement.restarts + 1, run.max_worker_restarts))
@@ -248,6 +261,19 @@ def _Train(run, echo):
   echo('TensorBoard: .venv/bin/tensorboard --logdir %s' % run.logdir)
 
 
+def _AwaitRemoteTasks(run, echo):
+  """Waits for the servers of --cluster_spec to serve again (a restart)."""
+  placement = run.placement
+  echo('waiting up to %g s (--worker_wait_secs) for every task to serve '
+       'again (restart %d of %d), then resuming from the newest checkpoint' %
+       (placement.worker_wait_secs, placement.restarts + 1,
+        run.max_worker_restarts))
+  started = time.time()
+  placement.Restart()
+  echo('every task serves again after %.1f s: %s' % (
+      time.time() - started, ', '.join(placement.remote.addresses)))
+
+
 def main(argv):
   # `kill -USR1 <pid>` prints every thread's Python stack (a stuck run).
   faulthandler.register(signal.SIGUSR1, file=sys.__stderr__)
@@ -260,14 +286,15 @@ def main(argv):
   echo = functools.partial(print, flush=True)
   try:
     code = Main(SettleFromFlags(), echo)
-    if train_loop.AbandonedSessions():
+    if train_loop.AbandonedSessions() or remote_tasks.AbandonedSessions():
       # A session of workers lost before a restart cannot be closed (it
       # would wait for them forever): skip the interpreter's cleanup.
       sys.stdout.flush()
       sys.stderr.flush()
       os._exit(code)  # pylint: disable=protected-access
     return code
-  except (train_loop.WorkerLostError, placement_lib.WorkerRestartError) as e:
+  except (train_loop.WorkerLostError, placement_lib.WorkerRestartError,
+          remote_tasks.TaskUnreachableError) as e:
     print('trainer: error: %s' % e, file=sys.stderr, flush=True)
     sys.stdout.flush()
     # The session to the lost worker cannot be closed (it would wait for the

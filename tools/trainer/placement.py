@@ -15,6 +15,8 @@ Three ways, by flags:
   TF_CONFIG JSON) or ``TF_CONFIG`` in the environment. The trainer checks
   every task and asks it for its devices first (gpipe.runtime.devices), and
   uses ``--device_type`` devices of each (the first ``--devices_per_task``).
+  The trainer does not restart these servers: after a loss it waits for
+  them to serve again (``tools.trainer.remote_tasks``).
 
 Stages are laid out on the devices task by task (gpipe.runtime.layout):
 neighbouring stages on one task first, replicas across tasks. Each step runs
@@ -31,6 +33,7 @@ from gpipe.runtime import layout
 from gpipe.runtime import local_cluster
 from lingvo import compat as tf
 from lingvo.core import cluster_factory
+from tools.trainer import remote_tasks
 
 
 def ParseClusterSpec(text):
@@ -74,7 +77,8 @@ class Placement:
   def __init__(self, num_stages, worker_processes=0, cluster_spec='',
                step_timeout_secs=300, log_dir=None, pin_cores=False,
                device_type='auto', devices_per_task=0,
-               connect_timeout_secs=10.0, plan_only=False, environ=None):
+               connect_timeout_secs=10.0, plan_only=False, environ=None,
+               worker_wait_secs=300):
     """Sets up (and for worker_processes, starts) the devices.
 
     Args:
@@ -95,6 +99,8 @@ class Placement:
       plan_only: do not start or ask workers: plan devices_per_task devices
         on each task (--mode=inspect_model).
       environ: the environment to read TF_CONFIG from (default os.environ).
+      worker_wait_secs: on Restart, how long to wait for lost servers of a
+        running cluster to serve again.
 
     Raises:
       ValueError: conflicting or impossible flags, named.
@@ -116,6 +122,9 @@ class Placement:
     self.step_timeout_ms = int(step_timeout_secs * 1000)
     self.cluster = None
     self.restarts = 0
+    # The servers of a running cluster (a RemoteTasks), or None.
+    self.remote = None
+    self.worker_wait_secs = worker_wait_secs
     self.description = None
     self.task_devices = None
     self._worker_args = dict(pin_cores=pin_cores, log_dir=log_dir,
@@ -170,6 +179,7 @@ class Placement:
                                          devices_per_task)
     else:
       found = devices_lib.Discover(description, connect_timeout_secs)
+      self.remote = remote_tasks.RemoteTasks(description.workers)
     self.device_type = devices_lib.ChooseDeviceType(found, device_type)
     self.task_devices = devices_lib.SelectDevices(found, self.device_type,
                                                   devices_per_task)
@@ -205,6 +215,14 @@ class Placement:
     return options
 
   def NewSession(self, graph):
+    """A session on the placement's target for `graph`.
+
+    With a running cluster, first checks that its tasks reach each other
+    (remote_tasks.RemoteTasks.Connect: TaskUnreachableError names a task
+    that does not answer).
+    """
+    if self.remote is not None:
+      self.remote.Connect(self.target)
     return tf.compat.v1.Session(
         self.target, graph=graph, config=self.SessionConfig())
 
@@ -239,12 +257,16 @@ class Placement:
 
     The devices (task i of job 'worker') stay the same; the ports and the
     session target change, so a new graph and session are needed. Worker
-    logs of restart n go to <log_dir>/restart_<n>/.
+    logs of restart n go to <log_dir>/restart_<n>/. With a running cluster,
+    waits for its servers instead (WaitForRemoteTasks).
 
     Raises:
       WorkerRestartError: there are no local workers to restart, or the
         fresh workers did not start (the reason is in the message).
     """
+    if self.cluster is None and self.remote is not None:
+      self.WaitForRemoteTasks()
+      return
     if self.cluster is None:
       raise WorkerRestartError(
           'the trainer can only restart local worker processes it started '
@@ -266,3 +288,24 @@ class Placement:
           'checkpoint' % (num, self.restarts, e, (' in %s' % args['log_dir'])
                           if args['log_dir'] else '')) from e
     self.target = self.cluster.target
+
+  def WaitForRemoteTasks(self):
+    """Waits up to worker_wait_secs until every server of the cluster answers.
+
+    Their supervisor restarts lost servers at the same addresses; the
+    devices and the session target stay the same, but a new graph and
+    session are needed (a restarted server has none of the old state).
+
+    Raises:
+      WorkerRestartError: a server still does not answer after the wait;
+        the message names it.
+    """
+    lost = self.remote.WaitServing(self.worker_wait_secs)
+    if lost:
+      raise WorkerRestartError(
+          '%s after waiting %g s (--worker_wait_secs). The trainer does not '
+          'start the servers of a running cluster: start the lost ones again '
+          'at the same addresses, then run the same command to resume from '
+          'the newest checkpoint' % (self.remote.Explain(lost),
+                                     self.worker_wait_secs))
+    self.restarts += 1

@@ -50,8 +50,9 @@ class RunConfig:
     decode_max_batches: decode at most this many batches (None: all).
     fprop_dtype: the layers' compute dtype, 'float32' or 'bfloat16'.
     data_parallel: R, data-parallel replicas of the training pipeline(s).
-    max_worker_restarts: how often a lost local worker may be replaced by
-      restarting the workers and resuming from the newest checkpoint.
+    max_worker_restarts: how often a lost worker may be replaced (local
+      workers restarted, servers of a running cluster waited for) and
+      training resumed from the newest checkpoint.
   """
   model: str
   mode: str
@@ -143,7 +144,8 @@ def Settle(model, mode, logdir=None, override='', num_stages=None,
            cluster_spec='', pin_cores=False, loop_stages=False,
            step_timeout_secs=300, fprop_dtype='float32', data_parallel=1,
            max_worker_restarts=0, device_type='auto', devices_per_task=0,
-           connect_timeout_secs=10.0, environ=None, **settings):
+           connect_timeout_secs=10.0, environ=None, worker_wait_secs=300,
+           **settings):
   """Decides the run: params, placement, stage devices (see module doc).
 
   Args:
@@ -166,8 +168,8 @@ def Settle(model, mode, logdir=None, override='', num_stages=None,
     step_timeout_secs: the longest a session run may take.
     data_parallel: R replicas of the training pipeline on R x K devices
       (evaluation and decoding run one pipeline, on the first replica's).
-    max_worker_restarts: restarts of lost local workers (needs
-      worker_processes).
+    max_worker_restarts: restarts of lost workers (needs worker_processes,
+      or a running cluster whose servers a supervisor restarts).
     device_type: 'auto', 'cpu', 'gpu' or 'tpu': the devices stages run on.
     devices_per_task: use the first N devices of each task (0: all); with
       worker_processes, each local worker's virtual CPUs; for inspect_model
@@ -175,6 +177,8 @@ def Settle(model, mode, logdir=None, override='', num_stages=None,
       connection is made).
     connect_timeout_secs: the longest each check of a running worker takes.
     environ: the environment TF_CONFIG is read from (default os.environ).
+    worker_wait_secs: with a running cluster, how long a restart waits for
+      lost servers to serve again.
     **settings: the other RunConfig fields (seed, max_steps, periods...).
 
   Returns:
@@ -193,13 +197,17 @@ def Settle(model, mode, logdir=None, override='', num_stages=None,
   if max_worker_restarts < 0:
     raise ValueError('--max_worker_restarts=%d: give a count >= 0' %
                      max_worker_restarts)
-  if max_worker_restarts and not worker_processes:
+  if max_worker_restarts and not (worker_processes or cluster_spec_lib.Resolve(
+      cluster_spec, environ=environ, slurm=False)):
     raise ValueError(
-        '--max_worker_restarts=%d: the trainer can only restart the local '
-        'worker processes it starts itself (--worker_processes=N); servers '
-        'of --cluster_spec or in-process devices cannot be restarted by it. '
-        'Use --worker_processes, or restart the servers yourself and run '
-        'the same command again to resume' % max_worker_restarts)
+        '--max_worker_restarts=%d: there are no workers to restart; the '
+        'stages run on devices of this process. Use --worker_processes=N '
+        '(restarted by the trainer) or a running cluster (--cluster_spec or '
+        'TF_CONFIG: servers restarted by their supervisor, waited for up to '
+        '--worker_wait_secs)' % max_worker_restarts)
+  if worker_wait_secs < 0:
+    raise ValueError('--worker_wait_secs=%g: give seconds >= 0' %
+                     worker_wait_secs)
   settings.update(data_parallel=data_parallel,
                   max_worker_restarts=max_worker_restarts)
   where = dict(worker_processes=worker_processes, cluster_spec=cluster_spec,
@@ -214,9 +222,13 @@ def Settle(model, mode, logdir=None, override='', num_stages=None,
   test = _ModelParams(model, 'Test', *shape)
   placement = placement_lib.Placement(
       model_select.MaxStages(train) * data_parallel,
-      log_dir=os.path.join(logdir, 'workers'), **where)
+      log_dir=os.path.join(logdir, 'workers'),
+      worker_wait_secs=worker_wait_secs, **where)
   try:
     _SetDevices(train, test, placement, data_parallel, loop_stages)
+    if placement.remote is not None:
+      # Errors about a lost server name the stages it holds.
+      placement.remote.SetStages(train)
   except BaseException:
     placement.Stop()
     raise

@@ -34,12 +34,22 @@ from lingvo import compat as tf
 from tools.trainer import checkpoints
 from tools.trainer import model_graph
 from tools.trainer import progress
+from tools.trainer import remote_tasks
 from tools.trainer import step_trace
 from tools.trainer import summaries
 
 
 # Sessions whose workers died: closing them would block (see _RunSession).
 _ABANDONED_SESSIONS = []
+
+# Session runs left waiting on a lost master task (_RunWatchingMaster); a
+# new session waits until they end, so that none of their updates lands
+# after its restore.
+_PENDING_RUNS = []
+# The master task is probed this often during a run; this many failed
+# probes in a row mean it is lost.
+MASTER_PROBE_SECS = 2.0
+MASTER_PROBE_MISSES = 2
 
 # Trace files of traced steps (Trace Event Format: open them in
 # https://ui.perfetto.dev or chrome://tracing).
@@ -61,7 +71,15 @@ class NonFiniteLossError(FloatingPointError):
 
 
 class WorkerLostError(RuntimeError):
-  """A pipeline worker died or stopped answering during training."""
+  """A pipeline worker died or stopped answering during training.
+
+  Attributes:
+    summary: what happened, without the advice on what to do next.
+  """
+
+  def __init__(self, message, summary=None):
+    super().__init__(message)
+    self.summary = summary or message.split(': training stopped')[0]
 
 
 class _Interrupted(Exception):
@@ -155,6 +173,7 @@ class TrainLoop:
           'metrics': {k: v[0] for k, v in task.eval_metrics.items()},
       }
       built.graph.finalize()
+    self._AwaitPendingRuns()
     sess = self._placement.NewSession(built.graph)
     # Savers refuse to work in eager mode: run inside the model's graph.
     with built.graph.as_default():
@@ -165,9 +184,12 @@ class TrainLoop:
                   resume):
     """Initializes or restores, trains, then runs after_checkpoint."""
     try:
-      sess.run(init, options=self._placement.RunOptions())
+      options = self._placement.RunOptions()
+      self._Guarded(lambda: sess.run(init, options=options),
+                    'while initializing the variables', resume)
       if resume:
-        saver.RestoreFrom(sess, resume)
+        self._Guarded(lambda: saver.RestoreFrom(sess, resume),
+                      'while restoring %s' % resume, resume)
       # Written once the checkpoint has been read: a run that stops on a bad
       # checkpoint leaves the logdir as it was.
       with open(os.path.join(self._logdir, 'train_params.txt'), 'w') as f:
@@ -190,6 +212,18 @@ class TrainLoop:
     if path and self._done_after != path:
       self._AfterCheckpoint(path)
     return step, path
+
+  def _AwaitPendingRuns(self):
+    """Waits for the runs a lost master task left behind to end."""
+    timeout = self._placement.step_timeout_ms / 1000 + 30
+    while _PENDING_RUNS:
+      thread = _PENDING_RUNS[0]
+      if thread.is_alive():
+        self._echo('waiting for the step left on the lost master task to end '
+                   '(at most the step timeout, %d s)' %
+                   (self._placement.step_timeout_ms // 1000))
+        thread.join(timeout)
+      _PENDING_RUNS.pop(0)
 
   def _AfterCheckpoint(self, path):
     if self._after_checkpoint is not None:
@@ -349,26 +383,112 @@ class TrainLoop:
                                     self._run.max_worker_restarts),
                        note=GaveUpNote(self._placement.restarts,
                                        self._run.max_worker_restarts)):
+        if self._placement.remote is not None:
+          return self._RunWatchingMaster(run, doing, last_ckpt)
         return run()
     except tf.errors.DeadlineExceededError as e:
-      self._CheckWorkers(doing, last_ckpt, wait_secs=3)
+      self._CheckWorkers(doing, last_ckpt, wait_secs=self._LocalWaitSecs())
+      summary = ('the session did not finish %s within the step timeout '
+                 '(%d s)' % (doing, self._placement.step_timeout_ms // 1000))
+      lost = self._LostRemoteTasks()
+      summary += ': %s' % (lost or 'a worker is stuck or unreachable (%s)' %
+                           _Reason(e))
       raise WorkerLostError(
-          'the session did not finish %s within the step timeout (%d s): a '
-          'worker is stuck or unreachable (%s). The last checkpoint (%s) is '
-          'intact.' % (doing, self._placement.step_timeout_ms // 1000,
-                       _Reason(e), last_ckpt or 'none yet')) from e
+          '%s. The last checkpoint (%s) is intact.' % (
+              summary, last_ckpt or 'none yet'), summary=summary) from e
     except tf.errors.OpError as e:
       if not self._placement.distributed:
         raise
-      self._CheckWorkers(doing, last_ckpt, wait_secs=3)
+      self._CheckWorkers(doing, last_ckpt, wait_secs=self._LocalWaitSecs())
       if isinstance(e, (tf.errors.UnavailableError, tf.errors.AbortedError,
                         tf.errors.CancelledError, tf.errors.InternalError)):
+        summary = 'a pipeline worker became unreachable %s (%s: %s)' % (
+            doing, type(e).__name__, _Reason(e))
+        lost = self._LostRemoteTasks()
+        if lost:
+          summary += ': ' + lost
         raise WorkerLostError(
-            'a pipeline worker became unreachable %s (%s: %s). The last '
-            'checkpoint (%s) is intact: restart the workers and run the same '
-            'command to resume.' % (doing, type(e).__name__, _Reason(e),
-                                    last_ckpt or 'none yet')) from e
+            '%s. The last checkpoint (%s) is intact: restart the workers and '
+            'run the same command to resume.' % (summary, last_ckpt or
+                                                 'none yet'),
+            summary=summary) from e
       raise
+
+  def _RunWatchingMaster(self, run, doing, last_ckpt):
+    """run() in a thread while this one probes the master task (task 0).
+
+    A session run whose master task died waits until the step timeout: no
+    task is left to end it. A lost task other than the master fails the run
+    by itself (the master ends the step), so only the master is probed.
+    MASTER_PROBE_MISSES failed probes in a row, MASTER_PROBE_SECS apart,
+    raise WorkerLostError; the run's thread is left to end on its own
+    (_PENDING_RUNS). Ctrl-C and SIGTERM wait for the run to end first, so
+    that a checkpoint never follows half a step.
+
+    Args:
+      run: a function running the session.
+      doing: what it does, for messages ('during step 7').
+      last_ckpt: the newest checkpoint path, for messages.
+
+    Returns:
+      What run() returns (what it raises is raised here).
+    """
+    outcome = []
+    done = threading.Event()
+    # The default graph is per thread: the run's thread uses this one's.
+    graph = tf.compat.v1.get_default_graph()
+
+    def Run():
+      try:
+        with graph.as_default():
+          outcome.append((True, run()))
+      except BaseException as e:  # pylint: disable=broad-except
+        outcome.append((False, e))
+      finally:
+        done.set()
+
+    thread = threading.Thread(target=Run, daemon=True)
+    thread.start()
+    remote = self._placement.remote
+    misses = 0
+    try:
+      while not done.wait(MASTER_PROBE_SECS):
+        reason = remote_tasks.Probe(remote.addresses[0],
+                                    remote.probe_timeout_secs)
+        misses = misses + 1 if reason else 0
+        if misses >= MASTER_PROBE_MISSES and not done.is_set():
+          _PENDING_RUNS.append(thread)
+          summary = "%s, the session's master, does not answer (%s) %s" % (
+              remote.Describe(0), reason, doing)
+          raise WorkerLostError(
+              '%s: training stopped. The last checkpoint (%s) is intact: start '
+              'the task again and run the same command to resume.' %
+              (summary, last_ckpt or 'none yet'), summary=summary)
+    except (KeyboardInterrupt, _Interrupted):
+      done.wait()
+      raise
+    ok, value = outcome[0]
+    if ok:
+      return value
+    raise value
+
+  def _LocalWaitSecs(self):
+    """Seconds to watch local workers after a failed run (none without).
+
+    A local worker's exit can show a moment after the RPC to it failed.
+    """
+    return 3 if self._placement.cluster is not None else 0
+
+  def _LostRemoteTasks(self):
+    """The --cluster_spec tasks that do not answer now, as a clause.
+
+    Returns:
+      RemoteTasks.Explain's clause, or '' when every task answers (or
+      there is no cluster spec).
+    """
+    remote = self._placement.remote
+    lost = remote.Unreachable() if remote is not None else []
+    return remote.Explain(lost) if lost else ''
 
   def _WriteTrace(self, writer, step, metadata):
     """Summaries of a traced step, and its trace file for Perfetto."""

@@ -1,0 +1,90 @@
+"""Helpers for the trainer tests on network-namespace hosts (tools/netlab).
+
+The trainer runs in the lab's client namespace as its own process (its gRPC
+connections must start there); the reference runs use local worker
+processes in this process's namespace.
+"""
+
+import os
+import subprocess
+import sys
+import time
+
+from tests import trainer_testlib
+from tools.netlab import netns
+from tools.trainer import checkpoints
+from tools.trainer import progress
+
+TOY = trainer_testlib.TOY
+# The one-way delay the tests add to every link.
+DELAY_MS = 5.0
+# Trainer flags of every run: no tracing, evaluation or console noise.
+QUIET = ['--trace_every_n_steps=0', '--eval_after_train=false',
+         '--log_every_n_steps=1000']
+
+
+def SkipUnlessNamespaces(test):
+  """Skips `test` (a TestCase), saying why, where labs cannot be made."""
+  reason = netns.Unavailable()
+  if reason:
+    print('skipped: %s' % reason, file=sys.stderr)
+    test.skipTest('network namespaces are not available here: %s' % reason)
+
+
+def Losses(logdir):
+  """[(step, loss)] of a run's step log."""
+  path = os.path.join(logdir, progress.STEP_LOG)
+  return [(r['step'], r['loss']) for r in progress.ReadStepLog(path)]
+
+
+def RunTrainer(lab, args, timeout=300):
+  """Runs the trainer in the lab's client host; returns CompletedProcess."""
+  return subprocess.run(
+      lab.Command(lab.client, trainer_testlib.TrainerCommand(*args)),
+      cwd=netns.ROOT, env=netns.ChildEnvironment(), capture_output=True,
+      text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+
+
+def PopenTrainer(lab, args, log_path):
+  """Starts the trainer in the lab's client host, output into log_path."""
+  return lab.Popen(lab.client, trainer_testlib.TrainerCommand(*args),
+                   log_path=log_path)
+
+
+def ReadFile(path):
+  with open(path) as f:
+    return f.read()
+
+
+def WaitFor(test, proc, log_path, ready, what, timeout=240):
+  """Polls ready() until it is true; fails `test` if proc exits first.
+
+  Args:
+    test: the TestCase.
+    proc: the trainer's Popen.
+    log_path: its output (shown when it fails).
+    ready: a function returning true when the awaited state is reached.
+    what: the awaited state, for the failure message.
+    timeout: seconds before failing.
+  """
+  deadline = time.time() + timeout
+  while not ready():
+    if proc.poll() is not None:
+      test.fail('the trainer exited (%d) before %s:\n%s' % (
+          proc.returncode, what, ReadFile(log_path)))
+    if time.time() > deadline:
+      test.fail('no %s within %d s:\n%s' % (what, timeout,
+                                            ReadFile(log_path)))
+    time.sleep(0.05)
+
+
+def StepsAfterCheckpoint(logdir, low=2, high=5):
+  """Whether the run is low < n <= high steps past its newest checkpoint.
+
+  A worker lost then loses those steps: the trainer must redo them.
+  """
+  newest = checkpoints.Newest(logdir)
+  records = progress.ReadStepLog(os.path.join(logdir, progress.STEP_LOG))
+  if not newest or not records:
+    return False
+  return low < records[-1]['step'] - checkpoints.GlobalStepOf(newest) <= high
