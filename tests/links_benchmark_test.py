@@ -4,7 +4,7 @@ The tiny run needs network namespaces (root); without them it is skipped,
 saying why, and the subcommand's own refusal is checked instead.
 """
 
-from gpipe import lingvo_import  # pylint: disable=unused-import
+from gpipe.compat import lingvo_import  # pylint: disable=unused-import
 
 import contextlib
 import io

@@ -8,7 +8,7 @@ workers serve every trainer session of the test, as long-lived servers do.
 The losses are compared with an uninterrupted run on the same workers.
 """
 
-from gpipe import lingvo_import  # pylint: disable=unused-import
+from gpipe.compat import lingvo_import  # pylint: disable=unused-import
 
 import os
 import re

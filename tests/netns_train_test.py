@@ -10,7 +10,7 @@ must equal those of the same model on local worker processes
 (``--worker_processes``), with and without the delay.
 """
 
-from gpipe import lingvo_import  # pylint: disable=unused-import
+from gpipe.compat import lingvo_import  # pylint: disable=unused-import
 
 import re
 

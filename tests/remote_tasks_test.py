@@ -1,6 +1,6 @@
 """tools/trainer/remote_tasks.py: probing, naming and waiting for tasks."""
 
-from gpipe import lingvo_import  # pylint: disable=unused-import
+from gpipe.compat import lingvo_import  # pylint: disable=unused-import
 
 from gpipe.runtime import local_cluster
 from lingvo import compat as tf

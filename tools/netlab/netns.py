@@ -536,7 +536,7 @@ class Workers:
     if self._pin:
       argv = ['taskset', '-c', str(i % (os.cpu_count() or 1))] + argv
     self._starts[i] += 1
-    # Its own session, as gpipe.local_cluster's workers: Linux's autogroup
+    # Its own session, as gpipe.runtime.local_cluster's workers: Linux's autogroup
     # scheduler gives each session one CPU share.
     self.procs[i] = self.lab.Popen(self.lab.hosts[i], argv,
                                    log_path=self.LogPath(i),

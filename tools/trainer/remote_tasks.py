@@ -26,7 +26,7 @@ import concurrent.futures
 import re
 import time
 
-from gpipe import lingvo_import  # pylint: disable=unused-import
+from gpipe.compat import lingvo_import  # pylint: disable=unused-import
 from gpipe.runtime import cluster_spec as cluster_spec_lib
 import grpc
 from lingvo import compat as tf
