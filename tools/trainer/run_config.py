@@ -92,11 +92,13 @@ def PrepareLogdir(logdir, mode):
 
 
 def _ModelParams(model, dataset, override, num_stages, num_micro_batches,
-                 schedule, input_seed, fprop_dtype):
+                 schedule, input_seed, fprop_dtype, decode_micro_batches=None,
+                 pipelined_decode=None):
   cfg = model_select.ModelParams(model, dataset, override)
   # The task's layers compute in fprop_dtype; variables stay float32.
   precision.SetFPropDtype(cfg.task, fprop_dtype)
   model_select.SetPipelineShape(cfg, num_stages, num_micro_batches, schedule)
+  model_select.SetDecoding(cfg, pipelined_decode, decode_micro_batches)
   if input_seed is not None and cfg.input is not None and 'seed' in cfg.input:
     cfg.input.seed = input_seed
   return cfg
@@ -107,7 +109,8 @@ def Settle(model, mode, logdir=None, override='', num_stages=None,
            worker_processes=0,
            cluster_spec='', pin_cores=False, loop_stages=False,
            step_timeout_secs=300, fprop_dtype='float32', data_parallel=1,
-           max_worker_restarts=0, **settings):
+           max_worker_restarts=0, decode_micro_batches=None,
+           pipelined_decode=None, **settings):
   """Decides the run: params, placement, stage devices (see module doc).
 
   Args:
@@ -130,6 +133,10 @@ def Settle(model, mode, logdir=None, override='', num_stages=None,
       (evaluation and decoding run one pipeline, on the first replica's).
     max_worker_restarts: restarts of lost local workers (needs
       worker_processes).
+    decode_micro_batches: M, lanes of pipelined decoding (None: the
+      task's default).
+    pipelined_decode: True/False: decode through the pipeline stages or
+      unpipelined (None: the task's default).
     **settings: the other RunConfig fields (seed, max_steps, periods...).
 
   Returns:
@@ -161,7 +168,9 @@ def Settle(model, mode, logdir=None, override='', num_stages=None,
     return RunConfig(model=model, mode=mode, logdir=None, placement=None,
                      train=train, test=None, **settings)
   logdir = PrepareLogdir(logdir, mode)
-  test = _ModelParams(model, 'Test', *shape)
+  test = _ModelParams(model, 'Test', *shape,
+                      decode_micro_batches=decode_micro_batches,
+                      pipelined_decode=pipelined_decode)
   placement = placement_lib.Placement(
       model_select.MaxStages(train) * data_parallel,
       worker_processes=worker_processes,
