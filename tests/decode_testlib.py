@@ -129,3 +129,35 @@ def AssertSameDecodes(test, got, want, what):
   """Token for token the same ids; scores equal up to float rounding."""
   test.assertAllEqual(want[0], got[0], msg=what)
   test.assertAllClose(want[1], got[1], rtol=1e-5, atol=1e-5, msg=what)
+
+
+def AssertDecodesMatch(test, checkpoint, devices, lanes=(1, 2, 4),
+                       target='', config=None):
+  """Pipelined decodes in `lanes` equal the unpipelined one, greedy and beam.
+
+  Args:
+    test: the TestCase.
+    checkpoint: the copy model's weights (TrainedCheckpoint).
+    devices: the stage devices (K of them).
+    lanes: the M values to decode with.
+    target: the session target ('' in process).
+    config: the session ConfigProto (default CONFIG in process).
+  """
+  graph = DecodeGraph(devices)
+  with graph.graph.as_default():
+    fetches = {}
+    for beam in (1, BEAM):
+      fetches['ref', beam] = graph.Unpipelined(beam)
+      for m in lanes:
+        fetches[m, beam] = graph.Pipelined(m, beam)
+    with tf.compat.v1.Session(
+        target, config=config or (None if target else CONFIG)) as sess:
+      graph.Restore(sess, checkpoint)
+      values = sess.run(fetches)
+  # A trained model, not a degenerate one: it copies its source.
+  greedy = values['ref', 1][0]
+  test.assertGreaterEqual(
+      np.mean(np.all(greedy == graph.test['tgt_labels'], axis=1)), 0.75)
+  for (m, beam), value in values.items():
+    AssertSameDecodes(test, value, values['ref', beam],
+                      '%d stages, M=%s, beam %d' % (len(devices), m, beam))

@@ -61,24 +61,7 @@ class PipelinedDecodeTest(test_utils.TestCase):
     cls.checkpoint = dt.TrainedCheckpoint()
 
   def _AssertDecodesMatch(self, devices, lanes=LANES):
-    graph = dt.DecodeGraph(devices)
-    with graph.graph.as_default():
-      fetches = {}
-      for beam in (1, dt.BEAM):
-        fetches['ref', beam] = graph.Unpipelined(beam)
-        for m in lanes:
-          fetches[m, beam] = graph.Pipelined(m, beam)
-      with tf.compat.v1.Session(config=dt.CONFIG) as sess:
-        graph.Restore(sess, self.checkpoint)
-        values = sess.run(fetches)
-    # A trained model, not a degenerate one: it copies its source.
-    greedy = values['ref', 1][0]
-    self.assertGreaterEqual(
-        np.mean(np.all(greedy == graph.test['tgt_labels'], axis=1)), 0.75)
-    for (m, beam), value in values.items():
-      dt.AssertSameDecodes(self, value, values['ref', beam],
-                           '%d stages, M=%s, beam %d' % (len(devices), m,
-                                                         beam))
+    dt.AssertDecodesMatch(self, self.checkpoint, devices, lanes)
 
   def testOneStage(self):
     self._AssertDecodesMatch(_Cpus(1))
