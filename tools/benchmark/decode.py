@@ -125,17 +125,13 @@ class DecodeStep:
 
   def Run(self, trace=False):
     """Decodes the batch; returns seconds (and the ids and RunMetadata)."""
-    if trace:
-      metadata = tf.compat.v1.RunMetadata()
-      options = tf.compat.v1.RunOptions(
-          trace_level=tf.compat.v1.RunOptions.FULL_TRACE)
-      start = time.time()
-      ids = self.session.run(self.ids, options=options,
-                             run_metadata=metadata)
-      return time.time() - start, ids, metadata
+    metadata = tf.compat.v1.RunMetadata() if trace else None
+    options = tf.compat.v1.RunOptions(
+        trace_level=tf.compat.v1.RunOptions.FULL_TRACE) if trace else None
     start = time.time()
-    self.session.run(self.ids)
-    return time.time() - start
+    ids = self.session.run(self.ids, options=options, run_metadata=metadata)
+    seconds = time.time() - start
+    return (seconds, ids, metadata) if trace else seconds
 
   def Close(self):
     self.session.close()
@@ -262,28 +258,27 @@ def Decode(args):
                      for k in sorted(peaks)))
   print(text)
   result['markdown'] = text
-
-  def Plot(plt):
-    fig, axes = plt.subplots(1, len(beams), figsize=(5 * len(beams), 3.4),
-                             squeeze=False)
-    for ax, beam in zip(axes[0], beams):
-      mine = [e for e in result['configs'] if e['beam'] == beam]
-      for k, style in ((1, 'o-'), (2, 's-')):
-        points = sorted((e['M'], e['sentences_per_second']) for e in mine
-                        if e['K'] == k and e['M'] is not None)
-        if points:
-          ax.plot([m for m, _ in points], [v for _, v in points], style,
-                  label='K=%d in lanes' % k)
-      for e in mine:
-        if e['M'] is None:
-          ax.axhline(e['sentences_per_second'], color='k', linestyle=':',
-                     label='K=1 unpipelined')
-      ax.set_xscale('log', base=2)
-      ax.set_xlabel('lanes M')
-      ax.set_ylabel('sentences / s')
-      ax.set_title('greedy' if beam == 1 else 'beam %d' % beam)
-      ax.legend(fontsize=8)
-    return fig
-
-  report.Write(args, result, Plot)
+  report.Write(args, result, lambda plt: _Plot(plt, result, beams))
   return result
+
+
+def _Plot(plt, result, beams):
+  """Sentences/s over M, one panel per beam size, K=1 unpipelined dotted."""
+  fig, axes = plt.subplots(1, len(beams), figsize=(5 * len(beams), 3.4),
+                           squeeze=False)
+  for ax, beam in zip(axes[0], beams):
+    configs = [e for e in result['configs'] if e['beam'] == beam]
+    for e in configs:
+      if e['M'] is None:
+        ax.axhline(e['sentences_per_second'], color='k', linestyle=':',
+                   label='K=1 unpipelined')
+    for k, style in ((1, 'o-'), (2, 's-')):
+      curve = sorted((e['M'], e['sentences_per_second']) for e in configs
+                     if e['K'] == k and e['M'] is not None)
+      if curve:
+        ax.plot(*zip(*curve), style, label='K=%d in lanes' % k)
+    ax.set_xscale('log', base=2)
+    ax.set(xlabel='lanes M', ylabel='sentences / s',
+           title='greedy' if beam == 1 else 'beam %d' % beam)
+    ax.legend(fontsize=8)
+  return fig
