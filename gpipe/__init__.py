@@ -32,7 +32,9 @@ The modules, in the order a training step meets them:
 Features the stages use: batch_norm.py (micro-batch batch norm), randomness.py
 (dropout the recomputation reproduces), precision.py (bfloat16),
 separability.py (a loss must not mix micro-batches), thread_stack.py.
-Around the step: measure/ (timeline, memory, param_count), compat/ (Lingvo on
+Inference: in eval mode the executor runs the forward-only schedule
+(schedules/inference.py); lanes.py decodes autoregressively through the
+stages, the batch in lanes (schedules/decode_lanes.py). Around the step: measure/ (timeline, memory, param_count), compat/ (Lingvo on
 TF 2.15, Lingvo's GPipe on this executor, TensorFlow internals), runtime/
 (worker processes and clusters).
 """

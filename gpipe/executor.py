@@ -23,6 +23,7 @@ from gpipe import separability
 from gpipe import split_backward
 from gpipe import stage as stage_lib
 from gpipe import weight_batching
+from gpipe.schedules import inference
 from gpipe.schedules import registry as schedules
 from gpipe.schedules import simulate
 from lingvo import compat as tf
@@ -81,12 +82,19 @@ class PipelineExecutor:
     return len(self.replica_devices)
 
   def _BatchedWeights(self):
-    """Whether each stage computes its weight gradients once per step.
+    """Whether each stage computes its weight gradients once per step."""
+    return (bool(getattr(self.params, 'batched_weight_gradients', False)) and
+            not self._ForwardOnly())
 
-    Never in eval graphs: their stage functions are not batched either.
+  def _ForwardOnly(self):
+    """Whether this pipeline runs inference: the layer is in eval mode.
+
+    Inference runs the forward-only schedule (gpipe.schedules.inference):
+    F tasks only, micro-batch after micro-batch on each stage's device,
+    whatever training schedule p.schedule names, and the stage functions
+    trace no backward pass (no re-materialization).
     """
-    return bool(getattr(self.params, 'batched_weight_gradients',
-                        False)) and not self.do_eval
+    return bool(self.do_eval)
 
   def _StageFns(self, micro_batch_inputs, replica=0, num_micro_batches=1):
     """The StageFunctions for this mode, input signature and replica."""
@@ -102,7 +110,8 @@ class PipelineExecutor:
     cache = self.__dict__.setdefault('_stage_fns', {})
     if key not in cache:
       p = self.params
-      split = schedules.Get(p.schedule).split_backward or batched
+      split = (schedules.Get(p.schedule).split_backward or
+               batched) and not self._ForwardOnly()
       cls = (split_backward.SplitStageFunctions if split else
              stage_lib.StageFunctions)
       extra = {}
@@ -117,8 +126,9 @@ class PipelineExecutor:
       fns = []
       for k in range(self.num_stages):
         keys, layers = self._StageLayers(k)
-        remat = p.remat == 'always' or (p.remat == 'except_last' and
-                                        k < self.num_stages - 1)
+        remat = not self._ForwardOnly() and (
+            p.remat == 'always' or
+            (p.remat == 'except_last' and k < self.num_stages - 1))
         last = k == self.num_stages - 1 and loss_layer is not None
         fns.append(
             cls(k, layers, keys, devices[k], remat,
@@ -223,14 +233,19 @@ class PipelineExecutor:
       inputs = precision.CastFloats(inputs, precision.ComputeDtype(p))
     num_mb = self._NumMicroBatches(inputs, targets)
     spec = schedules.Get(p.schedule)
+    forward_only = self._ForwardOnly()
     # Replica r runs micro-batches r*M .. r*M+M-1 (gpipe/replicas.py).
     per_replica = num_mb // self.num_replicas
     replica_orders = []
     for r, replica_devices in enumerate(self.replica_devices):
+      devices_r = [replicas.Canonical(d) for d in replica_devices]
       try:
-        _, orders = schedules.Orders(
-            p.schedule, [replicas.Canonical(d) for d in replica_devices],
-            per_replica, simulate.RematCosts(p.remat, self.num_stages))
+        if forward_only:
+          _, orders = inference.ForwardOrders(devices_r, per_replica)
+        else:
+          _, orders = schedules.Orders(
+              p.schedule, devices_r, per_replica,
+              simulate.RematCosts(p.remat, self.num_stages))
       except ValueError as e:
         raise ValueError('%s: %s' % (p.name, e)) from None
       if self._BatchedWeights():
@@ -239,7 +254,7 @@ class PipelineExecutor:
     registry = pipeline_tasks.TaskRegistry(
         [order for orders in replica_orders for order in orders])
     check = None
-    if spec.per_micro_batch_loss:
+    if spec.per_micro_batch_loss and not forward_only:
       check = separability.Checker(p.name, p.schedule, registry,
                                    self.num_stages, num_mb,
                                    targets is not None)
@@ -250,9 +265,12 @@ class PipelineExecutor:
       with tf.device(devices[-1]):
         split_targets = micro_batch.Split(targets, num_mb, p.batch_dim)
     # The accumulation views follow the order of the weight gradients (one
-    # batched W: the order of the B tasks, which each give theta nothing).
+    # batched W: the order of the B tasks, which each give theta nothing;
+    # forward only: the order of the F tasks, there are no gradients).
     weight_phase = (pipeline_tasks.WEIGHT if spec.split_backward and
                     not self._BatchedWeights() else pipeline_tasks.BACKWARD)
+    if forward_only:
+      weight_phase = pipeline_tasks.FORWARD
     return PipelinePlan(
         num_micro_batches=num_mb, per_replica=per_replica,
         replica_orders=replica_orders, registry=registry, check=check,

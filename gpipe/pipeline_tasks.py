@@ -16,6 +16,10 @@ micro-batch:
   of its pipeline, whose micro-batch index is an ``AllMicroBatches`` range,
   not an integer (printed ``W*s1``, op scope ``stage1_Wall0to7``).
 
+Pipelined decoding (``gpipe.lanes``) adds a fourth phase, ``D``: one
+decoding step of one stage on one lane (a slice of the batch, its
+micro-batch index), run once per step inside the decoding loop.
+
 Printed as ``F3s1`` (phase, micro-batch, stage). In the graph every task is
 one function call op inside the name scope ``stage<k>_<phase><m>``
 (``OpScope``); execution traces are parsed back with ``ParseOpName``. The
@@ -33,7 +37,8 @@ Task = collections.namedtuple('Task', ['stage', 'micro_batch', 'phase'])
 FORWARD = 'F'
 BACKWARD = 'B'
 WEIGHT = 'W'
-PHASES = (FORWARD, BACKWARD, WEIGHT)
+DECODE = 'D'
+PHASES = (FORWARD, BACKWARD, WEIGHT, DECODE)
 
 
 class AllMicroBatches(collections.namedtuple('AllMicroBatches',
@@ -198,11 +203,16 @@ class TaskRegistry:
         this pass (a bug in the caller: its ops would be left unordered).
     """
     if task not in self._position:
+      forward_only = all(t.phase == FORWARD for t in self._position)
       raise ValueError(
           'task %s (%r) is in no device order of this pipeline; the orders '
-          'hold %d tasks, e.g. %s' % (
+          'hold %d tasks, e.g. %s%s' % (
               Label(task), task, len(self._position),
-              ', '.join(Label(t) for t in list(self._position)[:6])))
+              ', '.join(Label(t) for t in list(self._position)[:6]),
+              '. The pipeline runs forward only (it was built in eval mode, '
+              'which computes no gradients): take gradients of a pipeline '
+              'built outside eval mode' if forward_only and
+              task.phase != FORWARD else ''))
     ops = [op for op in ops if op is not None]
     if gradient_pass:
       self._repeated.setdefault(task, []).append(ops)

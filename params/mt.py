@@ -17,7 +17,8 @@ Names are ``mt.<ClassName>`` (Lingvo's registry):
   ``mt.Transformer48`` (Table 2's throughput model).
 * ``mt.NumbersSmall``: the offline default, a small T(3, 512, 4) with
   d_model 128 on the num2words corpus in 10 languages (90 pairs),
-  2 stages x 4 micro-batches, trains on a CPU.
+  2 stages x 4 micro-batches, trains on a CPU; ``mt.NumbersTiny`` the same
+  at d_model 32 for tests.
 
 Parameter counts (trainable, from the built layer graphs, see
 tasks/mt/stack.py and tests/mt_params_test.py):
@@ -289,6 +290,27 @@ class NumbersSmall(TransformerMTBase):
 
   def Test(self):
     return self._Input('test', False)
+
+
+@model_registry.RegisterSingleTaskModel
+class NumbersTiny(NumbersSmall):
+  """``mt.NumbersSmall`` at a size tests train in seconds: T(2, 64, 2).
+
+  d_model 32 on the same corpus and vocabulary, batch 32, 2 stages x 2
+  micro-batches; decoded pipelined in 4 lanes by default (the trainer's
+  tests of evaluation and pipelined decoding).
+  """
+  MODEL_DIM = 32
+  HIDDEN_DIM = 64
+  NUM_HEADS = 2
+  NUM_LAYERS = 2
+  NUM_MICRO_BATCHES = 2
+  BATCH_SIZE = 32
+  DROPOUT = 0.0
+  LEARNING_RATE = 3.0
+  WARMUP_STEPS = 50
+  MAX_STEPS = 100
+  TEST_EXAMPLES_PER_PAIR = 2
 
 
 @model_registry.RegisterSingleTaskModel

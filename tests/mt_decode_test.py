@@ -12,20 +12,9 @@ from tasks.mt import model
 from tasks.mt import stack
 from tasks.mt import vocab
 
-_B, _LEN, _V = 32, 5, 16  # copy 5 tokens drawn from ids 4..15
+from tests import decode_testlib
 
-
-def _CopyBatch(rng, batch=_B):
-  """Source = random tokens; target = the same tokens, then </s>."""
-  tokens = rng.randint(4, _V, size=[batch, _LEN]).astype(np.int32)
-  eos = np.full([batch, 1], vocab.EOS_ID, np.int32)
-  bos = np.full([batch, 1], vocab.BOS_ID, np.int32)
-  return dict(
-      src_ids=tokens, src_paddings=np.zeros([batch, _LEN], np.float32),
-      tgt_ids=np.concatenate([bos, tokens], 1),
-      tgt_labels=np.concatenate([tokens, eos], 1),
-      tgt_paddings=np.zeros([batch, _LEN + 1], np.float32),
-      tgt_weights=np.ones([batch, _LEN + 1], np.float32))
+_B, _LEN, _V = 32, decode_testlib.LEN, decode_testlib.VOCAB  # copy 5 tokens
 
 
 class DecodeTest(test_utils.TestCase):
@@ -46,7 +35,7 @@ class DecodeTest(test_utils.TestCase):
       task = p.Instantiate()
       feeds = {
           k: tf.placeholder(tf.as_dtype(v.dtype), v.shape)
-          for k, v in _CopyBatch(rng).items()
+          for k, v in decode_testlib.CopyBatch(rng, _B).items()
       }
       batch = py_utils.NestedMap(feeds)
       metrics, _ = task.ComputeLoss(task.theta,
@@ -65,8 +54,9 @@ class DecodeTest(test_utils.TestCase):
       for _ in range(400):
         _, final_loss = sess.run(
             [train, loss],
-            {feeds[k]: v for k, v in _CopyBatch(rng).items()})
-      test = _CopyBatch(np.random.RandomState(123))
+            {feeds[k]: v
+             for k, v in decode_testlib.CopyBatch(rng, _B).items()})
+      test = decode_testlib.CopyBatch(np.random.RandomState(123), _B)
       fetched = sess.run(
           [greedy_ids, greedy_scores, beam_ids, beam_scores, all_ids,
            beam1_ids, beam1_scores],

@@ -4,7 +4,8 @@ Run a training step with ``RunOptions(trace_level=FULL_TRACE)`` and pass its
 ``RunMetadata.step_stats`` to ``ParseStepStats``: every stage task is one call
 op named by ``gpipe.pipeline_tasks.OpScope`` (``stage<k>_F<m>`` forward,
 ``.../stage<k>_B<m>`` backward, ``.../stage<k>_W<m>`` weight gradient of a
-split backward), so its device, start and end are in the trace. The ops inside a re-materializing
+split backward, ``.../stage<k>_D<m>`` a step of pipelined decoding on lane m,
+once per step), so its device, start and end are in the trace. The ops inside a re-materializing
 backward call are traced too: those under the ``recompute/`` name scope are
 the recomputed forward pass.
 
@@ -141,7 +142,8 @@ def BubbleFractions(tasks, by='stage'):
   return [1.0 - busy / span for busy in StageBusySeconds(tasks, by)]
 
 
-COLORS = {'F': '#4C72B0', 'R': '#8C8C8C', 'B': '#DD8452', 'W': '#55A868'}
+COLORS = {'F': '#4C72B0', 'R': '#8C8C8C', 'B': '#DD8452', 'W': '#55A868',
+          'D': '#8172B3'}
 
 
 def RenderPNG(tasks, title='', path=None, by='stage'):
@@ -188,12 +190,16 @@ def RenderPNG(tasks, title='', path=None, by='stage'):
   bubbles = BubbleFractions(tasks, by) if tasks else []
   ax.set_title(title + ('  bubble per %s: ' % by + ', '.join(
       '%.0f%%' % (100 * b) for b in bubbles) if bubbles else ''))
-  ax.legend(handles=[
+  handles = [
       Patch(color=COLORS['F'], label='forward'),
       Patch(color=COLORS['R'], label='recompute'),
       Patch(color=COLORS['B'], label='backward'),
       Patch(color=COLORS['W'], label='weight gradient'),
-  ], loc='upper right', fontsize=7, ncol=4)
+  ]
+  if any(t.phase == pipeline_tasks.DECODE for t in tasks):
+    handles.append(Patch(color=COLORS['D'], label='decode step (lane)'))
+  ax.legend(handles=handles, loc='upper right', fontsize=7,
+            ncol=len(handles))
   fig.tight_layout()
   buf = io.BytesIO()
   fig.savefig(buf, format='png', dpi=100)

@@ -15,10 +15,15 @@ The package, by job:
 * ``orders``: the orders functions, pure, each drawn in its docstring.
 * ``simulate``: task times for given costs, idle time, activations in flight.
 * ``render``: ASCII drawings (``RenderSchedule('zb_h1', 3, 6)``).
+* ``inference``: what runs without gradients: the forward-only schedule
+  (eval mode of every pipeline) and its table with ``decode_lanes``, the
+  schedule of pipelined autoregressive decoding (M lanes through K stages).
 
 ``python -m gpipe.schedules`` prints the table and a drawing of each.
 """
 
+from gpipe.schedules import decode_lanes
+from gpipe.schedules import inference
 from gpipe.schedules import orders
 from gpipe.schedules import registry
 from gpipe.schedules import render
@@ -27,5 +32,5 @@ from gpipe.schedules.registry import Get
 from gpipe.schedules.registry import Names
 from gpipe.schedules.registry import Orders
 
-__all__ = ['Get', 'Names', 'Orders', 'orders', 'registry', 'render',
-           'simulate']
+__all__ = ['Get', 'Names', 'Orders', 'decode_lanes', 'inference', 'orders',
+           'registry', 'render', 'simulate']

@@ -5,6 +5,8 @@
 
 import sys
 
+from gpipe.schedules import decode_lanes
+from gpipe.schedules import inference
 from gpipe.schedules import registry
 from gpipe.schedules import render
 
@@ -25,6 +27,12 @@ def main(argv):
     except ValueError as e:
       print('  (%s)' % e)
     print()
+  print(inference.MarkdownTable())
+  print('forward_only, %d stages, M=%d:' % (k, m))
+  print(inference.Render(k, m))
+  print()
+  print('decode_lanes, %d stages, M=%d lanes, 3 steps:' % (k, m))
+  print(decode_lanes.Render(k, m, 3))
 
 
 if __name__ == '__main__':

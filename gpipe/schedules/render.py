@@ -39,17 +39,27 @@ def ClockCycles(name, num_stages, num_micro_batches, backward=True):
   return ticks
 
 
-def RenderDevices(lanes, devices=None):
+def RenderDevices(lanes, devices=None, label=None):
   """An ASCII timeline (devices x ticks) of ``Simulate``'s result.
 
   Each cell is phase, micro-batch and stage, e.g. ``F3s2``; just ``F3``
   when every device holds one stage.
+
+  Args:
+    lanes: per device, the task of each tick (None: idle).
+    devices: the row names (default 'device d').
+    label: optional function(task) -> its cell text (for other task
+      vocabularies, e.g. decoding lanes).
+
+  Returns:
+    A multi-line string.
   """
   names = devices or ['device %d' % d for d in range(len(lanes))]
   one_stage = all(len({t.stage for t in lane if t}) <= 1 for lane in lanes)
   # One stage per device: 'B3' says it all; else 'B3s2' (stage 2).
-  label = (lambda t: '%s%d' % (t.phase, t.micro_batch)) if one_stage else (
-      pipeline_tasks.Label)
+  if label is None:
+    label = (lambda t: '%s%d' % (t.phase, t.micro_batch)) if one_stage else (
+        pipeline_tasks.Label)
   cells = [[label(t) if t else '.' for t in lane] for lane in lanes]
   width = max(len(c) for row in cells for c in row)
   name_width = max(len(str(n)) for n in names)

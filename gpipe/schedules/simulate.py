@@ -64,7 +64,7 @@ def CostsOf(split_backward, forward=1, backward=1, weight=1):
 
 
 def TaskTimes(orders, num_stages, num_micro_batches,
-              per_micro_batch_loss=False, costs=None):
+              per_micro_batch_loss=False, costs=None, dependencies=None):
   """Runs device task orders, each task as early as its order allows.
 
   Args:
@@ -77,6 +77,9 @@ def TaskTimes(orders, num_stages, num_micro_batches,
       function of the Task (``TaskCost``). A schedule without W tasks does
       the weight gradient inside B: give B the cost of both to compare it
       with a split one (``CostsOf``).
+    dependencies: optional function(task) -> the tasks it waits for; by
+      default the training dataflow (``pipeline_tasks.Dependencies``). Other
+      task vocabularies (decoding lanes) bring their own.
 
   Returns:
     Per device, a list of (task, start, end) in run order.
@@ -85,6 +88,9 @@ def TaskTimes(orders, num_stages, num_micro_batches,
     ValueError: if the orders deadlock (a device waits on a task that a
       device can only run after it).
   """
+  if dependencies is None:
+    dependencies = lambda task: pipeline_tasks.Dependencies(
+        task, num_stages, num_micro_batches, per_micro_batch_loss)
   finish = {}
   pos = [0] * len(orders)
   free = [0] * len(orders)
@@ -95,8 +101,7 @@ def TaskTimes(orders, num_stages, num_micro_batches,
     for d, order in enumerate(orders):
       while pos[d] < len(order):
         task = order[pos[d]]
-        deps = pipeline_tasks.Dependencies(task, num_stages, num_micro_batches,
-                             per_micro_batch_loss)
+        deps = dependencies(task)
         if any(dep not in finish for dep in deps):
           break
         start = max([free[d]] + [finish[dep] for dep in deps])
@@ -107,15 +112,20 @@ def TaskTimes(orders, num_stages, num_micro_batches,
         remaining -= 1
         progressed = True
     if not progressed:
-      waiting = [pipeline_tasks.Label(o[p]) for o, p in zip(orders, pos)
-                 if p < len(o)]
+      waiting = [_Label(o[p]) for o, p in zip(orders, pos) if p < len(o)]
       raise ValueError('the task orders deadlock: every device waits (next '
                        'tasks %s)' % ', '.join(waiting))
   return out
 
 
+def _Label(task):
+  """'F3s1' for a pipeline task, else the task's own text."""
+  return (pipeline_tasks.Label(task) if isinstance(task, Task) else
+          str(task))
+
+
 def Simulate(orders, num_stages, num_micro_batches,
-             per_micro_batch_loss=False, costs=None):
+             per_micro_batch_loss=False, costs=None, dependencies=None):
   """``TaskTimes`` as lanes of ticks.
 
   Args:
@@ -124,13 +134,14 @@ def Simulate(orders, num_stages, num_micro_batches,
     num_micro_batches: M.
     per_micro_batch_loss: see ``TaskTimes``.
     costs: see ``TaskTimes``.
+    dependencies: see ``TaskTimes``.
 
   Returns:
     Per device, a list over ticks of the Task it runs (None when idle); a
     task of cost c fills c ticks.
   """
   times = TaskTimes(orders, num_stages, num_micro_batches,
-                    per_micro_batch_loss, costs)
+                    per_micro_batch_loss, costs, dependencies)
   span = max([end for lane in times for _, _, end in lane] or [0])
   lanes = []
   for lane in times:

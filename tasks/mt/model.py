@@ -4,12 +4,16 @@ Training runs the flat layer list (`stack.EncoderDecoderLayers`) through a
 `gpipe.pipeline.PipeliningLayer` child ``network``; its last layer returns
 per-example loss sums, which `ComputeLoss` turns into Lingvo metrics.
 
-Decoding (greedy or beam search) runs the same layers, unpipelined, in a
-`tf.while_loop`: the encoder once, then one position per step. Each decoder
-layer keeps the self-attention keys and values of the positions decoded so far
-in a cache (reordered with the beams) and the source's cross-attention keys
-and values from the start, so a step costs one position, not the whole prefix
+Decoding (greedy or beam search) runs the same layers in a `tf.while_loop`:
+the encoder once, then one position per step. Each decoder layer keeps the
+self-attention keys and values of the positions decoded so far in a cache
+(reordered with the beams) and the source's cross-attention keys and values
+from the start, so a step costs one position, not the whole prefix
 (`StepLogits`; `DecoderLogits` is the full-prefix computation it equals).
+`Decode` runs it pipelined by default: the layers on the stages and devices
+they trained on, the batch in lanes (`pipelined_decode`, p.pipelined_decode,
+p.decode_micro_batches); `GreedyDecode` and `BeamSearchDecode` are the
+unpipelined decoder. Both pick tokens with `search`, and give the same ones.
 """
 
 from gpipe.compat import lingvo_import  # pylint: disable=unused-import
@@ -20,9 +24,10 @@ from lingvo.core import metrics
 from lingvo.core import py_utils
 from tasks.mt import bleu
 from tasks.mt import blocks
+from tasks.mt import pipelined_decode
+from tasks.mt import search
 from tasks.mt import vocab as vocab_lib
 
-_NEG_INF = -1e9
 # Fields of an input batch that enter the network.
 NETWORK_FIELDS = ('src_ids', 'src_paddings', 'tgt_ids', 'tgt_paddings',
                   'tgt_labels', 'tgt_weights')
@@ -46,6 +51,18 @@ class TransformerMTTask(base_model.BaseTask):
     p.Define('beam_size', 4, 'Beam width of Decode; 1 decodes greedily.')
     p.Define('length_alpha', 0.6,
              'Length normalization ((5 + len) / 6)^alpha of beam scores.')
+    p.Define(
+        'pipelined_decode', True,
+        'Decode through the network\'s pipeline stages, on their devices, '
+        'the batch in decode_micro_batches lanes (tasks/mt/'
+        'pipelined_decode.py; the same tokens). False: the unpipelined '
+        'decoder (GreedyDecode / BeamSearchDecode), for comparison.')
+    p.Define(
+        'decode_micro_batches', None,
+        'M, the lanes of pipelined decoding; must divide the batch (a lane '
+        'holds whole examples with their beams). None: 2K for K > 1 stages '
+        '(at most one lane per example), 1 for K = 1 '
+        '(gpipe.schedules.decode_lanes.DefaultNumLanes).')
     return p
 
   def __init__(self, params):
@@ -169,9 +186,7 @@ class TransformerMTTask(base_model.BaseTask):
     for (layer, layer_theta), cache, source in zip(decoders, caches, sources):
       x, cache = layer.ExtendStep(layer_theta, x, t, cache, source)
       new_caches.append(cache)
-    logits = tf.cast(softmax.Logits(softmax_theta, py_utils.NestedMap(tgt=x)),
-                     tf.float32)
-    return logits[:, 0, :], new_caches
+    return search.StepOutputLogits(softmax, softmax_theta, x), new_caches
 
   @staticmethod
   def _PreviousTokens(outputs, t):
@@ -197,23 +212,16 @@ class TransformerMTTask(base_model.BaseTask):
 
     caches, sources = self.InitDecodeState(theta, encoded, batch)
 
-    def _Step(t, outputs, score, finished, caches):
+    def _Step(t, result, caches):
       logits, caches = self.StepLogits(
-          theta, self._PreviousTokens(outputs, t), t, caches, sources)
-      log_probs = tf.nn.log_softmax(logits)
-      token = tf.argmax(log_probs, axis=-1, output_type=tf.int32)
-      token = tf.where(finished, tf.zeros_like(token), token)
-      gained = tf.reduce_max(log_probs, axis=-1)
-      score += tf.where(finished, tf.zeros_like(gained), gained)
-      outputs += tf.one_hot(t, length, dtype=tf.int32) * token[:, tf.newaxis]
-      finished = tf.logical_or(finished, tf.equal(token, vocab_lib.EOS_ID))
-      return t + 1, outputs, score, finished, caches
+          theta, self._PreviousTokens(result.outputs, t), t, caches, sources)
+      result, _ = search.GreedyPick(logits, t, result)
+      return t + 1, result, caches
 
-    _, outputs, score, _, _ = tf.while_loop(
+    _, result, _ = tf.while_loop(
         lambda t, *_: t < length, _Step,
-        (tf.constant(0), tf.zeros([batch, length], tf.int32),
-         tf.zeros([batch]), tf.zeros([batch], tf.bool), caches))
-    return outputs, score
+        (tf.constant(0), search.GreedyStart(batch, length), caches))
+    return result.outputs, result.score
 
   def BeamSearchDecode(self, theta, src_ids, src_paddings, beam_size=None):
     """Beam search with length normalization of the final scores.
@@ -235,60 +243,29 @@ class TransformerMTTask(base_model.BaseTask):
     encoded = self.Encode(theta, src_ids, src_paddings)
     # Beam b of example i is row i * k + b.
     encoded = encoded.Transform(lambda x: tf.repeat(x, k, axis=0))
-    vocab_size = self._Layers(theta)[3][0].params.vocab_size
-    # A finished hypothesis may only continue with padding, at no cost.
-    pad_only = tf.one_hot(vocab_lib.PAD_ID, vocab_size, on_value=0.0,
-                          off_value=_NEG_INF)
-
     caches, sources = self.InitDecodeState(theta, encoded, batch * k)
 
-    def _Reorder(x, beam):
-      """Rows [B * k, ...] of the beams `beam` [B, k] picked, in order."""
-      shape = py_utils.GetShape(x)
-      x = tf.reshape(x, [batch, k] + shape[1:])
-      return tf.reshape(tf.gather(x, beam, batch_dims=1), shape)
-
-    def _Step(t, outputs, scores, finished, lengths, caches):
-      prev = tf.reshape(self._PreviousTokens(outputs, t), [batch * k])
+    def _Step(t, result, caches):
+      prev = tf.reshape(self._PreviousTokens(result.outputs, t), [batch * k])
       logits, caches = self.StepLogits(theta, prev, t, caches, sources)
-      log_probs = tf.reshape(tf.nn.log_softmax(logits),
-                             [batch, k, vocab_size])
-      shape = [batch, k, vocab_size]
-      log_probs = tf.where(
-          tf.broadcast_to(finished[:, :, tf.newaxis], shape),
-          tf.broadcast_to(pad_only, shape), log_probs)
-      candidates = tf.reshape(scores[:, :, tf.newaxis] + log_probs,
-                              [batch, k * vocab_size])
-      scores, index = tf.nn.top_k(candidates, k)
-      beam, token = index // vocab_size, index % vocab_size
-      outputs = tf.gather(outputs, beam, batch_dims=1)
-      finished = tf.gather(finished, beam, batch_dims=1)
-      lengths = tf.gather(lengths, beam, batch_dims=1)
-      caches = tf.nest.map_structure(lambda x: _Reorder(x, beam), caches)
-      lengths += 1 - tf.cast(finished, tf.int32)
-      outputs += (tf.one_hot(t, length, dtype=tf.int32)[tf.newaxis, tf.newaxis]
-                  * token[:, :, tf.newaxis])
-      finished = tf.logical_or(finished, tf.equal(token, vocab_lib.EOS_ID))
-      return t + 1, outputs, scores, finished, lengths, caches
+      result, beam = search.BeamPick(logits, t, result)
+      caches = tf.nest.map_structure(
+          lambda x: search.ReorderBeams(x, beam), caches)
+      return t + 1, result, caches
 
-    first_beam_only = tf.concat(
-        [tf.zeros([batch, 1]), tf.fill([batch, k - 1], _NEG_INF)], axis=1)
-    _, outputs, scores, _, lengths, _ = tf.while_loop(
+    _, result, _ = tf.while_loop(
         lambda t, *_: t < length, _Step,
-        (tf.constant(0), tf.zeros([batch, k, length], tf.int32),
-         first_beam_only, tf.zeros([batch, k], tf.bool),
-         tf.zeros([batch, k], tf.int32), caches))
-    penalty = tf.pow((5.0 + tf.cast(lengths, tf.float32)) / 6.0,
-                     p.length_alpha)
-    best = tf.argmax(scores / penalty, axis=1, output_type=tf.int32)
-    best_ids = tf.gather(outputs, best, batch_dims=1)
-    best_scores = tf.gather(scores, best, batch_dims=1)
-    return best_ids, best_scores, outputs, scores
+        (tf.constant(0), search.BeamStart(batch, k, length), caches))
+    return search.BestBeams(result, p.length_alpha)
 
   def DecodeWithTheta(self, theta, input_batch):
     """Decodes a batch: hypothesis ids plus what BLEU needs."""
     p = self.params
-    if p.beam_size > 1:
+    if p.pipelined_decode:
+      ids, scores = pipelined_decode.Decode(
+          self, theta, input_batch.src_ids, input_batch.src_paddings,
+          beam_size=p.beam_size, num_lanes=p.decode_micro_batches)
+    elif p.beam_size > 1:
       ids, scores, _, _ = self.BeamSearchDecode(theta, input_batch.src_ids,
                                                 input_batch.src_paddings)
     else:

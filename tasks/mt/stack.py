@@ -14,6 +14,7 @@ weights, via `gpipe.measure.param_count`.
 import collections
 
 from gpipe.compat import lingvo_import  # pylint: disable=unused-import
+from gpipe import partition
 from gpipe.measure import param_count
 from tasks.mt import blocks
 
@@ -164,3 +165,50 @@ def CountByPart(layer_params):
 def CountParams(layer_params):
   """Total trainable parameters of a flat layer list."""
   return sum(param_count.CountParams(_Canonical(p)) for p in layer_params)
+
+
+def DecodeStepCosts(layer_params):
+  """Per-layer work of one decoding step (weights read per token).
+
+  A step of (greedy or beam) decoding reads every weight of each decoder
+  layer once per token, but the cross-attention key and value projections
+  (applied to the source once, before the loop), and every weight of the
+  softmax; the embedding looks up one row per token and the encoder does not
+  run. On a CPU the step's time follows those weights (their matmuls and
+  oneDNN's per-call weight re-packing), so they are the cost.
+
+  Args:
+    layer_params: a flat layer list (e.g. from `EncoderDecoderLayers`).
+
+  Returns:
+    A list of per-layer costs (weights), 0 for the embedding and encoders.
+  """
+  costs = []
+  for p in layer_params:
+    if p.cls is blocks.DecoderLayer:
+      cross = (2 * (p.model_dim * p.model_dim + p.model_dim)
+               if p.has_cross_attention else 0)
+      costs.append(float(CountParams([p]) - cross))
+    elif p.cls is blocks.SoftmaxLayer:
+      costs.append(float(CountParams([p])))
+    else:
+      costs.append(0.0)
+  return costs
+
+
+def DecodeStageSizes(layer_params, num_stages):
+  """Stage sizes balancing the decoding steps (`DecodeStepCosts`).
+
+  A model trained to be decoded across K devices can use this cut for
+  training too (``PipeliningLayer`` param ``stage_sizes``): pipelined
+  decoding keeps the training cut, and the encoder layers then go with the
+  first decoder layers.
+
+  Args:
+    layer_params: a flat layer list.
+    num_stages: K.
+
+  Returns:
+    K layer counts.
+  """
+  return partition.PartitionByCost(DecodeStepCosts(layer_params), num_stages)

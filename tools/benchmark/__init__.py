@@ -37,6 +37,10 @@ Subcommands:
   links       K stages on K hosts (network namespaces, as root) whose links
               are capped and delayed by 0, 1 and 5 ms: step time per
               schedule and M, and how much of the link each one hides.
+  decode      Pipelined decoding of a Transformer (greedy and beam search):
+              sentences/s and per-token latency for K in {1, 2} pinned
+              one-core workers and M lanes, beside the unpipelined decoder;
+              measured bubble beside the lane schedule's formula.
 
 Every subcommand prints a markdown table, the machine and the settings, and
 writes ``--json`` and ``--plot`` if given. ``--quick`` runs a tiny version
@@ -46,7 +50,7 @@ work, pipelined stages otherwise get only part of their cores.
 
 Modules: ``cli`` (flags and dispatch), one per subcommand (``throughput``,
 ``memory``, ``bubble``, ``graph``, ``schedules``, ``cost``,
-``data_parallel``, ``links``), ``floor`` (the kernel floor ``cost`` reports),
+``data_parallel``, ``links``, ``decode``), ``floor`` (the kernel floor ``cost`` reports),
 ``report`` (their tables, header, JSON and plots), ``runner``
 (configurations, worker clusters, timed steps), ``models`` (the benchmark
 layer stacks) and ``lingvo_stack`` (Lingvo's GPipeTransformerStack).

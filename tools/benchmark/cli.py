@@ -14,6 +14,7 @@ from gpipe import pipeline
 from tools.benchmark import bubble
 from tools.benchmark import cost
 from tools.benchmark import data_parallel
+from tools.benchmark import decode
 from tools.benchmark import graph
 from tools.benchmark import links
 from tools.benchmark import memory
@@ -162,6 +163,26 @@ def _Parser():
   p.add_argument('--remat', default='always', choices=pipeline.REMAT_MODES)
   p.add_argument('--steps', type=int, default=5, help='timed rounds')
   p.add_argument('--warmup', type=int, default=2)
+  p = sub.add_parser('decode', help=decode.Decode.__doc__)
+  Common(p)
+  p.add_argument('--lanes', default='1,2,4,8',
+                 help='M values of the pipelined decoder (lanes)')
+  p.add_argument('--beams', default='1,4',
+                 help='beam sizes (1: greedy decoding)')
+  p.add_argument('--batch', type=int, default=64,
+                 help='sentences decoded together, greedy')
+  p.add_argument('--beam_batch', type=int, default=16,
+                 help='sentences decoded together with beam search')
+  p.add_argument('--steps', type=int, default=5, help='timed rounds')
+  p.add_argument('--warmup', type=int, default=2)
+  p.add_argument('--trace_steps', type=int, default=3,
+                 help='traced decodes per pipelined configuration (median '
+                 'bubble)')
+  p.add_argument('--timeline',
+                 help='write the timeline PNG of the fastest K=2 greedy '
+                 'decode here')
+  p.add_argument('--timeline_steps', type=int, default=4,
+                 help='decoding steps the timeline shows')
   return parser
 
 
@@ -196,6 +217,10 @@ def _ApplyQuick(args):
     if args.schedules == 'gpipe,1f1b,zb_h1':
       args.schedules = 'gpipe,1f1b'
     args.delays_ms = '0,1' if args.delays_ms == '0,1,5' else args.delays_ms
+  if args.command == 'decode':
+    args.lanes, args.beams = '2', '1,2'
+    args.batch, args.beam_batch = 4, 2
+    args.trace_steps = 1
   if args.command == 'memory':
     args.cap_mib = min(args.cap_mib, 4.0)
     args.micro_batches = 2
@@ -220,6 +245,7 @@ def main(argv=None):
   commands = dict(throughput=throughput.Throughput, memory=memory.Memory,
                   bubble=bubble.Bubble, graph=graph.Graph,
                   schedules=schedules.Schedules, cost=cost.Cost,
-                  data_parallel=data_parallel.DataParallel, links=links.Links)
+                  data_parallel=data_parallel.DataParallel, links=links.Links,
+                  decode=decode.Decode)
   commands[args.command](args)
   return 0

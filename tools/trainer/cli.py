@@ -145,6 +145,16 @@ flags.DEFINE_bool('eval_after_train', True,
                   'In train mode, evaluate on Test() at the end.')
 flags.DEFINE_integer('decode_max_batches', None,
                      'Decode at most this many batches (default: all).')
+# Pipelined decoding (tasks/mt/pipelined_decode.py, gpipe/lanes.py).
+flags.DEFINE_integer(
+    'decode_micro_batches', None,
+    'M: decode each batch in M lanes through the pipeline stages (must '
+    'divide the batch; default 2K lanes for K > 1 stages, 1 for K = 1).')
+flags.DEFINE_bool(
+    'pipelined_decode', None,
+    'Decode through the pipeline stages on their devices, in lanes '
+    '(default for models that can); --nopipelined_decode runs the '
+    'unpipelined decoder, for comparison.')
 
 FLAGS = flags.FLAGS
 
@@ -180,7 +190,9 @@ def SettleFromFlags():
       log_every_n_steps=FLAGS.log_every_n_steps,
       trace_every_n_steps=FLAGS.trace_every_n_steps,
       eval_after_train=FLAGS.eval_after_train,
-      decode_max_batches=FLAGS.decode_max_batches)
+      decode_max_batches=FLAGS.decode_max_batches,
+      decode_micro_batches=FLAGS.decode_micro_batches,
+      pipelined_decode=FLAGS.pipelined_decode)
 
 
 def Main(run, echo):

@@ -9,6 +9,7 @@ to ``decode_<dataset>/decode_out_<step>.txt``.
 """
 
 import os
+import time
 
 from gpipe.compat import lingvo_import  # pylint: disable=unused-import
 from lingvo import compat as tf
@@ -37,6 +38,7 @@ def Decode(run, dataset='Test', path=None, echo=print):
   batches = 0
   with restored.RestoredModel(run, run.test, 'decode', path) as model:
     metrics = model.task.CreateDecoderMetrics()
+    start = time.time()
     step = model.step
     out_path = os.path.join(out_dir, 'decode_out_%d.txt' % step)
     with open(out_path, 'w') as out_file:
@@ -50,11 +52,13 @@ def Decode(run, dataset='Test', path=None, echo=print):
         batches += 1
         for key, value in model.task.PostProcessDecodeOut(out, metrics) or []:
           out_file.write('%s\t%s\n' % (key, value))
+    seconds = time.time() - start
   values = {name: _Value(m) for name, m in metrics.items()}
   writer = summaries.Writer(out_dir)
   writer.Scalars(step, values)
   writer.Close()
-  echo('decode %s at step %d (%d batches): %s; outputs in %s' % (
-      dataset, step, batches, '  '.join(
-          '%s %.4f' % (k, v) for k, v in sorted(values.items())), out_path))
+  echo('decode %s at step %d (%d batches): %s; outputs in %s; %.1f s '
+       'decoding' % (dataset, step, batches, '  '.join(
+           '%s %.4f' % (k, v) for k, v in sorted(values.items())), out_path,
+                     seconds))
   return step, values

@@ -256,6 +256,36 @@ def SetPipelineShape(cfg, num_stages=None, num_micro_batches=None,
   return found
 
 
+def SetDecoding(cfg, pipelined=None, num_lanes=None):
+  """Sets how the model's task decodes: pipelined in lanes or unpipelined.
+
+  Args:
+    cfg: model params (changed in place).
+    pipelined: True/False for the task's `pipelined_decode`, or None to
+      keep it.
+    num_lanes: M for the task's `decode_micro_batches`, or None to keep.
+
+  Raises:
+    ValueError: a setting was given but the task has no pipelined decoder.
+  """
+  if pipelined is None and num_lanes is None:
+    return
+  task = cfg.task
+  if 'pipelined_decode' not in task or 'decode_micro_batches' not in task:
+    raise ValueError(
+        '--pipelined_decode/--decode_micro_batches: the task of this model '
+        '(%s) has no pipelined decoder; the Transformer task '
+        '(tasks/mt/model.py, mt.* models) has one. Drop the flags' %
+        task.cls.__name__)
+  if pipelined is not None:
+    task.pipelined_decode = pipelined
+  if num_lanes is not None:
+    if num_lanes < 1:
+      raise ValueError('--decode_micro_batches=%d: give a number of lanes '
+                       '>= 1' % num_lanes)
+    task.decode_micro_batches = num_lanes
+
+
 def SetStageDevices(cfg, devices, keep_explicit=False, loop=False,
                     data_parallel=1, exact=False):
   """Lays out every pipeline in `cfg` on `devices` (PipelineLayout).

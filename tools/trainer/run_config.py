@@ -94,11 +94,13 @@ def PrepareLogdir(logdir, mode):
 
 
 def _ModelParams(model, dataset, override, num_stages, num_micro_batches,
-                 schedule, input_seed, fprop_dtype):
+                 schedule, input_seed, fprop_dtype, decode_micro_batches=None,
+                 pipelined_decode=None):
   cfg = model_select.ModelParams(model, dataset, override)
   # The task's layers compute in fprop_dtype; variables stay float32.
   precision.SetFPropDtype(cfg.task, fprop_dtype)
   model_select.SetPipelineShape(cfg, num_stages, num_micro_batches, schedule)
+  model_select.SetDecoding(cfg, pipelined_decode, decode_micro_batches)
   if input_seed is not None and cfg.input is not None and 'seed' in cfg.input:
     cfg.input.seed = input_seed
   return cfg
@@ -145,7 +147,7 @@ def Settle(model, mode, logdir=None, override='', num_stages=None,
            step_timeout_secs=300, fprop_dtype='float32', data_parallel=1,
            max_worker_restarts=0, device_type='auto', devices_per_task=0,
            connect_timeout_secs=10.0, environ=None, worker_wait_secs=300,
-           **settings):
+           decode_micro_batches=None, pipelined_decode=None, **settings):
   """Decides the run: params, placement, stage devices (see module doc).
 
   Args:
@@ -179,6 +181,10 @@ def Settle(model, mode, logdir=None, override='', num_stages=None,
     environ: the environment TF_CONFIG is read from (default os.environ).
     worker_wait_secs: with a running cluster, how long a restart waits for
       lost servers to serve again.
+    decode_micro_batches: M, lanes of pipelined decoding (None: the
+      task's default).
+    pipelined_decode: True/False: decode through the pipeline stages or
+      unpipelined (None: the task's default).
     **settings: the other RunConfig fields (seed, max_steps, periods...).
 
   Returns:
@@ -219,7 +225,9 @@ def Settle(model, mode, logdir=None, override='', num_stages=None,
     return RunConfig(model=model, mode=mode, logdir=None, placement=None,
                      train=train, test=None, **settings)
   logdir = PrepareLogdir(logdir, mode)
-  test = _ModelParams(model, 'Test', *shape)
+  test = _ModelParams(model, 'Test', *shape,
+                      decode_micro_batches=decode_micro_batches,
+                      pipelined_decode=pipelined_decode)
   placement = placement_lib.Placement(
       model_select.MaxStages(train) * data_parallel,
       log_dir=os.path.join(logdir, 'workers'),

@@ -1,0 +1,295 @@
+"""Pipelined decoding of the Transformer: its training stages, M lanes.
+
+The network's flat layer list [embedding, encoders, decoders, softmax] was cut
+into K stages for training, each on its device. Decoding keeps that cut:
+
+1. The encoder runs forward-only over M lanes of the batch (each lane whole
+   examples), through the stages that hold the embedding and the encoder
+   layers (``gpipe.lanes.ForwardInLanes``).
+2. Every stage holding decoder layers takes each lane's encoder output and
+   computes, on its own device, the cross-attention keys and values of its
+   layers and their empty self-attention key/value caches (with beam search
+   the lane's rows are repeated per beam first).
+3. The decoding loop (``gpipe.lanes.Decode``): per step and lane, the first
+   stage embeds the previous tokens, each stage with decoder layers extends
+   its caches by one position (reordering them by the beams the last step
+   kept, with beam search), and the stage holding the softmax picks the
+   tokens (``search.GreedyPick`` / ``BeamPick``: the unpipelined decoder's
+   code) and sends them back to the first stage. Stages that hold none of
+   these (encoder layers only) are left out of the loop. A lane whose
+   sequences have all finished stops costing compute; the others go on.
+
+The caches of each stage live on its device as loop variables, never sent
+anywhere; only a lane's [rows, 1, D] hidden state, its beam indices and its
+tokens cross devices each step. The tokens equal the unpipelined decoder's:
+the same layers compute the same rows (tested token for token).
+"""
+
+from gpipe.compat import lingvo_import  # pylint: disable=unused-import
+from gpipe import lanes
+from gpipe import micro_batch
+from gpipe import partition
+from gpipe import stage as stage_lib
+from gpipe.schedules import decode_lanes
+from lingvo import compat as tf
+from lingvo.core import py_utils
+from tasks.mt import blocks
+from tasks.mt import search
+from tasks.mt import vocab as vocab_lib
+
+
+class _Stage:
+  """One pipeline stage's layers, sorted by what decoding does with them."""
+
+  def __init__(self, index, device, pairs):
+    """Constructor.
+
+    Args:
+      index: k.
+      device: the stage's device.
+      pairs: its (theta key, layer) pairs in order.
+    """
+    self.index = index
+    self.device = device
+    self.encoder = [(key, layer) for key, layer in pairs if isinstance(
+        layer, (blocks.EmbeddingLayer, blocks.EncoderLayer))]
+    self.embedding = [x for x in pairs
+                      if isinstance(x[1], blocks.EmbeddingLayer)]
+    self.decoders = [x for x in pairs if isinstance(x[1], blocks.DecoderLayer)]
+    self.softmax = [x for x in pairs if isinstance(x[1], blocks.SoftmaxLayer)]
+
+  @property
+  def decodes(self):
+    """Whether the stage has work in each decoding step."""
+    return bool(self.embedding or self.decoders or self.softmax)
+
+
+def _Stages(task):
+  """The network's stages as _Stage objects, first stage first."""
+  net = task.network
+  stages, start = [], 0
+  for k, (size, device) in enumerate(zip(net.stage_sizes,
+                                         net.stage_devices)):
+    keys = [partition.LayerKey(i) for i in range(start, start + size)]
+    stages.append(_Stage(k, device, [(key, net.children[key])
+                                      for key in keys]))
+    start += size
+  return stages
+
+
+def CheckDecodable(task):
+  """Raises a clear ValueError if `task`'s network cannot be decoded.
+
+  Args:
+    task: a TransformerMTTask.
+  """
+  layers = [lp.cls for lp in task.network.params.layers]
+  name = task.params.name
+  if blocks.DecoderLayer not in layers:
+    raise ValueError(
+        '%s: the network has no DecoderLayer, so there is nothing to decode; '
+        'decode a network built by stack.EncoderDecoderLayers' % name)
+  if (blocks.EncoderLayer not in layers or
+      not task.network.params.layers[0].has_source):
+    raise ValueError(
+        '%s: pipelined decoding translates a source, but the network has no '
+        'encoder (a decoder-only language model); decode an encoder-decoder '
+        'network (stack.EncoderDecoderLayers)' % name)
+
+
+def NumLanes(task, batch, beam_size, num_lanes=None):
+  """M for a batch of `batch` examples, checked.
+
+  Args:
+    task: a TransformerMTTask.
+    batch: examples in the batch (an int).
+    beam_size: beams per example.
+    num_lanes: the lanes asked for, or None for the default
+      (``decode_lanes.DefaultNumLanes``).
+
+  Returns:
+    M.
+
+  Raises:
+    ValueError: M < 1, M larger than the batch, or M not dividing it.
+  """
+  name = task.params.name
+  k = task.network.num_stages
+  if num_lanes is None:
+    num_lanes = decode_lanes.DefaultNumLanes(k, batch)
+    # The largest divisor of the batch up to the default.
+    while batch % num_lanes:
+      num_lanes -= 1
+    return num_lanes
+  if num_lanes < 1:
+    raise ValueError('%s: decode_micro_batches=%d: give a number of lanes '
+                     '>= 1' % (name, num_lanes))
+  if num_lanes > batch:
+    raise ValueError(
+        '%s: decode_micro_batches=%d lanes but the batch has only %d '
+        'examples: use at most %d lanes' % (name, num_lanes, batch, batch))
+  if batch % num_lanes:
+    divisors = [d for d in range(1, batch + 1) if batch % d == 0]
+    raise ValueError(
+        '%s: decode_micro_batches=%d does not divide the batch of %d '
+        'examples%s: a lane holds whole examples%s; use one of %s' % (
+            name, num_lanes, batch,
+            ' x %d beams' % beam_size if beam_size > 1 else '',
+            ' with all their beams' if beam_size > 1 else '',
+            ', '.join(str(d) for d in divisors)))
+  return num_lanes
+
+
+def _EncoderInputs(src_ids, src_paddings):
+  """What the embedding layer reads to embed a source (a dummy target)."""
+  batch = py_utils.GetShape(src_ids, 2)[0]
+  return (py_utils.NestedMap(
+      src_ids=src_ids, src_paddings=src_paddings,
+      tgt_ids=tf.zeros([batch, 1], tf.int32),
+      tgt_paddings=tf.zeros([batch, 1])),)
+
+
+def _Encode(stages, theta, lane_sources):
+  """The encoder output of each lane (forward-only over the lanes)."""
+  encoder_stages = [s for s in stages if s.encoder]
+  fns = [stage_lib.StageFunctions(s.index, [l for _, l in s.encoder],
+                                  [key for key, _ in s.encoder], s.device,
+                                  remat=False) for s in encoder_stages]
+  thetas = [stage_lib.NestedTheta(theta.network,
+                                  [key for key, _ in s.encoder])
+            for s in encoder_stages]
+  inputs = [_EncoderInputs(ids, paddings) for ids, paddings in lane_sources]
+  outputs = lanes.ForwardInLanes(fns, thetas, inputs)
+  return [(out[0].src, out[0].src_paddings) for out in outputs]
+
+
+def _StepFn(stage, beam_size, max_len):
+  """The decoding step of one stage (see gpipe.lanes.LaneStage.step)."""
+  beams = beam_size > 1
+
+  def Step(theta, t, carry, state, sources):
+    if stage.embedding:
+      (_, emb), = stage.embedding
+      x = emb.EmbedTargetStep(theta.emb, carry.ids, t, max_len)
+    else:
+      x = carry.x
+    caches = state.caches
+    if beams:
+      # The beams the last step kept, in their new order.
+      caches = tf.nest.map_structure(
+          lambda c: search.ReorderBeams(c, carry.beam), caches)
+    new_caches = []
+    for (_, layer), layer_theta, cache, source in zip(
+        stage.decoders, theta.decoders, caches, sources):
+      x, cache = layer.ExtendStep(layer_theta, x, t, cache, source)
+      new_caches.append(cache)
+    new_state = py_utils.NestedMap(caches=new_caches)
+    if not stage.softmax:
+      out = py_utils.NestedMap(x=x)
+      if beams:
+        out.beam = carry.beam
+      return out, new_state
+    (_, softmax), = stage.softmax
+    logits = search.StepOutputLogits(softmax, theta.softmax, x)
+    if beams:
+      result, beam = search.BeamPick(logits, t, state.result)
+      batch, k, _ = py_utils.GetShape(result.outputs, 3)
+      ids = tf.reshape(tf.gather(result.outputs, t, axis=-1), [batch * k])
+      out = py_utils.NestedMap(ids=ids, beam=beam)
+    else:
+      result, ids = search.GreedyPick(logits, t, state.result)
+      out = py_utils.NestedMap(ids=ids)
+    out.done = search.AllFinished(result)
+    new_state.result = result
+    return out, new_state
+
+  return Step
+
+
+def _StageTheta(stage, theta):
+  """The theta a stage's step reads, read once on its device."""
+  net_theta = theta.network
+  picked = py_utils.NestedMap(
+      decoders=[net_theta[key] for key, _ in stage.decoders])
+  if stage.embedding:
+    picked.emb = net_theta[stage.embedding[0][0]]
+  if stage.softmax:
+    picked.softmax = net_theta[stage.softmax[0][0]]
+  return stage_lib.ReadTheta(picked, stage.device)
+
+
+def Decode(task, theta, src_ids, src_paddings, beam_size=1, num_lanes=None):
+  """Greedy decoding or beam search through the network's stages, in lanes.
+
+  Args:
+    task: a TransformerMTTask.
+    theta: its theta.
+    src_ids: [B, S] int32 source ids (static B).
+    src_paddings: [B, S] source paddings.
+    beam_size: beams per example (1: greedy).
+    num_lanes: M, or None for the default (``NumLanes``).
+
+  Returns:
+    (ids [B, T] int32, scores [B]): as ``GreedyDecode`` (beam_size 1) or the
+    best hypothesis and its log-probability of ``BeamSearchDecode``; equal
+    to theirs.
+
+  Raises:
+    ValueError: a network without a decoder (or encoder), or a number of
+      lanes that does not fit the batch (see ``NumLanes``).
+  """
+  CheckDecodable(task)
+  p = task.params
+  length = p.max_decode_len
+  batch = micro_batch.StaticBatchSize([src_ids], 0)
+  m = NumLanes(task, batch, beam_size, num_lanes)
+  stages = _Stages(task)
+  k = beam_size
+  with tf.device(stages[0].device):
+    lane_sources = micro_batch.Split((src_ids, src_paddings), m, 0)
+  encoded = _Encode(stages, theta, lane_sources)
+  rows = batch // m * k
+  decode_stages = [s for s in stages if s.decodes]
+  lane_stages, states, constants = [], [], []
+  for s in decode_stages:
+    stage_states, stage_constants = [], []
+    with tf.device(s.device):
+      for src, paddings in encoded:
+        if k > 1:
+          # Beam b of example i is row i * k + b.
+          src, paddings = tf.repeat(src, k, axis=0), tf.repeat(paddings, k,
+                                                               axis=0)
+        caches, sources = [], []
+        for key, layer in s.decoders:
+          cache, source = layer.InitDecodeState(theta.network[key], rows,
+                                                length, src, paddings)
+          caches.append(cache)
+          sources.append(source)
+        state = py_utils.NestedMap(caches=caches)
+        if s.softmax:
+          state.result = (search.BeamStart(rows // k, k, length) if k > 1
+                          else search.GreedyStart(rows, length))
+        stage_states.append(state)
+        stage_constants.append(sources)
+    states.append(stage_states)
+    constants.append(stage_constants)
+    lane_stages.append(lanes.LaneStage(
+        stage=s.index, device=s.device, theta=_StageTheta(s, theta),
+        step=_StepFn(s, k, length)))
+  with tf.device(decode_stages[-1].device):
+    feedback = []
+    for _ in range(m):
+      start = py_utils.NestedMap(
+          ids=tf.fill([rows], vocab_lib.BOS_ID), done=tf.constant(False))
+      if k > 1:
+        start.beam = tf.tile(tf.range(k)[tf.newaxis], [rows // k, 1])
+      feedback.append(start)
+  _, states = lanes.Decode(lane_stages, feedback, states, constants, length,
+                           lane_done=lambda f: f.done)
+  with tf.device(decode_stages[-1].device):
+    results = [state.result for state in states[-1]]
+    if k > 1:
+      best = [search.BestBeams(r, p.length_alpha)[:2] for r in results]
+    else:
+      best = [(r.outputs, r.score) for r in results]
+    return micro_batch.Merge(best, 0)

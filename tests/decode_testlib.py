@@ -1,0 +1,163 @@
+"""A small trained Transformer for the decoding tests, and its decoders.
+
+``TrainedCheckpoint()`` trains an encoder-decoder T(3, 64, 2) with d_model 32
+to copy 5 tokens (one process, two stages on virtual CPUs) and saves its
+weights; ``DecodeGraph`` restores them into a network cut into any number of
+stages on given devices and builds the unpipelined and pipelined decoders.
+"""
+
+import os
+import tempfile
+
+from gpipe.compat import lingvo_import  # pylint: disable=unused-import
+import numpy as np
+from gpipe import pipeline
+from lingvo import compat as tf
+from lingvo.core import cluster_factory
+from lingvo.core import py_utils
+from tasks.mt import model
+from tasks.mt import pipelined_decode
+from tasks.mt import stack
+from tasks.mt import vocab
+
+BATCH, LEN, VOCAB = 8, 5, 16  # Copy 5 tokens drawn from ids 4..15.
+NUM_LAYERS = 3
+BEAM = 3
+CONFIG = tf.compat.v1.ConfigProto(device_count={'CPU': 4})
+
+
+def CopyBatch(rng, batch=BATCH):
+  """Source = random tokens; target = the same tokens, then </s>."""
+  tokens = rng.randint(4, VOCAB, size=[batch, LEN]).astype(np.int32)
+  eos = np.full([batch, 1], vocab.EOS_ID, np.int32)
+  bos = np.full([batch, 1], vocab.BOS_ID, np.int32)
+  return dict(
+      src_ids=tokens, src_paddings=np.zeros([batch, LEN], np.float32),
+      tgt_ids=np.concatenate([bos, tokens], 1),
+      tgt_labels=np.concatenate([tokens, eos], 1),
+      tgt_paddings=np.zeros([batch, LEN + 1], np.float32),
+      tgt_weights=np.ones([batch, LEN + 1], np.float32))
+
+
+def TaskParams(devices, max_decode_len=LEN + 1, layers=None):
+  """The copy task's params, its network cut into len(devices) stages."""
+  layer_list = layers or stack.EncoderDecoderLayers(
+      vocab_size=VOCAB, model_dim=32, hidden_dim=64, num_heads=2,
+      num_layers=NUM_LAYERS, dropout_prob=0.0, label_smoothing=0.0)
+  p = model.TransformerMTTask.Params().Set(
+      name='copy', max_decode_len=max_decode_len, beam_size=1)
+  p.network = pipeline.PipeliningLayer.Params().Set(
+      name='network', layers=layer_list, num_stages=len(devices),
+      num_micro_batches=2, stage_devices=list(devices),
+      partition_cost='uniform')
+  return p
+
+
+_CHECKPOINT = {}
+
+
+def TrainedCheckpoint(steps=250):
+  """The path of the copy model's weights, trained once per process.
+
+  Trained with K=2 stages on /device:CPU:0 and :1.
+  """
+  if 'path' in _CHECKPOINT:
+    return _CHECKPOINT['path']
+  rng = np.random.RandomState(0)
+  with tf.Graph().as_default(), tf.compat.v1.Session(config=CONFIG) as sess:
+    tf.random.set_seed(6)
+    py_utils.GetOrCreateGlobalStepVar()
+    task = TaskParams(['/device:CPU:0', '/device:CPU:1']).Instantiate()
+    feeds = {
+        k: tf.placeholder(tf.as_dtype(v.dtype), v.shape)
+        for k, v in CopyBatch(rng, 32).items()
+    }
+    batch = py_utils.NestedMap(feeds)
+    metrics, _ = task.ComputeLoss(
+        task.theta, task.ComputePredictions(task.theta, batch), batch)
+    loss = metrics['loss'][0]
+    train = tf.train.AdamOptimizer(3e-3).minimize(loss)
+    sess.run(tf.global_variables_initializer())
+    for _ in range(steps):
+      sess.run(train, {feeds[k]: v for k, v in CopyBatch(rng, 32).items()})
+    saver = tf.train.Saver(task.vars.Flatten())
+    path = saver.save(sess, os.path.join(tempfile.mkdtemp(), 'copy'))
+  _CHECKPOINT['path'] = path
+  return path
+
+
+class DecodeGraph:
+  """A restored copy model cut into stages, with its decoders.
+
+  Build the decoders with ``Unpipelined`` / ``Pipelined`` inside
+  ``with graph.graph.as_default()``, then ``Restore(sess)``.
+  """
+
+  def __init__(self, devices, max_decode_len=LEN + 1, batch=BATCH, seed=123):
+    self.graph = tf.Graph()
+    self.test = CopyBatch(np.random.RandomState(seed), batch)
+    with self.graph.as_default(), cluster_factory.SetEval(True):
+      self.task = TaskParams(devices, max_decode_len).Instantiate()
+      self.src_ids = tf.constant(self.test['src_ids'])
+      self.src_paddings = tf.constant(self.test['src_paddings'])
+      self._saver = tf.train.Saver(self.task.vars.Flatten())
+
+  def Unpipelined(self, beam_size=1):
+    """(ids, scores) of the unpipelined decoder."""
+    with cluster_factory.SetEval(True):
+      if beam_size > 1:
+        return self.task.BeamSearchDecode(
+            self.task.theta, self.src_ids, self.src_paddings,
+            beam_size=beam_size)[:2]
+      return self.task.GreedyDecode(self.task.theta, self.src_ids,
+                                    self.src_paddings)
+
+  def Pipelined(self, num_lanes, beam_size=1):
+    """(ids, scores) of the pipelined decoder in `num_lanes` lanes."""
+    with cluster_factory.SetEval(True):
+      return pipelined_decode.Decode(self.task, self.task.theta, self.src_ids,
+                                     self.src_paddings, beam_size=beam_size,
+                                     num_lanes=num_lanes)
+
+  def Restore(self, sess, path):
+    """Initializes the graph's variables, then restores the copy model's."""
+    sess.run(tf.global_variables_initializer())
+    self._saver.restore(sess, path)
+
+
+def AssertSameDecodes(test, got, want, what):
+  """Token for token the same ids; scores equal up to float rounding."""
+  test.assertAllEqual(want[0], got[0], msg=what)
+  test.assertAllClose(want[1], got[1], rtol=1e-5, atol=1e-5, msg=what)
+
+
+def AssertDecodesMatch(test, checkpoint, devices, lanes=(1, 2, 4),
+                       target='', config=None):
+  """Pipelined decodes in `lanes` equal the unpipelined one, greedy and beam.
+
+  Args:
+    test: the TestCase.
+    checkpoint: the copy model's weights (TrainedCheckpoint).
+    devices: the stage devices (K of them).
+    lanes: the M values to decode with.
+    target: the session target ('' in process).
+    config: the session ConfigProto (default CONFIG in process).
+  """
+  graph = DecodeGraph(devices)
+  with graph.graph.as_default():
+    fetches = {}
+    for beam in (1, BEAM):
+      fetches['ref', beam] = graph.Unpipelined(beam)
+      for m in lanes:
+        fetches[m, beam] = graph.Pipelined(m, beam)
+    with tf.compat.v1.Session(
+        target, config=config or (None if target else CONFIG)) as sess:
+      graph.Restore(sess, checkpoint)
+      values = sess.run(fetches)
+  # A trained model, not a degenerate one: it copies its source.
+  greedy = values['ref', 1][0]
+  test.assertGreaterEqual(
+      np.mean(np.all(greedy == graph.test['tgt_labels'], axis=1)), 0.75)
+  for (m, beam), value in values.items():
+    AssertSameDecodes(test, value, values['ref', beam],
+                      '%d stages, M=%s, beam %d' % (len(devices), m, beam))

@@ -1,0 +1,176 @@
+"""Pipelined decoding equals the unpipelined decoder, token for token.
+
+A small Transformer trained with K=2 stages (``decode_testlib``) decodes
+with K = 1, 2 and 4 stages on virtual CPUs in M = 1, 2 and 4 lanes, greedily
+and with beam search, and gives the unpipelined decoder's tokens. Also: each
+stage's key/value caches stay on its device (the partitioned graph), a lane
+whose sequences all ended stops computing, and bad inputs are refused.
+"""
+
+import re
+
+from gpipe.compat import lingvo_import  # pylint: disable=unused-import
+
+import numpy as np
+from gpipe import pipeline_tasks
+from gpipe.measure import timeline
+from lingvo import compat as tf
+from lingvo.core import cluster_factory
+from lingvo.core import test_utils
+from tasks.mt import pipelined_decode
+from tasks.mt import stack
+from tasks.mt import vocab
+from tests import decode_testlib as dt
+
+LANES = (1, 2, 4)
+
+
+def _Cpus(k):
+  return ['/device:CPU:%d' % i for i in range(k)]
+
+
+def _Cpu(device):
+  """'CPU:3' of a full or short device string."""
+  spec = tf.DeviceSpec.from_string(device)
+  return '%s:%d' % (spec.device_type, spec.device_index)
+
+
+def _Traced(sess, fetch):
+  """(value, RunMetadata) of a traced run with its partition graphs."""
+  md = tf.compat.v1.RunMetadata()
+  value = sess.run(fetch, options=tf.compat.v1.RunOptions(
+      trace_level=tf.compat.v1.RunOptions.FULL_TRACE,
+      output_partition_graphs=True), run_metadata=md)
+  return value, md
+
+
+def _StepsUntilDone(ids):
+  """Per row, the steps a decode needs: up to and including its </s>."""
+  ends = []
+  for row in ids:
+    eos = np.where(row == vocab.EOS_ID)[0]
+    ends.append(eos[0] + 1 if len(eos) else len(row))
+  return np.array(ends)
+
+
+class PipelinedDecodeTest(test_utils.TestCase):
+
+  @classmethod
+  def setUpClass(cls):
+    super().setUpClass()
+    cls.checkpoint = dt.TrainedCheckpoint()
+
+  def _AssertDecodesMatch(self, devices, lanes=LANES):
+    dt.AssertDecodesMatch(self, self.checkpoint, devices, lanes)
+
+  def testOneStage(self):
+    self._AssertDecodesMatch(_Cpus(1))
+
+  def testTwoStages(self):
+    self._AssertDecodesMatch(_Cpus(2))
+
+  def testFourStagesOneOfThemEncoderOnly(self):
+    # 8 layers cut uniformly: [emb, enc0] [enc1, enc2] [dec0, dec1]
+    # [dec2, softmax]: stage 1 has no decoding work and is left out of the
+    # decoding loop.
+    self._AssertDecodesMatch(_Cpus(4))
+
+  def testSeveralStagesPerDevice(self):
+    self._AssertDecodesMatch(['/device:CPU:0', '/device:CPU:1'] * 2,
+                             lanes=(2,))
+
+  def testCachesStayOnTheirStagesDevice(self):
+    devices = _Cpus(4)
+    graph = dt.DecodeGraph(devices)
+    with graph.graph.as_default():
+      ids = graph.Pipelined(2, dt.BEAM)
+      with tf.compat.v1.Session(config=dt.CONFIG) as sess:
+        graph.Restore(sess, self.checkpoint)
+        _, md = _Traced(sess, ids)
+    enters, sends = [], []
+    for partition in md.partition_graphs:
+      for node in partition.node:
+        if node.op == 'Enter':
+          enters.append((node.input[0].split(':')[0], node.device))
+        if node.op == '_Send':
+          sends.append(node.input[0])
+    # Every [rows, heads, length, dim] tensor of the loop (the caches and
+    # the cross-attention keys and values) enters it (as a loop variable or
+    # constant) on the device where it was made: a decoder stage's.
+    where = set()
+    for name, device in enters:
+      try:
+        op = graph.graph.get_operation_by_name(name)
+      except KeyError:
+        continue
+      if op.outputs and op.outputs[0].shape.rank == 4:
+        self.assertEqual(_Cpu(device), _Cpu(op.device), name)
+        where.add(_Cpu(op.device))
+    # The decoder layers are on stages 2 and 3.
+    self.assertEqual(where, {'CPU:2', 'CPU:3'})
+    # Inside the loop only a decoding call's carry crosses devices: the
+    # hidden state and the beam indices (outputs 0 and 1), never its state.
+    crossing = [s for s in sends if re.search(r'stage\d+_D\d+/', s)]
+    self.assertNotEmpty(crossing)
+    for name in crossing:
+      output = int(name.split(':')[1]) if ':' in name else 0
+      self.assertLess(output, 2, name)
+
+  def testADoneLaneStopsComputing(self):
+    # 9 steps, but the trained model ends every copy with </s> at step 6:
+    # each lane's last stage picks tokens only until its sequences ended.
+    graph = dt.DecodeGraph(_Cpus(2), max_decode_len=9)
+    with graph.graph.as_default():
+      ids, _ = graph.Pipelined(2)
+      with tf.compat.v1.Session(config=dt.CONFIG) as sess:
+        graph.Restore(sess, self.checkpoint)
+        values, md = _Traced(sess, ids)
+    ends = _StepsUntilDone(values)
+    self.assertLess(ends.max(), 9)
+    expected = sum(ends[m * 4:(m + 1) * 4].max() for m in range(2))
+    argmaxes = sum(1 for dev in md.step_stats.dev_stats
+                   for node in dev.node_stats
+                   if node.timeline_label.split(' = ')[-1].startswith(
+                       'ArgMax('))
+    self.assertEqual(argmaxes, expected)
+    # Every lane still gets a (skipping) call per step: the trace holds
+    # 2 stages x 2 lanes x 9 steps of decoding tasks.
+    tasks = [t for t in timeline.ParseStepStats(md.step_stats)
+             if t.phase == pipeline_tasks.DECODE]
+    self.assertLen(tasks, 2 * 2 * 9)
+    self.assertEqual({(t.stage, t.micro_batch) for t in tasks},
+                     {(k, m) for k in range(2) for m in range(2)})
+
+  def testBadLanesAndModelsAreRefused(self):
+    graph = dt.DecodeGraph(_Cpus(2))
+    with graph.graph.as_default():
+      with self.assertRaisesRegex(ValueError,
+                                  'decode_micro_batches=16 lanes but the '
+                                  'batch has only 8 examples'):
+        graph.Pipelined(16)
+      with self.assertRaisesRegex(
+          ValueError, r'decode_micro_batches=3 does not divide the batch of '
+          r'8 examples x 3 beams: a lane holds whole examples with all their '
+          r'beams; use one of 1, 2, 4, 8'):
+        graph.Pipelined(3, dt.BEAM)
+      with self.assertRaisesRegex(ValueError, 'a number of lanes >= 1'):
+        graph.Pipelined(0)
+    layers = stack.EncoderDecoderLayers(vocab_size=dt.VOCAB, model_dim=8,
+                                        hidden_dim=8, num_heads=2,
+                                        num_layers=1)
+    no_decoder = [l for l in layers if 'dec_' not in l.name]
+    decoder_only = stack.DecoderOnlyLayers(vocab_size=dt.VOCAB, model_dim=8,
+                                           hidden_dim=8, num_heads=2,
+                                           num_layers=2)
+    for layer_list, message in ((no_decoder, 'no DecoderLayer'),
+                                (decoder_only, 'no encoder')):
+      with tf.Graph().as_default(), cluster_factory.SetEval(True):
+        task = dt.TaskParams(_Cpus(2), layers=layer_list).Instantiate()
+        with self.assertRaisesRegex(ValueError, message):
+          pipelined_decode.Decode(task, task.theta,
+                                  tf.zeros([4, 3], tf.int32),
+                                  tf.zeros([4, 3]))
+
+
+if __name__ == '__main__':
+  tf.test.main()

@@ -1,0 +1,48 @@
+"""Pipelined decoding across worker processes equals the unpipelined decoder.
+
+The copy model of ``decode_testlib`` (trained with K=2 in this process)
+decodes with K = 1, 2 and 4 stages on 4 local TensorFlow worker processes,
+one stage each, in M = 1, 2 and 4 lanes, greedily and with beam search; the
+workers' peak memory is read.
+"""
+
+from gpipe.compat import lingvo_import  # pylint: disable=unused-import
+
+from gpipe import local_cluster
+from lingvo import compat as tf
+from lingvo.core import test_utils
+from tests import decode_testlib as dt
+
+
+class PipelinedDecodeWorkersTest(test_utils.TestCase):
+
+  @classmethod
+  def setUpClass(cls):
+    super().setUpClass()
+    cls.checkpoint = dt.TrainedCheckpoint()
+    cls.cluster = local_cluster.LocalCluster(4)
+
+  @classmethod
+  def tearDownClass(cls):
+    cls.cluster.Stop()
+    super().tearDownClass()
+
+  def _AssertDecodesMatch(self, k):
+    dt.AssertDecodesMatch(self, self.checkpoint, self.cluster.devices[:k],
+                          target=self.cluster.target)
+
+  def testOneStage(self):
+    self._AssertDecodesMatch(1)
+
+  def testTwoStages(self):
+    self._AssertDecodesMatch(2)
+
+  def testFourStages(self):
+    self._AssertDecodesMatch(4)
+    peaks = self.cluster.PeakRssBytes()
+    self.assertLen(peaks, 4)
+    self.assertTrue(all(p is None or p > 0 for p in peaks), peaks)
+
+
+if __name__ == '__main__':
+  tf.test.main()

@@ -1,0 +1,284 @@
+"""The decode subcommand: pipelined decoding of a Transformer, K=1 vs K=2.
+
+Decodes one batch of a T(L, H, A) encoder-decoder Transformer
+(``tasks/mt``) greedily and with beam search on pinned one-core worker
+processes: K=1 (one worker) with the unpipelined decoder and with the
+pipelined one in M lanes, and K=2 (two workers) pipelined in M lanes
+(``tasks/mt/pipelined_decode.py``, ``gpipe/lanes.py``). The network is cut
+by its decoding work (``stack.DecodeStageSizes``: the decoder layers and
+the softmax balanced, the encoder with the first stage). Every
+configuration restores the same weights (random, saved once), checks that
+its tokens equal the K=1 unpipelined decoder's, and is timed interleaved
+with the others; with random weights no sequence ends early, so every
+decode runs all its steps.
+
+Reported per configuration: sentences per second, the time per decoding
+step (the latency of one token of a sentence), the speed-up over the best
+K=1 configuration, and for pipelined ones the measured idle fraction of
+each device over the decoding loop (from execution traces: the ``D`` tasks
+of ``gpipe.pipeline_tasks``) beside the lane schedule's formula
+``gpipe.schedules.decode_lanes.BubbleFraction``; the workers' peak memory;
+and a timeline picture of one pipelined decode.
+"""
+
+import collections
+import os
+import statistics
+import tempfile
+import time
+
+from gpipe.compat import lingvo_import  # pylint: disable=unused-import
+import numpy as np
+from gpipe import pipeline
+from gpipe import pipeline_tasks
+from gpipe.measure import timeline
+from gpipe.schedules import decode_lanes
+from lingvo import compat as tf
+from lingvo.core import cluster_factory
+from tasks.mt import model
+from tasks.mt import pipelined_decode
+from tasks.mt import stack
+from tools.benchmark import report
+from tools.benchmark import runner as runner_lib
+
+# The Transformer decoded: T(4, 2048, 8), d_model 512, vocabulary 8000.
+DECODE_MODEL = dict(vocab_size=8000, model_dim=512, hidden_dim=2048,
+                    num_heads=8, num_layers=4, src_len=16, max_decode_len=16)
+QUICK_DECODE_MODEL = dict(vocab_size=64, model_dim=32, hidden_dim=64,
+                          num_heads=2, num_layers=2, src_len=6,
+                          max_decode_len=4)
+
+
+class DecodeConfig(
+    collections.namedtuple('DecodeConfig',
+                           ['num_stages', 'lanes', 'beam', 'batch'])):
+  """One decoding configuration; lanes None: the unpipelined decoder."""
+
+  __slots__ = ()
+
+  @property
+  def label(self):
+    how = 'unpipelined' if self.lanes is None else 'M=%d' % self.lanes
+    search = 'greedy' if self.beam == 1 else 'beam %d' % self.beam
+    return 'K=%d %s %s' % (self.num_stages, how, search)
+
+
+def _Layers(shape):
+  return stack.EncoderDecoderLayers(
+      vocab_size=shape['vocab_size'], model_dim=shape['model_dim'],
+      hidden_dim=shape['hidden_dim'], num_heads=shape['num_heads'],
+      num_layers=shape['num_layers'], dropout_prob=0.0)
+
+
+class DecodeStep:
+  """One configuration's graph, session and decode of its batch."""
+
+  def __init__(self, config, shape, target, devices, checkpoint):
+    """Builds the graph and restores (or first saves) the weights.
+
+    Args:
+      config: a DecodeConfig.
+      shape: the model sizes (DECODE_MODEL).
+      target: the session target of the worker processes.
+      devices: K device strings, one per stage.
+      checkpoint: the weights' path; saved there first if missing.
+    """
+    self.config = c = config
+    self.times = []
+    self.graph = tf.Graph()
+    start = time.time()
+    layers = _Layers(shape)
+    with self.graph.as_default(), cluster_factory.SetEval(True):
+      tf.random.set_seed(1)
+      p = model.TransformerMTTask.Params().Set(
+          name='mt', max_decode_len=shape['max_decode_len'], beam_size=c.beam)
+      p.network = pipeline.PipeliningLayer.Params().Set(
+          name='network', layers=layers, num_stages=c.num_stages,
+          stage_sizes=stack.DecodeStageSizes(layers, c.num_stages),
+          num_micro_batches=1, stage_devices=list(devices))
+      task = p.Instantiate()
+      self.stage_sizes = task.network.stage_sizes
+      rng = np.random.RandomState(7)
+      with tf.device(devices[0]):
+        src = tf.constant(rng.randint(
+            4, shape['vocab_size'], size=[c.batch, shape['src_len']]),
+                          tf.int32)
+        paddings = tf.zeros([c.batch, shape['src_len']])
+      if c.lanes is not None:
+        self.ids, _ = pipelined_decode.Decode(task, task.theta, src, paddings,
+                                              c.beam, c.lanes)
+      elif c.beam > 1:
+        self.ids = task.BeamSearchDecode(task.theta, src, paddings,
+                                         beam_size=c.beam)[0]
+      else:
+        self.ids, _ = task.GreedyDecode(task.theta, src, paddings)
+      saver = tf.train.Saver(task.vars.Flatten())
+      init = tf.compat.v1.global_variables_initializer()
+    self.build_seconds = time.time() - start
+    self.session = tf.compat.v1.Session(target, graph=self.graph)
+    self.session.run(init)
+    with self.graph.as_default():
+      if os.path.exists(checkpoint + '.index'):
+        saver.restore(self.session, checkpoint)
+      else:
+        saver.save(self.session, checkpoint)
+
+  def Run(self, trace=False):
+    """Decodes the batch; returns seconds (and the ids and RunMetadata)."""
+    metadata = tf.compat.v1.RunMetadata() if trace else None
+    options = tf.compat.v1.RunOptions(
+        trace_level=tf.compat.v1.RunOptions.FULL_TRACE) if trace else None
+    start = time.time()
+    ids = self.session.run(self.ids, options=options, run_metadata=metadata)
+    seconds = time.time() - start
+    return (seconds, ids, metadata) if trace else seconds
+
+  def Close(self):
+    self.session.close()
+
+
+def _DecodeTasks(metadata):
+  """The traced decoding-loop tasks (phase D) of a run."""
+  return [t for t in timeline.ParseStepStats(metadata.step_stats)
+          if t.phase == pipeline_tasks.DECODE]
+
+
+def _FirstSteps(tasks, num_steps):
+  """The tasks of the first `num_steps` steps of each (stage, lane)."""
+  seen = collections.Counter()
+  kept = []
+  for t in sorted(tasks, key=lambda t: t.start):
+    seen[t.stage, t.micro_batch] += 1
+    if seen[t.stage, t.micro_batch] <= num_steps:
+      kept.append(t)
+  return kept
+
+
+def Decode(args):
+  """Pipelined decoding: sentences/s, per-token latency, bubble, K=1 vs K=2."""
+  shape = QUICK_DECODE_MODEL if args.quick else DECODE_MODEL
+  lanes = [int(m) for m in args.lanes.split(',')]
+  beams = [int(b) for b in args.beams.split(',')]
+  length = shape['max_decode_len']
+  settings = dict(shape, lanes=lanes, beams=beams, batch=args.batch,
+                  beam_batch=args.beam_batch, steps=args.steps,
+                  trace_steps=args.trace_steps, priority=args.priority)
+  header, info = report.Header('Pipelined decoding', settings)
+  result = dict(machine=info, settings=settings, configs=[])
+  runner = runner_lib.Runner(priority=args.priority, log=report.Log)
+  checkpoint = os.path.join(tempfile.mkdtemp(), 'decode_model')
+  steps = []
+  try:
+    for beam in beams:
+      batch = args.batch if beam == 1 else args.beam_batch
+      configs = [DecodeConfig(1, None, beam, batch)]
+      configs += [DecodeConfig(k, m, beam, batch) for k in (1, 2)
+                  for m in lanes if batch % m == 0]
+      for c in configs:
+        cluster = runner.Cluster('gpipe', c.num_stages)
+        step = DecodeStep(c, shape, cluster.target, cluster.devices,
+                          checkpoint)
+        report.Log('built %-28s in %5.1f s' % (c.label, step.build_seconds))
+        steps.append(step)
+    # Every configuration decodes the unpipelined K=1 decoder's tokens.
+    reference, decoded = {}, []
+    for step in steps:
+      _, ids, _ = step.Run(trace=True)
+      if step.config.lanes is None and step.config.num_stages == 1:
+        reference[step.config.beam] = ids
+      decoded.append(ids)
+    for step, ids in zip(steps, decoded):
+      step.same_tokens = bool(np.array_equal(ids,
+                                             reference[step.config.beam]))
+    seconds = runner.TimeInterleaved(steps, args.steps, args.warmup)
+    rows = []
+    for step in steps:
+      c = step.config
+      traced = []
+      if c.lanes is not None:
+        for _ in range(args.trace_steps):
+          run_seconds, _, metadata = step.Run(trace=True)
+          tasks = _DecodeTasks(metadata)
+          traced.append((timeline.BubbleFractions(tasks, 'device'), tasks,
+                         run_seconds))
+        traced.sort(key=lambda r: statistics.mean(r[0]))
+      median = seconds[c.label]
+      entry = dict(
+          K=c.num_stages, M=c.lanes, beam=c.beam, batch=c.batch,
+          stage_sizes=step.stage_sizes, seconds=median,
+          sentences_per_second=c.batch / median,
+          ms_per_token=1e3 * median / length, same_tokens=step.same_tokens)
+      if traced:
+        bubbles, tasks, _ = traced[len(traced) // 2]
+        stages = len({t.stage for t in tasks})
+        entry.update(measured_bubbles=bubbles,
+                     formula_bubble=decode_lanes.BubbleFraction(
+                         stages, c.lanes, length),
+                     loop_seconds=timeline.Span(tasks))
+        step.tasks = tasks
+      result['configs'].append(entry)
+    for beam in beams:
+      mine = [e for e in result['configs'] if e['beam'] == beam]
+      best_one = max(e['sentences_per_second'] for e in mine if e['K'] == 1)
+      for e in mine:
+        e['speedup_over_best_k1'] = e['sentences_per_second'] / best_one
+        rows.append([
+            'greedy' if beam == 1 else 'beam %d' % beam, e['K'],
+            'unpipelined' if e['M'] is None else e['M'], e['batch'],
+            e['sentences_per_second'], e['ms_per_token'],
+            '%.2fx' % e['speedup_over_best_k1'],
+            ', '.join('%.0f%%' % (100 * b)
+                      for b in e.get('measured_bubbles', [])) or '-',
+            '%.0f%%' % (100 * e['formula_bubble'])
+            if 'formula_bubble' in e else '-',
+            'yes' if e['same_tokens'] else 'NO'])
+    peaks = {}
+    for k in (1, 2):
+      cluster = runner.Cluster('gpipe', k)
+      peaks[k] = cluster.PeakRssBytes()
+    result['worker_peak_rss_bytes'] = peaks
+    pipelined = [(s, e) for s, e in zip(steps, result['configs'])
+                 if e['K'] == 2 and e['M'] is not None and e['beam'] == 1]
+    if args.timeline and pipelined:
+      s, e = max(pipelined, key=lambda x: x[1]['sentences_per_second'])
+      timeline.RenderPNG(
+          _FirstSteps(s.tasks, args.timeline_steps),
+          'pipelined greedy decode, K=2, M=%d (first %d steps)' % (
+              e['M'], args.timeline_steps), args.timeline, by='device')
+  finally:
+    for step in steps:
+      step.Close()
+    runner.Close()
+  text = header + '\n' + report.Table(
+      ['search', 'K', 'M', 'batch', 'sentences/s', 'ms per token',
+       'vs best K=1', 'measured bubble per device', 'lane formula',
+       'tokens = unpipelined'], rows) + '\n\nWorker peak memory (VmHWM): ' + (
+           '; '.join('K=%d: %s' % (k, ', '.join(
+               '%.0f MiB' % (b / 2**20) if b else '?' for b in peaks[k]))
+                     for k in sorted(peaks)))
+  print(text)
+  result['markdown'] = text
+  report.Write(args, result, lambda plt: _Plot(plt, result, beams))
+  return result
+
+
+def _Plot(plt, result, beams):
+  """Sentences/s over M, one panel per beam size, K=1 unpipelined dotted."""
+  fig, axes = plt.subplots(1, len(beams), figsize=(5 * len(beams), 3.4),
+                           squeeze=False)
+  for ax, beam in zip(axes[0], beams):
+    configs = [e for e in result['configs'] if e['beam'] == beam]
+    for e in configs:
+      if e['M'] is None:
+        ax.axhline(e['sentences_per_second'], color='k', linestyle=':',
+                   label='K=1 unpipelined')
+    for k, style in ((1, 'o-'), (2, 's-')):
+      curve = sorted((e['M'], e['sentences_per_second']) for e in configs
+                     if e['K'] == k and e['M'] is not None)
+      if curve:
+        ax.plot(*zip(*curve), style, label='K=%d in lanes' % k)
+    ax.set_xscale('log', base=2)
+    ax.set(xlabel='lanes M', ylabel='sentences / s',
+           title='greedy' if beam == 1 else 'beam %d' % beam)
+    ax.legend(fontsize=8)
+  return fig
