@@ -31,6 +31,7 @@ import collections
 
 from gpipe.schedules import orders as orders_lib
 from gpipe.schedules import simulate
+from gpipe.schedules import timed
 
 # Placement rules: where stage s goes among D devices.
 ANY = 'any'  # Any placement; several stages per device run breadth-first.
@@ -351,3 +352,21 @@ Register(Schedule(
     activations=lambda d, v, m: min(2 * d, m + 1),
     activations_text='min(K, M+1) half-size stages',
     check=None, micro_batches_text='any', stages_per_device=2))
+
+Register(Schedule(
+    name='zb_auto',
+    description='zero bubble, timing-aware: F, B and W ordered by the '
+    'measured time of each stage\'s tasks (the planner\'s task_costs) under '
+    'a memory limit per stage; ZB-H1\'s step with equal costs',
+    placement=ONE_PER_DEVICE,
+    orders=lambda k, d, m, where, costs: timed.TimedZeroBubbleOrders(
+        k, m, costs),
+    split_backward=True, per_micro_batch_loss=True,
+    # With 1F1B's memory the first device idles K-1 ticks before its first
+    # B (no W is pending yet): ZB-H1's bubble is the least possible.
+    bubble=lambda d, v, m: (d - 1.0) / (3 * m + d - 1),
+    bubble_text='(K-1)/(3M+K-1)',
+    activations=lambda d, v, m: min(d, m),
+    activations_text='K (default limit; task_costs may raise it)',
+    check=_NeedsAtLeastKMicroBatches('zb_auto'), micro_batches_text='M >= K',
+    stages_per_device=1))

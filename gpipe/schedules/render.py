@@ -96,13 +96,15 @@ def RenderSchedule(name, stage_devices, num_micro_batches, costs=None):
     name: a schedule.
     stage_devices: as for ``Orders`` (an int K: one stage per device).
     num_micro_batches: M.
-    costs: ticks per phase (default ``registry.Costs(name)``: a B without
-      a split draws twice as long).
+    costs: ticks per phase or per task (default ``registry.Costs(name)``: a
+      B without a split draws twice as long); the schedules that order
+      tasks by cost are ordered by them too.
 
   Returns:
     A multi-line string, one row per device; cells like ``B3s1``.
   """
-  devices, orders = registry.Orders(name, stage_devices, num_micro_batches)
+  devices, orders = registry.Orders(name, stage_devices, num_micro_batches,
+                                    costs)
   k = stage_devices if isinstance(stage_devices, int) else len(stage_devices)
   lanes = simulate.Simulate(orders, k, num_micro_batches,
                             registry.Get(name).per_micro_batch_loss,

@@ -64,7 +64,7 @@ def CostsOf(split_backward, forward=1, backward=1, weight=1):
 
 
 def TaskTimes(orders, num_stages, num_micro_batches,
-              per_micro_batch_loss=False, costs=None):
+              per_micro_batch_loss=False, costs=None, delay=None):
   """Runs device task orders, each task as early as its order allows.
 
   Args:
@@ -77,6 +77,9 @@ def TaskTimes(orders, num_stages, num_micro_batches,
       function of the Task (``TaskCost``). A schedule without W tasks does
       the weight gradient inside B: give B the cost of both to compare it
       with a split one (``CostsOf``).
+    delay: optional function(dependency, task) -> the time from the end of
+      `dependency` until `task` can read its output (a hand-over between
+      devices, 0 on one device); None: outputs are there at once.
 
   Returns:
     Per device, a list of (task, start, end) in run order.
@@ -99,7 +102,8 @@ def TaskTimes(orders, num_stages, num_micro_batches,
                              per_micro_batch_loss)
         if any(dep not in finish for dep in deps):
           break
-        start = max([free[d]] + [finish[dep] for dep in deps])
+        start = max([free[d]] + [
+            finish[dep] + (delay(dep, task) if delay else 0) for dep in deps])
         end = start + TaskCost(costs, task)
         finish[task] = free[d] = end
         out[d].append((task, start, end))
@@ -131,11 +135,13 @@ def Simulate(orders, num_stages, num_micro_batches,
   """
   times = TaskTimes(orders, num_stages, num_micro_batches,
                     per_micro_batch_loss, costs)
-  span = max([end for lane in times for _, _, end in lane] or [0])
+  # Whole ticks: costs such as 2.0 (``timed.StageCosts``) draw as 2 cells.
+  span = int(round(max([end for lane in times for _, _, end in lane] or [0])))
   lanes = []
   for lane in times:
     cells = [None] * span
     for task, start, end in lane:
+      start, end = int(round(start)), int(round(end))
       cells[start:end] = [task] * (end - start)
     lanes.append(cells)
   return lanes
