@@ -9,31 +9,10 @@ from absl.testing import parameterized
 from gpipe.plan import profile as profile_lib
 from gpipe.plan import simulator
 from gpipe.schedules import registry
+from tests import plan_testlib
 
 Configuration = simulator.Configuration
-
-
-def UniformProfile(num_layers, batch=64, forward=1.0, backward=1.0,
-                   weight=1.0, activation=10.0, boundary=1.0, weight_bytes=3.0,
-                   temporary=0.0, param_bytes=0.0, **fields):
-  """A profile of equal layers whose figures do not depend on the rows."""
-  # One measurement at one row scales with the rows: measure at `batch`
-  # rows twice so the interpolation is flat.
-  ms = [profile_lib.Measurement(
-      rows=rows, dtype='float32', forward=forward, backward=backward,
-      weight=weight, input_bytes=boundary, output_bytes=boundary,
-      activation_bytes=activation, weight_bytes=weight_bytes,
-      temporary_bytes=temporary) for rows in (1, batch + 1)]
-  values = dict(
-      model='uniform', batch=batch,
-      layers=[profile_lib.Layer('layer%d' % i, param_bytes, ms)
-              for i in range(num_layers)],
-      handover=profile_lib.Handover(0.0, 1e30), call_seconds=0.0,
-      memory_bandwidth=1e30, step_seconds=0.0, loss_in_pipeline=True,
-      batched_weights=True, optimizer_slots=0, update_traffic=0.0,
-      machine={}, notes='')
-  values.update(fields)
-  return profile_lib.Profile(**values)
+UniformProfile = plan_testlib.UniformProfile
 
 
 def _Cases():

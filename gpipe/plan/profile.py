@@ -128,8 +128,8 @@ class Profile(
   Attributes:
     model: the model's name.
     batch: examples per training step (all replicas).
-    layers: the pipeline's Layers in order (a loss computed in the last
-      stage is its last layer).
+    layers: the pipeline's Layers in order (a loss layer of the last
+      stage, ``loss_tpl``, is counted in the last one).
     handover: the Handover between two devices.
     call_seconds: fixed seconds of every task (a stage function call).
     memory_bandwidth: bytes/s a device reads or writes (gradient sums,
