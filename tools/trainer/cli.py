@@ -49,6 +49,7 @@ from tools.trainer import evaler
 from tools.trainer import inspect_model
 from tools.trainer import model_select
 from tools.trainer import placement as placement_lib
+from tools.trainer import planned
 from tools.trainer import run_config
 from tools.trainer import train_loop
 # pylint: enable=g-import-not-at-top,wrong-import-position
@@ -119,6 +120,18 @@ flags.DEFINE_bool('eval_after_train', True,
 flags.DEFINE_integer('decode_max_batches', None,
                      'Decode at most this many batches (default: all).')
 
+# The planner (tools/trainer/planned.py, gpipe/plan/).
+flags.DEFINE_string(
+    'plan', '',
+    "'auto': measure the model, simulate every configuration for the run's "
+    'devices (--worker_processes, --cluster_spec servers, else the cores) '
+    'under --memory_per_device, print the table and train the fastest that '
+    'fits; or a plan file from python -m tools.plan --plan_out. Sets K, the '
+    'cut, M, schedule, remat, batched weight gradients, --data_parallel and '
+    '--fprop_dtype; written to <logdir>/plan.json.')
+flags.DEFINE_string('memory_per_device', '',
+                    "With --plan=auto: each device's memory, e.g. '16GiB'.")
+
 FLAGS = flags.FLAGS
 
 
@@ -132,8 +145,25 @@ USER_ERRORS = (model_select.UnknownModelError, run_config.LogdirError,
                ValueError)
 
 
+def _PlanFromFlags():
+  """(--plan's Plan or None, the run settings it decides)."""
+  if not FLAGS.plan and not FLAGS.memory_per_device:
+    return None, {}
+  logdir = run_config.PrepareLogdir(FLAGS.logdir, FLAGS.mode)
+  plan = planned.Resolve(
+      FLAGS.plan, FLAGS.model, FLAGS.model_params_override, logdir,
+      planned.Devices(FLAGS.worker_processes, FLAGS.cluster_spec),
+      FLAGS.memory_per_device, functools.partial(print, flush=True),
+      {name: FLAGS[name].present or FLAGS[name].value != FLAGS[name].default
+       for name in (
+          'num_stages', 'num_micro_batches', 'schedule', 'data_parallel',
+          'fprop_dtype', 'loop_stages')})
+  return plan, planned.RunSettings(plan)
+
+
 def SettleFromFlags():
   """The RunConfig of the command line (run_config.Settle)."""
+  plan, decided = _PlanFromFlags()
   return run_config.Settle(
       FLAGS.model, FLAGS.mode, logdir=FLAGS.logdir,
       override=FLAGS.model_params_override, num_stages=FLAGS.num_stages,
@@ -141,9 +171,10 @@ def SettleFromFlags():
       input_seed=FLAGS.seed if FLAGS['seed'].present else None,
       worker_processes=FLAGS.worker_processes,
       cluster_spec=FLAGS.cluster_spec, pin_cores=FLAGS.pin_cores,
-      loop_stages=FLAGS.loop_stages, fprop_dtype=FLAGS.fprop_dtype,
-      step_timeout_secs=FLAGS.step_timeout_secs,
-      data_parallel=FLAGS.data_parallel,
+      loop_stages=decided.get('loop_stages', FLAGS.loop_stages),
+      fprop_dtype=decided.get('fprop_dtype', FLAGS.fprop_dtype),
+      step_timeout_secs=FLAGS.step_timeout_secs, plan=plan,
+      data_parallel=decided.get('data_parallel', FLAGS.data_parallel),
       max_worker_restarts=FLAGS.max_worker_restarts, seed=FLAGS.seed,
       max_steps=FLAGS.max_steps,
       checkpoint_every_n_steps=FLAGS.checkpoint_every_n_steps,

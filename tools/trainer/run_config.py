@@ -22,6 +22,7 @@ from gpipe import precision
 from lingvo.core import hyperparams
 from tools.trainer import model_select
 from tools.trainer import placement as placement_lib
+from tools.trainer import planned
 
 
 class LogdirError(ValueError):
@@ -92,11 +93,13 @@ def PrepareLogdir(logdir, mode):
 
 
 def _ModelParams(model, dataset, override, num_stages, num_micro_batches,
-                 schedule, input_seed, fprop_dtype):
+                 schedule, input_seed, fprop_dtype, plan):
   cfg = model_select.ModelParams(model, dataset, override)
   # The task's layers compute in fprop_dtype; variables stay float32.
   precision.SetFPropDtype(cfg.task, fprop_dtype)
   model_select.SetPipelineShape(cfg, num_stages, num_micro_batches, schedule)
+  if plan is not None:
+    planned.Apply(cfg, plan)
   if input_seed is not None and cfg.input is not None and 'seed' in cfg.input:
     cfg.input.seed = input_seed
   return cfg
@@ -107,7 +110,7 @@ def Settle(model, mode, logdir=None, override='', num_stages=None,
            worker_processes=0,
            cluster_spec='', pin_cores=False, loop_stages=False,
            step_timeout_secs=300, fprop_dtype='float32', data_parallel=1,
-           max_worker_restarts=0, **settings):
+           max_worker_restarts=0, plan=None, **settings):
   """Decides the run: params, placement, stage devices (see module doc).
 
   Args:
@@ -130,6 +133,8 @@ def Settle(model, mode, logdir=None, override='', num_stages=None,
       (evaluation and decoding run one pipeline, on the first replica's).
     max_worker_restarts: restarts of lost local workers (needs
       worker_processes).
+    plan: a gpipe.plan.choice.Plan applied to the pipeline (--plan), or
+      None.
     **settings: the other RunConfig fields (seed, max_steps, periods...).
 
   Returns:
@@ -141,7 +146,7 @@ def Settle(model, mode, logdir=None, override='', num_stages=None,
   except ValueError as e:
     raise ValueError('--%s' % e) from None
   shape = (override, num_stages, num_micro_batches, schedule, input_seed,
-           fprop_dtype)
+           fprop_dtype, plan)
   train = _ModelParams(model, 'Train', *shape)
   settings['fprop_dtype'] = fprop_dtype
   model_select.CheckDataParallel(train, data_parallel)
