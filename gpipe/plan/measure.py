@@ -24,6 +24,7 @@ stage function call, memory bandwidth; ``MeasureHandover`` the latency and
 bandwidth between two worker processes.
 """
 
+import os
 import statistics
 import time
 
@@ -39,6 +40,19 @@ from gpipe.plan import profile as profile_lib
 import numpy as np
 from lingvo import compat as tf
 from lingvo.core import py_utils
+
+
+def PinToCore(core):
+  """Pins every thread of this process, and those it starts, to `core`.
+
+  Measure as the pipeline's devices run: the benchmark's and the trainer's
+  local workers each run on one pinned core.
+  """
+  for tid in os.listdir('/proc/self/task'):
+    try:
+      os.sched_setaffinity(int(tid), {core})
+    except OSError:
+      pass  # A thread that ended meanwhile.
 
 
 def _Bytes(tensors):

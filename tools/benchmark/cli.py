@@ -3,7 +3,7 @@
 ``main`` parses the subcommand and its flags (``--help`` lists them), shrinks
 the defaults for ``--quick`` and runs one of ``throughput.Throughput``,
 ``memory.Memory``, ``bubble.Bubble``, ``schedules.Schedules``,
-``data_parallel.DataParallel`` or ``graph.Graph``.
+``data_parallel.DataParallel``, ``graph.Graph`` or ``plan.Plan``.
 """
 
 import argparse
@@ -16,6 +16,7 @@ from tools.benchmark import cost
 from tools.benchmark import data_parallel
 from tools.benchmark import graph
 from tools.benchmark import memory
+from tools.benchmark import plan
 from tools.benchmark import schedules
 from tools.benchmark import throughput
 
@@ -138,6 +139,25 @@ def _Parser():
 
   p = sub.add_parser('graph', help=graph.Graph.__doc__)
   Common(p)
+
+  p = sub.add_parser('plan', help=plan.Plan.__doc__)
+  Common(p)
+  p.add_argument('--models', default='',
+                 help='comma-separated subset of transformer,amoeba,dense')
+  p.add_argument('--top', type=int, default=5,
+                 help="the planner's candidates to run")
+  p.add_argument('--cap_fraction', type=float, default=0.5,
+                 help="the memory cap: this fraction of fill-drain's "
+                 'predicted need at K=2, M=8 without remat')
+  p.add_argument('--max_micro_batches', type=int,
+                 default=plan.MAX_MICRO_BATCHES)
+  p.add_argument('--repeats', type=int, default=5,
+                 help='timed runs per profiled figure (the median)')
+  p.add_argument('--core', type=int, default=0,
+                 help='the core the profile is measured on')
+  p.add_argument('--profile_dir', help='save each model\'s profile here')
+  p.add_argument('--steps', type=int, default=5, help='timed rounds')
+  p.add_argument('--warmup', type=int, default=2)
   return parser
 
 
@@ -165,6 +185,10 @@ def _ApplyQuick(args):
     args.micro_batches = '2'
   if args.command == 'data_parallel':
     args.trace_steps = 1
+  if args.command == 'plan':
+    args.top = min(args.top, 2)
+    args.repeats = 1
+    args.max_micro_batches = min(args.max_micro_batches, 2)
   if args.command == 'memory':
     args.cap_mib = min(args.cap_mib, 4.0)
     args.micro_batches = 2
@@ -189,6 +213,6 @@ def main(argv=None):
   commands = dict(throughput=throughput.Throughput, memory=memory.Memory,
                   bubble=bubble.Bubble, graph=graph.Graph,
                   schedules=schedules.Schedules, cost=cost.Cost,
-                  data_parallel=data_parallel.DataParallel)
+                  data_parallel=data_parallel.DataParallel, plan=plan.Plan)
   commands[args.command](args)
   return 0

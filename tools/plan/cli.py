@@ -77,15 +77,6 @@ def _Parser():
   return parser
 
 
-def PinToCore(core):
-  """Pins every thread of this process (and the ones it starts) to `core`."""
-  for tid in os.listdir('/proc/self/task'):
-    try:
-      os.sched_setaffinity(int(tid), {core})
-    except OSError:
-      pass
-
-
 def DefaultRows(batch):
   """Micro-batch sizes to measure: the batch over 1, 4 and 16."""
   return sorted({max(1, batch // m) for m in (1, 4, 16)})
@@ -121,7 +112,7 @@ def MeasureProfile(args, log):
       got = measure.MeasureHandover(cluster.target, cluster.devices,
                                     repeats=args.repeats)
     handover, step = got['handover'], got['step_seconds']
-  PinToCore(args.core)
+  measure.PinToCore(args.core)
   config = tf.compat.v1.ConfigProto(
       intra_op_parallelism_threads=INTRA_OP_THREADS,
       inter_op_parallelism_threads=INTER_OP_THREADS)
