@@ -138,10 +138,8 @@ class PlanFileTest(absltest.TestCase):
     with self.assertRaisesRegex(ValueError, 'the plan cuts 8 layers .* but '
                                 'the pipeline has 6: plan again'):
       choice.ApplyToPipeline(short, loaded)
-    with open(path, 'w') as f:
-      f.write('{"format": "gpipe-profile-1"}')
-    with self.assertRaisesRegex(ValueError, 'not a gpipe-plan-1 plan file'):
-      choice.Load(path)
+    plan_testlib.AssertRefusesOtherFormats(self, choice.Load, path,
+                                           'not a gpipe-plan-1 plan file')
 
 
 if __name__ == '__main__':

@@ -192,10 +192,8 @@ class ProfileTest(absltest.TestCase):
     path = os.path.join(tempfile.mkdtemp(), 'p.json')
     profile_lib.Save(profile, path)
     self.assertEqual(profile_lib.Load(path), profile)
-    with open(path, 'w') as f:
-      f.write('{"format": "other"}')
-    with self.assertRaisesRegex(ValueError, 'not a gpipe-profile-1 profile'):
-      profile_lib.Load(path)
+    plan_testlib.AssertRefusesOtherFormats(
+        self, profile_lib.Load, path, 'not a gpipe-profile-1 profile')
 
 
 if __name__ == '__main__':

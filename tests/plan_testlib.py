@@ -24,3 +24,11 @@ def UniformProfile(num_layers, batch=64, forward=1.0, backward=1.0,
       machine={}, notes='')
   values.update(fields)
   return profile_lib.Profile(**values)
+
+
+def AssertRefusesOtherFormats(test, load, path, message):
+  """`load(path)` of a file of another format raises naming its own."""
+  with open(path, 'w') as f:
+    f.write('{"format": "other-1"}')
+  with test.assertRaisesRegex(ValueError, message):
+    load(path)

@@ -11,8 +11,8 @@ is the caller's to apply (the trainer's ``--data_parallel`` and
 """
 
 import collections
-import json
 
+from gpipe.plan import profile as profile_lib
 from gpipe.plan import simulator
 
 FORMAT = 'gpipe-plan-1'
@@ -81,8 +81,7 @@ def FromCandidate(candidate, num_devices, memory_per_device, model):
 
 def Save(plan, path):
   """Writes `plan` to `path` as JSON."""
-  with open(path, 'w') as f:
-    json.dump(plan.ToJson(), f, indent=1, sort_keys=True)
+  profile_lib.WriteJson(plan.ToJson(), path)
 
 
 def Load(path):
@@ -91,12 +90,7 @@ def Load(path):
   Raises:
     ValueError: unreadable, or not a plan file.
   """
-  try:
-    with open(path) as f:
-      d = json.load(f)
-  except (OSError, ValueError) as e:
-    raise ValueError('cannot read the plan %s: %s' % (path, e)) from None
-  return Plan.FromJson(d)
+  return Plan.FromJson(profile_lib.ReadJson(path, 'plan'))
 
 
 def ApplyToPipeline(pipeline_params, plan):

@@ -199,10 +199,24 @@ class Profile(
     return self._replace(**changes)
 
 
+def WriteJson(value, path):
+  """Writes a JSON-serializable `value` to `path` (indented, sorted)."""
+  with open(path, 'w') as f:
+    json.dump(value, f, indent=1, sort_keys=True)
+
+
+def ReadJson(path, what):
+  """The JSON value in `path`; a ValueError naming `what` it should be."""
+  try:
+    with open(path) as f:
+      return json.load(f)
+  except (OSError, ValueError) as e:
+    raise ValueError('cannot read the %s %s: %s' % (what, path, e)) from None
+
+
 def Save(profile, path):
   """Writes `profile` to `path` as JSON."""
-  with open(path, 'w') as f:
-    json.dump(profile.ToJson(), f, indent=1, sort_keys=True)
+  WriteJson(profile.ToJson(), path)
 
 
 def Load(path):
@@ -211,9 +225,4 @@ def Load(path):
   Raises:
     ValueError: the file is not a profile, saying what it is.
   """
-  try:
-    with open(path) as f:
-      d = json.load(f)
-  except (OSError, ValueError) as e:
-    raise ValueError('cannot read the profile %s: %s' % (path, e)) from None
-  return Profile.FromJson(d)
+  return Profile.FromJson(ReadJson(path, 'profile'))

@@ -353,20 +353,15 @@ Register(Schedule(
     activations_text='min(K, M+1) half-size stages',
     check=None, micro_batches_text='any', stages_per_device=2))
 
-Register(Schedule(
+# Timing-aware zero bubble: ZB-H1's placement, rules and equal-cost bubble
+# (with 1F1B's memory the first device idles K-1 ticks before its first B,
+# with no W pending yet: the least possible), orders from measured costs.
+Register(Get('zb_h1')._replace(
     name='zb_auto',
     description='zero bubble, timing-aware: F, B and W ordered by the '
     'measured time of each stage\'s tasks (the planner\'s task_costs) under '
     'a memory limit per stage; ZB-H1\'s step with equal costs',
-    placement=ONE_PER_DEVICE,
     orders=lambda k, d, m, where, costs: timed.TimedZeroBubbleOrders(
         k, m, costs),
-    split_backward=True, per_micro_batch_loss=True,
-    # With 1F1B's memory the first device idles K-1 ticks before its first
-    # B (no W is pending yet): ZB-H1's bubble is the least possible.
-    bubble=lambda d, v, m: (d - 1.0) / (3 * m + d - 1),
-    bubble_text='(K-1)/(3M+K-1)',
-    activations=lambda d, v, m: min(d, m),
     activations_text='K (default limit; task_costs may raise it)',
-    check=_NeedsAtLeastKMicroBatches('zb_auto'), micro_batches_text='M >= K',
-    stages_per_device=1))
+    check=_NeedsAtLeastKMicroBatches('zb_auto')))
