@@ -35,6 +35,8 @@ never longer than ZB-H1's, and with equal task costs it is ZB-H1's,
 and then waits K-1 ticks for its first B, with no W to run yet.
 """
 
+import math
+
 from gpipe import pipeline_tasks
 from gpipe.schedules import orders as orders_lib
 from gpipe.schedules import simulate
@@ -232,6 +234,9 @@ class _ListScheduler:
             self.next_f[s] - self.next_b[s] + len(self.awaiting_w[s]))
 
   def _Run(self, s, task, t):
+    for n in (s - 1, s + 1):
+      if 0 <= n < self.k and self.free[n] == math.inf:
+        self.free[n] = t
     self.orders[s].append(task)
     self.finish[task] = self.free[s] = t + self.cost(task)
     if task.phase == FORWARD:
@@ -287,18 +292,15 @@ class _ListScheduler:
           break
         waits[s] = picked
       else:
-        # Every stage free at t waits: until its next input arrives, or
-        # until the next task anywhere ends or another stage decides.
-        future = [x for x in self.finish.values() if x > t] + [
-            self.free[s] for s in busy if self.free[s] > t]
+        # Every stage free at t waits: until its next input arrives, or, if
+        # no input is on its way yet, until a neighbour (the only stages it
+        # takes inputs from) starts a task (``_Run`` wakes it).
         for s, until in waits.items():
-          if until is None:
-            if not future:
-              raise ValueError(
-                  'the memory limits %s / %s leave no stage anything to run '
-                  'at time %g' % (self.limits, self.w_limits, t))
-            until = min(future)
-          self.free[s] = until
+          self.free[s] = math.inf if until is None else until
+        if min(self.free[s] for s in busy) == math.inf:
+          raise ValueError(
+              'the memory limits %s / %s leave no stage anything to run at '
+              'time %g' % (self.limits, self.w_limits, t))
 
 
 def TimedZeroBubbleOrders(num_stages, num_micro_batches, costs=None):
