@@ -149,6 +149,25 @@ class TimeTest(absltest.TestCase):
     self.assertEqual(two.step_peak_bytes[1] - one.step_peak_bytes[0], 2000)
     self.assertEqual(two.step_peak_bytes[0] - one.step_peak_bytes[0], 2000)
 
+  def testCalibrationScalesEachKindOfTask(self):
+    factors = (profile_lib.Factors(rows=1, F=2.0, B=3.0, W=4.0, BW=5.0,
+                                   R=0.5),)
+    profile = UniformProfile(2, batch=4, factors=factors, contention=1.5)
+    one = simulator.StageModels(profile, Configuration(
+        1, 1, (2,), 4, 'gpipe', 'always'))[0]
+    # Two layers of 1 s: F x 2; unsplit B (input + weight: 4 s) x 5 plus
+    # the recomputed forward (2 s) x 0.5; one device: no contention.
+    self.assertEqual((one.forward, one.backward), (4.0, 21.0))
+    split = simulator.StageModels(profile, Configuration(
+        1, 2, (1, 1), 4, 'zb_h1', 'never'))[0]
+    # Two devices compute at once: x 1.5.
+    self.assertEqual((split.forward, split.backward, split.weight),
+                     (3.0, 4.5, 6.0))
+    self.assertEqual(profile_lib.FactorsAt(factors, 64), factors[0])
+    two = factors + (profile_lib.Factors(rows=3, F=4.0, B=3.0, W=4.0, BW=5.0,
+                                         R=0.5),)
+    self.assertEqual(profile_lib.FactorsAt(two, 2).F, 3.0)
+
   def testRefusals(self):
     profile = UniformProfile(4, batch=8)
     cases = [

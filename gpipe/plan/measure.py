@@ -87,6 +87,18 @@ def _Ancestors(tensors, within):
   return seen
 
 
+def _Descendants(tensors, within):
+  """Ops in `within` computed from `tensors`."""
+  seen, stack = set(), [op for t in tensors for op in t.consumers()]
+  while stack:
+    op = stack.pop()
+    if op in seen or op not in within:
+      continue
+    seen.add(op)
+    stack.extend(c for t in op.outputs for c in t.consumers())
+  return seen
+
+
 def _Ops(tensors):
   """The distinct ops of `tensors` (a session fetch that runs them)."""
   ops = []
@@ -105,8 +117,14 @@ def WithRows(specs, rows, batch_dim=0):
   return tf.nest.map_structure(One, specs)
 
 
-def _Variables(specs, name, compute_dtype):
+def Variables(specs, name, compute_dtype, device=None):
   """Non-trainable variables holding sample values of `specs` (a nest).
+
+  Args:
+    specs: TensorSpecs (a nest; None entries stay None).
+    name: the variables' name prefix.
+    compute_dtype: the dtype of the floating ones.
+    device: where they live (default: the current device scope).
 
   Returns:
     (the nest of their values as tensors, the flat list of variables).
@@ -114,21 +132,24 @@ def _Variables(specs, name, compute_dtype):
   variables = []
 
   def One(spec):
+    if spec is None:
+      return None
     dtype = spec.dtype
     if dtype.is_floating:
       dtype = compute_dtype
       init = tf.compat.v1.random_normal_initializer(seed=len(variables) + 1)
     else:
       init = tf.compat.v1.zeros_initializer()
-    v = tf.compat.v1.get_variable(
-        '%s_%d' % (name, len(variables)), spec.shape, dtype,
-        initializer=init, trainable=False)
-    variables.append(v)
-    return v.read_value()
+    with tf.device(device):
+      v = tf.compat.v1.get_variable(
+          '%s_%d' % (name, len(variables)), spec.shape, dtype,
+          initializer=init, trainable=False)
+      variables.append(v)
+      return v.read_value()
   return tf.nest.map_structure(One, specs), variables
 
 
-class _Timer:
+class Timer:
   """Median seconds of session runs, less an empty run's."""
 
   def __init__(self, sess, repeats, warmup):
@@ -196,9 +217,10 @@ class _LayerGraph:
         unconnected_gradients=tf.UnconnectedGradients.ZERO)) if (
             float_inputs) else self.forward
     self.both = _Ops(grads) if grads else self.forward
-    # What the gradient ops read of the forward's tensors and the inputs
-    # (not the weights).
-    produced = {t.ref() for op in forward_ops for t in op.outputs} | {
+    # What the gradient ops read of the forward's tensors computed from the
+    # inputs, and the inputs (not the weights, their reads or casts).
+    from_inputs = _Descendants(inputs, forward_ops)
+    produced = {t.ref() for op in from_inputs for t in op.outputs} | {
         t.ref() for t in inputs}
     self.activation_bytes = _Bytes(_Unique([
         t for op in grad_ops for t in op.inputs if t.ref() in produced]))
@@ -267,21 +289,21 @@ def _MeasureOne(p, arg_specs, rows, dtype, loss, batch_dim, repeats, warmup,
   with tf.Graph().as_default(), tf.compat.v1.Session(
       config=session_config) as sess:
     py_utils.GetOrCreateGlobalStepVar()
-    args, _ = _Variables(arg_specs, 'input', compute)
+    args, _ = Variables(arg_specs, 'input', compute)
     g = _LayerGraph(p.Instantiate(), args)
     out_specs = micro_batch.Repack(
         g.out_args, [tf.TensorSpec(t.shape, t.dtype) for t in g.outputs])
     loss_graph = None
     if loss is not None:
       loss_params, target_specs = loss
-      targets, _ = _Variables(WithRows(target_specs, rows, batch_dim),
+      targets, _ = Variables(WithRows(target_specs, rows, batch_dim),
                               'targets', tf.float32)
       # On inputs of its own: its runs must not run the layer again.
-      loss_args, _ = _Variables(out_specs, 'loss_input', compute)
+      loss_args, _ = Variables(out_specs, 'loss_input', compute)
       loss_graph = _LayerGraph(loss_params.Copy().Instantiate(), loss_args,
                                (targets,))
     sess.run(tf.compat.v1.global_variables_initializer())
-    timer = _Timer(sess, repeats, warmup)
+    timer = Timer(sess, repeats, warmup)
     got = []
     for graph in [g] + ([loss_graph] if loss_graph else []):
       f, b, w, temp = _Measure(graph, timer, sess)
@@ -401,7 +423,7 @@ def MeasureDevice(session_config=None, repeats=7, warmup=2):
       big = tf.compat.v1.get_variable('big', [8 << 20], tf.float32)
       add = (big.read_value() + 1.0).op
       sess.run(tf.compat.v1.global_variables_initializer())
-      timer = _Timer(sess, repeats, warmup)
+      timer = Timer(sess, repeats, warmup)
       call = max(timer.Seconds(many) - timer.Seconds(one), 0.0) / 64
       seconds = max(timer.Seconds(add), 1e-9)
       return dict(call_seconds=call, memory_bandwidth=2 * 32 * (1 << 20) /
@@ -441,7 +463,7 @@ def MeasureHandover(target, devices, sizes=(1 << 12, 1 << 18, 1 << 22),
           remote.append(tf.reduce_max(src.read_value()).op)
           local.append(tf.reduce_max(own.read_value()).op)
       sess.run(tf.compat.v1.global_variables_initializer())
-      timer = _Timer(sess, repeats, warmup)
+      timer = Timer(sess, repeats, warmup)
       seconds = [max(timer.Seconds(r) - timer.Seconds(l), 0.0)
                  for r, l in zip(remote, local)]
       slope, intercept = np.polyfit(np.array(sizes, np.float64),

@@ -105,6 +105,25 @@ class Layer(collections.namedtuple('Layer',
     return Measurement(rows=rows, dtype=dtype, **values)
 
 
+# Task kinds a factor is kept for.
+FACTOR_KINDS = ('F', 'B', 'W', 'BW', 'R')
+
+
+class Factors(collections.namedtuple('Factors', ('rows',) + FACTOR_KINDS)):
+  """Measured stage task time over the profile's sum, at one size.
+
+  Attributes:
+    rows: examples per micro-batch.
+    F: forward.
+    B: input gradient of a split backward (with W's inputs).
+    W: weight gradient of a split backward.
+    BW: an unsplit backward (input and weight gradients).
+    R: a re-materializing B's extra time over the forward's profile time.
+  """
+
+  __slots__ = ()
+
+
 class Handover(collections.namedtuple('Handover', ['latency', 'bandwidth'])):
   """A hand-over between two devices: seconds + bytes / (bytes/s)."""
 
@@ -121,8 +140,8 @@ class Profile(
         'model', 'batch', 'layers', 'handover', 'call_seconds',
         'memory_bandwidth', 'step_seconds', 'loss_in_pipeline',
         'batched_weights', 'optimizer_slots', 'update_traffic', 'machine',
-        'notes'
-    ])):
+        'notes', 'factors', 'contention'
+    ], defaults=((), 1.0))):
   """A model's measured profile (see the module docstring).
 
   Attributes:
@@ -146,6 +165,10 @@ class Profile(
     update_traffic: bytes the update reads and writes per parameter byte.
     machine: a dict describing where it was measured.
     notes: free text (how it was measured).
+    factors: Factors per calibrated size (``gpipe.plan.calibrate``): the
+      executor's stage calls over the layers' sums; () for none (1.0).
+    contention: a device's slowdown while another computes too (1.0:
+      none).
   """
 
   __slots__ = ()
@@ -171,6 +194,7 @@ class Profile(
     d['layers'] = [dict(name=l.name, param_bytes=l.param_bytes,
                         measurements=[m._asdict() for m in l.measurements])
                    for l in self.layers]
+    d['factors'] = [f._asdict() for f in self.factors]
     return d
 
   @classmethod
@@ -184,14 +208,16 @@ class Profile(
       raise ValueError('not a %s profile (format %r); measure it with '
                        'python -m tools.plan --profile_out=...' %
                        (FORMAT, d.get('format')))
-    missing = [f for f in cls._fields if f not in d]
+    missing = [f for f in cls._fields
+               if f not in d and f not in cls._field_defaults]
     if missing:
       raise ValueError('the profile lacks %s' % ', '.join(missing))
     layers = [Layer(l['name'], l['param_bytes'],
                     [Measurement(**m) for m in l['measurements']])
               for l in d['layers']]
-    fields = {f: d[f] for f in cls._fields}
-    fields.update(layers=layers, handover=Handover(**d['handover']))
+    fields = {f: d[f] for f in cls._fields if f in d}
+    fields.update(layers=layers, handover=Handover(**d['handover']),
+                  factors=tuple(Factors(**f) for f in d.get('factors', ())))
     return cls(**fields)
 
   def Replace(self, **changes):
@@ -226,3 +252,19 @@ def Load(path):
     ValueError: the file is not a profile, saying what it is.
   """
   return Profile.FromJson(ReadJson(path, 'profile'))
+
+
+def FactorsAt(factors, rows):
+  """The Factors at `rows`, interpolated linearly (held at the ends)."""
+  if not factors:
+    return None
+  points = sorted(factors, key=lambda f: f.rows)
+  if rows <= points[0].rows:
+    return points[0]
+  for lo, hi in zip(points, points[1:]):
+    if rows <= hi.rows:
+      frac = (rows - lo.rows) / float(hi.rows - lo.rows)
+      return Factors(rows, *[getattr(lo, k) + frac * (getattr(hi, k) -
+                                                      getattr(lo, k))
+                             for k in FACTOR_KINDS])
+  return points[-1]

@@ -11,11 +11,13 @@ fraction, and each device's peak memory, without building anything.
 How (pure Python, no TensorFlow):
 
 1. ``StageModels``: each stage's task times and bytes at the configuration's
-   micro-batch size, summed over its layers' measurements. A B that
-   re-materializes also runs the forward; without a split backward (and
-   without batched W) B also does W's work; each weight-gradient task adds
-   its gradient into the stage's running sum (memory traffic); every task
-   pays the device's call cost.
+   micro-batch size, summed over its layers' measurements and scaled by the
+   profile's calibration (``calibrate``: the executor's stage calls against
+   those sums, per kind of task; a device's slowdown while others compute
+   too). A B that re-materializes also runs the forward; without a split
+   backward (and without batched W) B also does W's work; each
+   weight-gradient task adds its gradient into the stage's running sum
+   (memory traffic); every task pays the device's call cost.
 2. The schedule's task orders (``gpipe.schedules.registry.Orders``, with the
    measured costs for the schedules that order by cost, and the executor's
    rewrite for batched W) run in ``simulate.TaskTimes``, each task as early
@@ -41,6 +43,7 @@ import collections
 
 from gpipe import pipeline_tasks
 from gpipe import weight_batching
+from gpipe.plan import profile as profile_lib
 from gpipe.schedules import registry
 from gpipe.schedules import simulate
 from gpipe.schedules import timed
@@ -50,6 +53,10 @@ BACKWARD = pipeline_tasks.BACKWARD
 WEIGHT = pipeline_tasks.WEIGHT
 
 REMAT_MODES = ('always', 'except_last', 'never')
+
+# An uncalibrated profile: the layers' sums as they are; a B that
+# re-materializes runs the forward once more.
+_NO_FACTORS = profile_lib.Factors(rows=1, F=1.0, B=1.0, W=1.0, BW=1.0, R=1.0)
 
 
 class Configuration(
@@ -223,6 +230,12 @@ def StageModels(profile, config):
   split = SplitBackward(config)
   call = profile.call_seconds
   bandwidth = profile.memory_bandwidth
+  # The executor's stage calls over the layers' sums (calibrate.py), and
+  # the slowdown of a device while others compute too.
+  f = profile_lib.FactorsAt(profile.factors, rows) or _NO_FACTORS
+  whole_f = profile_lib.FactorsAt(profile.factors,
+                                  rows * config.micro_batches) or _NO_FACTORS
+  slow = profile.contention if config.num_devices > 1 else 1.0
   models = []
   start = 0
   for k, size in enumerate(sizes):
@@ -236,23 +249,24 @@ def StageModels(profile, config):
     # Adding a gradient into the running sum: read two, write one.
     accumulate = 3.0 * param_bytes / bandwidth
     remat = _Remats(config, k)
-    backward = input_grad + (forward if remat else 0.0) + call
+    recompute = forward * f.R if remat else 0.0
     activations = sum(m.activation_bytes for m in at)
     temporaries = max(m.temporary_bytes for m in at)
     batched_weight = 0.0
-    if config.batched_weights:
-      whole = [layer.At(rows * config.micro_batches, config.dtype)
-               for layer in layers]
-      batched_weight = sum(m.weight for m in whole) + call
-      weight_task = 0.0
-    elif split:
-      weight_task = weight + accumulate + call
+    weight_task = 0.0
+    if split:
+      backward = input_grad * f.B + recompute
+      if config.batched_weights:
+        whole = [layer.At(rows * config.micro_batches, config.dtype)
+                 for layer in layers]
+        batched_weight = slow * sum(m.weight for m in whole) * whole_f.W + call
+      else:
+        weight_task = slow * (weight * f.W + accumulate) + call
     else:
-      backward += weight + accumulate
-      weight_task = 0.0
+      backward = (input_grad + weight) * f.BW + recompute + accumulate
     models.append(StageModel(
-        forward=forward + call,
-        backward=backward,
+        forward=slow * forward * f.F + call,
+        backward=slow * backward + call,
         weight=weight_task,
         batched_weight=batched_weight,
         output_bytes=at[-1].output_bytes,

@@ -156,6 +156,11 @@ def _Parser():
   p.add_argument('--core', type=int, default=0,
                  help='the core the profile is measured on')
   p.add_argument('--profile_dir', help='save each model\'s profile here')
+  p.add_argument('--calibrate', default=True,
+                 action=argparse.BooleanOptionalAction,
+                 help='calibrate the profile against the executor\'s stage '
+                 'calls and two workers computing at once '
+                 '(gpipe/plan/calibrate.py)')
   p.add_argument('--steps', type=int, default=5, help='timed rounds')
   p.add_argument('--warmup', type=int, default=2)
   return parser

@@ -27,9 +27,12 @@ as measured. The plot puts predicted against measured.
 import json
 import multiprocessing
 import os
+import statistics
 import tempfile
 
 from gpipe.measure import memory
+from gpipe.measure import timeline
+from gpipe.plan import calibrate
 from gpipe.plan import measure
 from gpipe.plan import profile as profile_lib
 from gpipe.plan import search
@@ -69,16 +72,12 @@ def _ProfileChild(model, shape, rows, core, repeats, handover, step_seconds,
   from lingvo import compat as tf
   # pylint: enable=g-import-not-at-top
   measure.PinToCore(core)
-  batch, width = shape['batch'], shape['width']
   config = tf.compat.v1.ConfigProto(
       intra_op_parallelism_threads=INTRA_OP_THREADS,
       inter_op_parallelism_threads=INTER_OP_THREADS)
+  layers, specs, loss = _StackSpecs(model, shape)
   got = measure.MeasureModel(
-      model, models.ModelLayers(model, shape['num_layers'], width),
-      (tf.TensorSpec(models.InputShape(model, batch, width), tf.float32),),
-      batch, rows,
-      loss=(models.MeanSquareLoss.Params(), tf.TensorSpec([batch],
-                                                            tf.float32)),
+      model, layers, specs, shape['batch'], rows, loss=loss,
       optimizer_slots=0, update_traffic=UPDATE_TRAFFIC,
       handover=profile_lib.Handover(*handover), step_seconds=step_seconds,
       session_config=config, repeats=repeats,
@@ -86,6 +85,19 @@ def _ProfileChild(model, shape, rows, core, repeats, handover, step_seconds,
       notes='pinned to core %d, %d intra-op + %d inter-op threads' %
       (core, INTRA_OP_THREADS, INTER_OP_THREADS), log=report.Log)
   profile_lib.Save(got, path)
+
+
+def _StackSpecs(model, shape):
+  """(layer params, input specs, loss) of a benchmark stack."""
+  # pylint: disable=g-import-not-at-top
+  from lingvo import compat as tf
+  # pylint: enable=g-import-not-at-top
+  batch, width = shape['batch'], shape['width']
+  return (models.ModelLayers(model, shape['num_layers'], width),
+          (tf.TensorSpec(models.InputShape(model, batch, width),
+                         tf.float32),),
+          (models.MeanSquareLoss.Params().Set(name='loss'),
+           tf.TensorSpec([batch], tf.float32)))
 
 
 def MeasureProfile(model, shape, rows, core, repeats, handover,
@@ -118,6 +130,21 @@ def RunnerConfig(model, shape, config, prediction):
       shape['width'], config.stages_per_device, config.schedule,
       config.dtype, config.replicas, config.batched_weights,
       tuple(config.stage_sizes), costs)
+
+
+def _Tasks(task_times):
+  """A Prediction's task times as timeline.TaskTime-like records."""
+  return [timeline.TaskTime(t.stage, t.micro_batch, t.phase, d, start, end,
+                            start)
+          for d, lane in enumerate(task_times) for t, start, end in lane]
+
+
+def _TaskSeconds(tasks):
+  """{phase: median seconds} of the tasks of one step (replica 0's)."""
+  by = {}
+  for t in tasks:
+    by.setdefault(t.phase, []).append(t.end - t.start)
+  return {phase: statistics.median(v) for phase, v in sorted(by.items())}
 
 
 def _WorkerPeaks(peaks, num_workers):
@@ -180,6 +207,11 @@ def _RunModel(args, name, shape):
     profile = MeasureProfile(name, shape, rows, args.core, args.repeats,
                              handover, got['step_seconds'],
                              in_process=args.quick)
+    if cluster.pids and args.calibrate:
+      profile = calibrate.CalibrateProfile(
+          profile, cluster.target, cluster.devices[:DEVICES],
+          *_StackSpecs(name, shape), rows=calibrate.Rows(rows),
+          log=report.Log)
     if args.profile_dir:
       os.makedirs(args.profile_dir, exist_ok=True)
       profile_lib.Save(profile, os.path.join(args.profile_dir,
@@ -199,7 +231,7 @@ def _RunModel(args, name, shape):
     steps = {c: runner.Add(c) for c in unique}
     medians = runner.TimeInterleaved(list(steps.values()), args.steps,
                                      args.warmup)
-    peaks = {}
+    peaks, task_seconds = {}, {}
     for c, step in steps.items():
       _, metadata = step.Run(trace=True)
       try:
@@ -207,6 +239,8 @@ def _RunModel(args, name, shape):
       except ValueError:
         per_device = {}
       peaks[c] = _WorkerPeaks(per_device, c.num_workers)
+      task_seconds[c] = _TaskSeconds(
+          timeline.ParseStepStats(metadata.step_stats))
   finally:
     runner.Close()
   records = []
@@ -219,6 +253,9 @@ def _RunModel(args, name, shape):
         predicted_step_peak_bytes=list(prediction.step_peak_bytes),
         measured_step_peak_bytes=measured_peaks,
         static_bytes=list(prediction.static_bytes),
+        measured_task_seconds=task_seconds[rc],
+        predicted_task_seconds=_TaskSeconds(
+            _Tasks(prediction.task_times)),
         measured_fits=all(
             m + s <= cap for m, s in zip(measured_peaks,
                                          prediction.static_bytes)),
@@ -278,7 +315,11 @@ def _Tables(name, result):
         ', '.join('%.1f' % (b / mib) for b in r['predicted_step_peak_bytes']),
         ', '.join('%.1f' % (b / mib) for b in r['measured_step_peak_bytes']),
         'yes' if r['measured_fits'] else 'no',
-        '%.2fx' % r['speedup_vs_K1M1'] if 'speedup_vs_K1M1' in r else ''])
+        '%.2fx' % r['speedup_vs_K1M1'] if 'speedup_vs_K1M1' in r else '',
+        ' '.join('%s %.0f/%.0f' % (
+            phase, 1e3 * r['predicted_task_seconds'].get(phase, 0),
+            1e3 * seconds)
+                 for phase, seconds in r['measured_task_seconds'].items())])
   h = result['headline']
   text = ('### %s (cap %.1f MiB per device: %d configurations fit, %d '
           'dropped)\n\n' % (name, result['cap_bytes'] / mib,
@@ -286,7 +327,7 @@ def _Tables(name, result):
           result['table'] + '\n\nPredicted vs measured:\n\n' + report.Table(
               ['', 'configuration', 'predicted ms', 'measured ms', 'error',
                'predicted peak MiB', 'measured peak MiB', 'fits (measured)',
-               'over K=1 M=1'], rows))
+               'over K=1 M=1', 'task ms predicted/measured'], rows))
   text += ('\n\nLargest error: step time %.0f%%, peak memory %s. ' % (
       100 * h['max_step_error'], '%.0f%%' % (100 * h['max_memory_error'])
       if h['max_memory_error'] is not None else '-'))

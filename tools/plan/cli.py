@@ -74,6 +74,12 @@ def _Parser():
                       help='the core to pin the measurement to')
   parser.add_argument('--repeats', type=int, default=5,
                       help='timed runs per measured figure (the median)')
+  parser.add_argument('--calibrate', default=True,
+                      action=argparse.BooleanOptionalAction,
+                      help='time the whole model as one stage of the '
+                      'executor and both workers computing at once '
+                      '(gpipe/plan/calibrate.py); --no-calibrate: the '
+                      "layers' figures as measured")
   return parser
 
 
@@ -85,6 +91,7 @@ def DefaultRows(batch):
 def MeasureProfile(args, log):
   """The registered model's profile, measured (see the module docstring)."""
   # pylint: disable=g-import-not-at-top
+  from gpipe.plan import calibrate
   from gpipe.plan import measure
   from tools.benchmark import runner
   from tools.plan import model_profile
@@ -100,34 +107,41 @@ def MeasureProfile(args, log):
   if (args.handover_latency is None) != (args.handover_bandwidth is None):
     raise ValueError('give both --handover_latency and --handover_bandwidth, '
                      'or neither (measured)')
-  handover, step = None, None
-  if args.handover_latency is not None:
-    handover = profile_lib.Handover(args.handover_latency,
-                                    args.handover_bandwidth)
-  else:
-    log('measuring the hand-over between two pinned worker processes')
-    with local_cluster.LocalCluster(
-        2, pin_cores=True, intra_op_threads=INTRA_OP_THREADS,
-        inter_op_threads=INTER_OP_THREADS) as cluster:
-      got = measure.MeasureHandover(cluster.target, cluster.devices,
-                                    repeats=args.repeats)
-    handover, step = got['handover'], got['step_seconds']
-  measure.PinToCore(args.core)
   config = tf.compat.v1.ConfigProto(
       intra_op_parallelism_threads=INTRA_OP_THREADS,
       inter_op_parallelism_threads=INTER_OP_THREADS)
-  log('measuring %d layers of %s at %s rows per micro-batch in %s' %
-      (len(described.params.layers), args.model, rows, ', '.join(dtypes)))
-  return measure.MeasureModel(
-      args.model, described.params.layers, described.input_specs,
-      described.batch, rows, dtypes=dtypes, loss=described.loss,
-      batch_dim=described.params.batch_dim, optimizer_slots=slots,
-      update_traffic=traffic, handover=handover, step_seconds=step,
-      session_config=config, repeats=args.repeats,
-      machine=runner.MachineInfo(),
-      notes='one core (%d), %d intra-op + %d inter-op threads; override %r'
-      % (args.core, INTRA_OP_THREADS, INTER_OP_THREADS,
-         args.model_params_override), log=log)
+  with local_cluster.LocalCluster(
+      2, pin_cores=True, intra_op_threads=INTRA_OP_THREADS,
+      inter_op_threads=INTER_OP_THREADS) as cluster:
+    if args.handover_latency is not None:
+      handover = profile_lib.Handover(args.handover_latency,
+                                      args.handover_bandwidth)
+      step = None
+    else:
+      log('measuring the hand-over between two pinned worker processes')
+      got = measure.MeasureHandover(cluster.target, cluster.devices,
+                                    repeats=args.repeats)
+      handover, step = got['handover'], got['step_seconds']
+    measure.PinToCore(args.core)
+    log('measuring %d layers of %s at %s rows per micro-batch in %s' %
+        (len(described.params.layers), args.model, rows, ', '.join(dtypes)))
+    profile = measure.MeasureModel(
+        args.model, described.params.layers, described.input_specs,
+        described.batch, rows, dtypes=dtypes, loss=described.loss,
+        batch_dim=described.params.batch_dim, optimizer_slots=slots,
+        update_traffic=traffic, handover=handover, step_seconds=step,
+        session_config=config, repeats=args.repeats,
+        machine=runner.MachineInfo(),
+        notes='one core (%d), %d intra-op + %d inter-op threads; override %r'
+        % (args.core, INTRA_OP_THREADS, INTER_OP_THREADS,
+           args.model_params_override), log=log)
+    if args.calibrate:
+      log('calibrating against the executor on the two workers')
+      profile = calibrate.CalibrateProfile(
+          profile, cluster.target, cluster.devices, described.params.layers,
+          described.input_specs, calibrate.Rows(rows), loss=described.loss,
+          batch_dim=described.params.batch_dim, log=log)
+  return profile
 
 
 def Plan(args, log=print):
