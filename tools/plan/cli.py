@@ -191,7 +191,7 @@ def main(argv=None):
   log = lambda *a: print(*a, file=sys.stderr, flush=True)
   try:
     result, _ = Plan(args, log)
-  except ValueError as e:
+  except (ValueError, RuntimeError) as e:  # Bad input, workers not serving.
     print('plan: error: %s' % e, file=sys.stderr, flush=True)
     return 1
   return 0 if result.best else 1
