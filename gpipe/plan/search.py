@@ -295,6 +295,14 @@ def ParseBytes(text):
   return int(value * units[unit])
 
 
+def _PeakText(peaks, listed=4):
+  """Each device's peak, or with many devices the largest and where."""
+  if len(peaks) <= listed:
+    return ', '.join(Bytes(b) for b in peaks)
+  worst = max(range(len(peaks)), key=peaks.__getitem__)
+  return 'at most %s (device %d)' % (Bytes(peaks[worst]), worst)
+
+
 def Table(result, top=10, dropped_examples=2):
   """The search as text: the best candidates, then what was dropped.
 
@@ -324,7 +332,7 @@ def Table(result, top=10, dropped_examples=2):
             g.stages_per_device, g.devices_per_replica, g.micro_batches,
             g.remat, 'yes' if g.batched_weights else 'no', g.dtype,
             p.examples_per_second, 1e3 * p.step_seconds, 100 * p.bubble,
-            ', '.join(Bytes(b) for b in p.peak_bytes)))
+            _PeakText(p.peak_bytes)))
   by_kind = collections.OrderedDict()
   for c in result.dropped:
     by_kind.setdefault(c.reason[0], []).append(c)
