@@ -14,7 +14,8 @@ dense stack of ``models``):
 3. the top candidates run on the runner's pinned one-core workers (timed
    interleaved; one traced step each for its peak memory per device),
    beside K=1, M=1 and, at K=2, M=8 with remat, ZB-V, ZB-H1 and the
-   timing-aware 'zb_auto' ordered by the measured costs.
+   timing-aware 'zb_auto' ordered by the measured costs (with the memory
+   limits of a roomy cap, and with ZB-H1's).
 
 It reports, per configuration, the predicted and measured step time and
 peak step memory per device (the step's own tensors, as
@@ -52,11 +53,14 @@ UPDATE_TRAFFIC = 5.0
 # Threads of the profiling process: those of a pinned worker.
 INTRA_OP_THREADS = 1
 INTER_OP_THREADS = 2
-# The zero-bubble comparison: K=2 devices, M=8, remat always.
+# The zero-bubble comparison: K=2 devices, M=8, remat always: (label,
+# schedule, the cap zb_auto's memory limits come from). With a roomy cap
+# zb_auto may warm up deeper (more memory); without one it keeps ZB-H1's.
 ZB_M = 8
-ZB_SCHEDULES = ('zb_v', 'zb_h1', 'zb_auto')
-# zb_auto's memory limits come from a cap this roomy (deep warm-ups allowed).
-ZB_AUTO_CAP = 1 << 30
+ZB_RUNS = (('zb_v', 'zb_v', None), ('zb_h1', 'zb_h1', None),
+           ('zb_auto', 'zb_auto', 1 << 30),
+           ('zb_auto (ZB-H1 memory)', 'zb_auto', None))
+ZB_LABELS = tuple(label for label, _, _ in ZB_RUNS)
 
 
 def _Rows(batch, max_micro_batches):
@@ -174,15 +178,14 @@ def _Comparison(profile):
   if profile.batch % ZB_M:
     return out
   rows = profile.batch // ZB_M
-  for name in ZB_SCHEDULES:
+  for label, name, cap in ZB_RUNS:
     v = registry.Get(name).stages_per_device
     config = simulator.Configuration(
         1, DEVICES * v, search.Cut(profile, DEVICES * v, rows), ZB_M, name,
         'always', stages_per_device=v)
-    candidate = search.Evaluate(profile, config,
-                                ZB_AUTO_CAP if name == 'zb_auto' else None)
+    candidate = search.Evaluate(profile, config, cap)
     if candidate.prediction is not None:
-      out.append((name, config, candidate.prediction))
+      out.append((label, config, candidate.prediction))
   return out
 
 
@@ -299,7 +302,7 @@ def _Headline(records):
                               r['measured_step_seconds'])
     headline['zero_bubble_speedups'] = {
         r['label']: r['speedup_vs_K1M1'] for r in records
-        if r['label'] in ZB_SCHEDULES}
+        if r['label'] in ZB_LABELS}
   return headline
 
 
