@@ -211,10 +211,10 @@ def _RunModel(args, name, shape):
                              handover, got['step_seconds'],
                              in_process=args.quick)
     if cluster.pids and args.calibrate:
+      layers, specs, loss = _StackSpecs(name, shape)
       profile = calibrate.CalibrateProfile(
-          profile, cluster.target, cluster.devices[:DEVICES],
-          *_StackSpecs(name, shape), rows=calibrate.Rows(rows),
-          log=report.Log)
+          profile, cluster.target, cluster.devices[:DEVICES], layers, specs,
+          calibrate.Rows(rows), loss=loss, log=report.Log)
     if args.profile_dir:
       os.makedirs(args.profile_dir, exist_ok=True)
       profile_lib.Save(profile, os.path.join(args.profile_dir,
