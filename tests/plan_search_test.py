@@ -35,14 +35,14 @@ class SearchTest(absltest.TestCase):
     self.assertIs(result.best, result.candidates[0])
     self.assertEqual(result.best.config.num_devices, 2)
     for c in result.candidates:
-      self.assertTrue(c.prediction.Fits(64 * MIB), c.config.label)
+      self.assertTrue(c.prediction.Fits(0.95 * 64 * MIB), c.config.label)
     kinds = {c.reason[0] for c in result.dropped}
     self.assertEqual(kinds, {search.NOT_ALLOWED, search.DOES_NOT_FIT})
     for c in result.dropped:
       if c.reason[0] == search.DOES_NOT_FIT:
         self.assertFalse(c.prediction.Fits(64 * MIB))
         self.assertRegex(c.reason[1], r'needs [\d.]+ MiB on device \d, '
-                         r'over the cap of 64.0 MiB')
+                         r'over 60.8 MiB \(the cap less 5% headroom\)')
       else:
         self.assertIsNone(c.prediction)
     one_f_one_b = [c for c in result.dropped

@@ -12,8 +12,9 @@ Equivalent configurations are tried once: one stage runs every schedule
 alike ('gpipe' stands for them, and 'except_last' is 'never' there), one
 micro-batch has nothing to batch, looping needs two devices. Every
 configuration is simulated (``simulator.Predict``); those the schedule
-refuses, or whose predicted peak memory exceeds the cap on some device, are
-dropped with the reason. The rest are ranked by predicted examples/s.
+refuses, or whose predicted peak memory exceeds the cap (less a headroom,
+``HEADROOM`` of it by default) on some device, are dropped with the reason.
+The rest are ranked by predicted examples/s.
 
 For ``'zb_auto'`` the memory limit of each stage (micro-batches between F
 and B, and between F and W) is the most the cap leaves room for after the
@@ -199,6 +200,12 @@ def MemoryLimits(profile, config, memory_per_device):
   return limits
 
 
+# The share of the cap kept free by default: predicted peaks are off by a
+# few percent (docs/BENCHMARKS.md, "Planner"), and a plan at the brim would
+# not fit when they are low.
+HEADROOM = 0.05
+
+
 def _Predict(profile, config, memory_per_device):
   """The Prediction of `config`; zb_auto with limits from the cap."""
   if config.schedule != 'zb_auto' or memory_per_device is None:
@@ -218,8 +225,20 @@ def _Predict(profile, config, memory_per_device):
   return prediction
 
 
-def Evaluate(profile, config, memory_per_device=None):
-  """One configuration as a Candidate (never raises for a refusal)."""
+def Evaluate(profile, config, memory_per_device=None, headroom=0.0):
+  """One configuration as a Candidate (never raises for a refusal).
+
+  Args:
+    profile: a profile.Profile.
+    config: a simulator.Configuration.
+    memory_per_device: the cap in bytes, or None.
+    headroom: the share of the cap to keep free.
+
+  Returns:
+    A Candidate.
+  """
+  if memory_per_device is not None:
+    memory_per_device *= 1.0 - headroom
   try:
     prediction = _Predict(profile, config, memory_per_device)
   except ValueError as e:
@@ -230,18 +249,22 @@ def Evaluate(profile, config, memory_per_device=None):
     peaks = prediction.peak_bytes
     worst = max(range(len(peaks)), key=peaks.__getitem__)
     return Candidate(config, prediction, (DOES_NOT_FIT, (
-        'needs %s on device %d, over the cap of %s' %
-        (Bytes(peaks[worst]), worst, Bytes(memory_per_device)))))
+        'needs %s on device %d, over %s%s' % (
+            Bytes(peaks[worst]), worst, Bytes(memory_per_device),
+            ' (the cap less %.0f%% headroom)' % (100 * headroom)
+            if headroom else ''))))
   return Candidate(config, prediction, None)
 
 
-def Search(profile, num_devices, memory_per_device=None, **options):
+def Search(profile, num_devices, memory_per_device=None, headroom=HEADROOM,
+           **options):
   """Ranks every configuration (see the module docstring).
 
   Args:
     profile: a profile.Profile.
     num_devices: N devices (R x D <= N).
     memory_per_device: the cap in bytes, or None.
+    headroom: the share of the cap a configuration must leave free.
     **options: passed to ``Configurations`` (schedules, remats,
       max_micro_batches, max_stages_per_device, batched_weights, dtypes).
 
@@ -250,9 +273,12 @@ def Search(profile, num_devices, memory_per_device=None, **options):
   """
   if num_devices < 1:
     raise ValueError('--devices must be >= 1, got %d' % num_devices)
+  if not 0 <= headroom < 1:
+    raise ValueError('the memory headroom is a share of the cap in [0, 1), '
+                     'got %r' % headroom)
   fits, dropped = [], []
   for config in Configurations(profile, num_devices, **options):
-    candidate = Evaluate(profile, config, memory_per_device)
+    candidate = Evaluate(profile, config, memory_per_device, headroom)
     (dropped if candidate.reason else fits).append(candidate)
   # Fastest first; ties: fewer devices, less memory.
   fits.sort(key=lambda c: (-c.prediction.examples_per_second,

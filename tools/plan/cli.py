@@ -49,6 +49,10 @@ def _Parser():
   parser.add_argument('--memory_per_device', default='',
                       help="memory cap of each device, e.g. '16GiB', "
                       "'256MiB' (default: no cap)")
+  parser.add_argument('--memory_headroom', type=float,
+                      default=search.HEADROOM,
+                      help='the share of --memory_per_device a plan leaves '
+                      'free (predicted peaks are a few percent off)')
   parser.add_argument('--plan_out', help='write the best plan here (JSON, '
                       'for the trainer\'s --plan=FILE)')
   parser.add_argument('--json', help='write the search (top candidates and '
@@ -158,7 +162,8 @@ def Plan(args, log=print):
     log('wrote the profile to %s' % args.profile_out)
   cap = (search.ParseBytes(args.memory_per_device)
          if args.memory_per_device else None)
-  options = dict(max_micro_batches=args.max_micro_batches)
+  options = dict(max_micro_batches=args.max_micro_batches,
+                 headroom=args.memory_headroom)
   if args.schedules:
     options['schedules'] = [registry.Get(s).name
                             for s in args.schedules.split(',')]
