@@ -25,7 +25,7 @@ from gpipe import stage as stage_lib
 from gpipe import weight_batching
 from gpipe.schedules import inference
 from gpipe.schedules import registry as schedules
-from gpipe.schedules import simulate
+from gpipe.schedules import timed
 from lingvo import compat as tf
 from lingvo.core import py_utils
 
@@ -244,8 +244,8 @@ class PipelineExecutor:
           _, orders = inference.ForwardOrders(devices_r, per_replica)
         else:
           _, orders = schedules.Orders(
-              p.schedule, devices_r, per_replica,
-              simulate.RematCosts(p.remat, self.num_stages))
+              p.schedule, devices_r, per_replica, timed.PipelineCosts(
+                  p.remat, self.num_stages, getattr(p, 'task_costs', None)))
       except ValueError as e:
         raise ValueError('%s: %s' % (p.name, e)) from None
       if self._BatchedWeights():
@@ -482,6 +482,16 @@ def DefineParams(p):
       'loss need the loss computed per micro-batch in the last stage '
       '(gpipe.PipeliningLayer.loss_tpl).')
   p.Define('seed', 0, 'Mixed into every micro-batch seed.')
+  p.Define(
+      'task_costs', None,
+      'Measured task costs the schedules that order tasks by cost use '
+      "('zb_auto', 'zb_h1', 'zb_v'): a dict of per-stage lists 'F', 'B', "
+      "'W' (any unit; B with its recomputed forward under remat), optional "
+      "'handover' (K-1 boundaries) and memory limits 'max_in_flight' / "
+      "'max_awaiting_weight' (micro-batches per stage between F and B / W); "
+      'see gpipe.schedules.timed.StageCosts. Written by the planner '
+      '(gpipe.plan, python -m tools.plan). None: equal costs, a B that '
+      're-materializes costing two. Gradients do not depend on it.')
   p.Define(
       'batched_weight_gradients', False,
       'Compute each stage\'s weight gradients once per step for all '

@@ -117,7 +117,8 @@ def Dependencies(task, num_stages, num_micro_batches, per_micro_batch_loss):
   """The tasks whose outputs `task` consumes (the pipeline's dataflow).
 
   Args:
-    task: a Task with an integer micro-batch.
+    task: a Task; a batched W task (an ``AllMicroBatches`` index) needs the
+      B of every micro-batch it covers.
     num_stages: K.
     num_micro_batches: M.
     per_micro_batch_loss: whether the last stage's B of micro-batch m needs
@@ -128,11 +129,7 @@ def Dependencies(task, num_stages, num_micro_batches, per_micro_batch_loss):
   """
   s, m = task.stage, task.micro_batch
   if IsAll(m):
-    raise ValueError(
-        'task %s covers all micro-batches (batched weight gradients): the '
-        'dataflow of per-micro-batch schedules does not describe it; '
-        'simulate the orders before gpipe.weight_batching.Orders' %
-        Label(task))
+    return [Task(s, i, BACKWARD) for i in range(m.first, m.first + m.count)]
   if task.phase == FORWARD:
     return [Task(s - 1, m, FORWARD)] if s else []
   if task.phase == WEIGHT:

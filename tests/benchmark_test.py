@@ -95,7 +95,8 @@ class BenchmarkTest(test_utils.TestCase):
     got = {(c['schedule'], c['K'], c['v'], c['M']) for c in model['configs']}
     self.assertEqual(got, {('gpipe', 1, 1, 1), ('gpipe', 2, 1, 2),
                            ('1f1b', 2, 1, 2), ('interleaved_1f1b', 2, 2, 2),
-                           ('zb_h1', 2, 1, 2), ('zb_v', 2, 2, 2)})
+                           ('zb_h1', 2, 1, 2), ('zb_v', 2, 2, 2),
+                           ('zb_auto', 2, 1, 2)})
     shape = dict(num_layers=model['num_layers'], batch=model['batch'],
                  width=model['width'])
     base = _SimulatedStep(runner.Config(
@@ -117,7 +118,7 @@ class BenchmarkTest(test_utils.TestCase):
           # Fill-drain's bubble does not depend on the task costs.
           self.assertAllClose(c['measured_bubbles'], [c['formula_bubble']] * 2)
     # remat='never', M=4: 1F1B holds K=2 micro-batches' activations, not 4.
-    self.assertLen(model['memory'], 5)
+    self.assertLen(model['memory'], 6)
     for m in model['memory']:
       self.assertTrue(all(p > 0 for p in m['peak_bytes']), m)
     ratios = {m['schedule']: m['ratio_to_gpipe'] for m in model['memory']}

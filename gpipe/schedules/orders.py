@@ -214,11 +214,16 @@ def _GreedyOrders(stage_devices, num_micro_batches, limits, w_limits,
   num_stages = len(stage_devices)
   m = num_micro_batches
   devices = sorted(set(stage_devices))
-  pending = {d: set() for d in devices}
-  for s, d in enumerate(stage_devices):
-    for i in range(m):
-      pending[d].update(Task(s, i, p) for p in (FORWARD, BACKWARD, WEIGHT))
+  stages = {d: [s for s, x in enumerate(stage_devices) if x == d]
+            for d in devices}
+  # Each stage runs its F's, B's and W's in micro-batch order (a task's
+  # inputs are ready no later than those of the next micro-batch's, and
+  # the oldest ready one goes first): only the next of each can be chosen.
+  next_index = {(s, p): 0 for s in range(num_stages)
+                for p in (FORWARD, BACKWARD, WEIGHT)}
+  left = {d: 3 * m * len(stages[d]) for d in devices}
   finish = {}
+  last_finish = {d: 0 for d in devices}
   free = {d: 0 for d in devices}
   held = {d: 0 for d in devices}  # Between F and B.
   held_w = {d: 0 for d in devices}  # Between F and W.
@@ -228,13 +233,15 @@ def _GreedyOrders(stage_devices, num_micro_batches, limits, w_limits,
     deps = pipeline_tasks.Dependencies(task, num_stages, m, True)
     return all(dep in finish and finish[dep] <= t for dep in deps)
 
-  while any(pending.values()):
-    t = min(free[d] for d in devices if pending[d])
+  while any(left.values()):
+    t = min(free[d] for d in devices if left[d])
     idle = []
     for d in devices:
-      if free[d] > t or not pending[d]:
+      if free[d] > t or not left[d]:
         continue
-      ready = [task for task in pending[d] if Ready(task, t)]
+      heads = [Task(s, next_index[s, p], p) for s in stages[d]
+               for p in (FORWARD, BACKWARD, WEIGHT) if next_index[s, p] < m]
+      ready = [task for task in heads if Ready(task, t)]
       b = sorted((x for x in ready if x.phase == BACKWARD),
                  key=lambda x: (x.micro_batch, -x.stage))
       f = sorted((x for x in ready if x.phase == FORWARD),
@@ -250,9 +257,11 @@ def _GreedyOrders(stage_devices, num_micro_batches, limits, w_limits,
       else:
         idle.append(d)
         continue
-      pending[d].discard(task)
+      next_index[task.stage, task.phase] += 1
+      left[d] -= 1
       orders[d].append(task)
-      finish[task] = free[d] = t + simulate.TaskCost(costs, task)
+      finish[task] = free[d] = last_finish[d] = (
+          t + simulate.TaskCost(costs, task))
       if task.phase == FORWARD:
         held[d] += 1
         held_w[d] += 1
@@ -260,8 +269,9 @@ def _GreedyOrders(stage_devices, num_micro_batches, limits, w_limits,
         held[d] -= 1
       else:
         held_w[d] -= 1
-    # Idle devices wait for the next task anywhere to finish.
-    later = [x for x in finish.values() if x > t]
+    # Idle devices wait for the next task anywhere to finish (every task
+    # started by t: only a device's last one can end later).
+    later = [x for x in last_finish.values() if x > t]
     if idle and not later:
       raise ValueError('the memory limits %s / %s leave no task to run at '
                        'tick %d' % (limits, w_limits, t))

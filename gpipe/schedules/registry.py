@@ -31,6 +31,7 @@ import collections
 
 from gpipe.schedules import orders as orders_lib
 from gpipe.schedules import simulate
+from gpipe.schedules import timed
 
 # Placement rules: where stage s goes among D devices.
 ANY = 'any'  # Any placement; several stages per device run breadth-first.
@@ -354,3 +355,16 @@ Register(Schedule(
     activations=lambda d, v, m: min(2 * d, m + 1),
     activations_text='min(K, M+1) half-size stages',
     check=None, micro_batches_text='any', stages_per_device=2))
+
+# Timing-aware zero bubble: ZB-H1's placement, rules and equal-cost bubble
+# (with 1F1B's memory the first device idles K-1 ticks before its first B,
+# with no W pending yet: the least possible), orders from measured costs.
+Register(Get('zb_h1')._replace(
+    name='zb_auto',
+    description='zero bubble, timing-aware: F, B and W ordered by the '
+    'measured time of each stage\'s tasks (the planner\'s task_costs) under '
+    'a memory limit per stage; ZB-H1\'s step with equal costs',
+    orders=lambda k, d, m, where, costs: timed.TimedZeroBubbleOrders(
+        k, m, costs),
+    activations_text='K (default limit; task_costs may raise it)',
+    check=_NeedsAtLeastKMicroBatches('zb_auto')))

@@ -106,8 +106,9 @@ def RenderSchedule(name, stage_devices, num_micro_batches, costs=None):
     name: a schedule.
     stage_devices: as for ``Orders`` (an int K: one stage per device).
     num_micro_batches: M.
-    costs: ticks per phase (default ``registry.Costs(name)``: a B without
-      a split draws twice as long).
+    costs: ticks per phase or per task (default ``registry.Costs(name)``: a
+      B without a split draws twice as long); the schedules that order
+      tasks by cost are ordered by them too.
 
   Returns:
     A multi-line string, one row per device; cells like ``B3s1``.

@@ -64,7 +64,8 @@ def CostsOf(split_backward, forward=1, backward=1, weight=1):
 
 
 def TaskTimes(orders, num_stages, num_micro_batches,
-              per_micro_batch_loss=False, costs=None, dependencies=None):
+              per_micro_batch_loss=False, costs=None, dependencies=None,
+              delay=None):
   """Runs device task orders, each task as early as its order allows.
 
   Args:
@@ -80,6 +81,9 @@ def TaskTimes(orders, num_stages, num_micro_batches,
     dependencies: optional function(task) -> the tasks it waits for; by
       default the training dataflow (``pipeline_tasks.Dependencies``). Other
       task vocabularies (decoding lanes) bring their own.
+    delay: optional function(dependency, task) -> the time from the end of
+      `dependency` until `task` can read its output (a hand-over between
+      devices, 0 on one device); None: outputs are there at once.
 
   Returns:
     Per device, a list of (task, start, end) in run order.
@@ -104,7 +108,8 @@ def TaskTimes(orders, num_stages, num_micro_batches,
         deps = dependencies(task)
         if any(dep not in finish for dep in deps):
           break
-        start = max([free[d]] + [finish[dep] for dep in deps])
+        start = max([free[d]] + [
+            finish[dep] + (delay(dep, task) if delay else 0) for dep in deps])
         end = start + TaskCost(costs, task)
         finish[task] = free[d] = end
         out[d].append((task, start, end))
@@ -142,11 +147,13 @@ def Simulate(orders, num_stages, num_micro_batches,
   """
   times = TaskTimes(orders, num_stages, num_micro_batches,
                     per_micro_batch_loss, costs, dependencies)
-  span = max([end for lane in times for _, _, end in lane] or [0])
+  # Whole ticks: costs such as 2.0 (``timed.StageCosts``) draw as 2 cells.
+  span = int(round(max([end for lane in times for _, _, end in lane] or [0])))
   lanes = []
   for lane in times:
     cells = [None] * span
     for task, start, end in lane:
+      start, end = int(round(start)), int(round(end))
       cells[start:end] = [task] * (end - start)
     lanes.append(cells)
   return lanes

@@ -3,7 +3,8 @@
 ``main`` parses the subcommand and its flags (``--help`` lists them), shrinks
 the defaults for ``--quick`` and runs one of ``throughput.Throughput``,
 ``memory.Memory``, ``bubble.Bubble``, ``schedules.Schedules``,
-``data_parallel.DataParallel``, ``graph.Graph`` or ``links.Links``.
+``data_parallel.DataParallel``, ``graph.Graph``, ``links.Links``, ``decode.Decode`` or
+``plan.Plan``.
 """
 
 import argparse
@@ -18,6 +19,7 @@ from tools.benchmark import decode
 from tools.benchmark import graph
 from tools.benchmark import links
 from tools.benchmark import memory
+from tools.benchmark import plan
 from tools.benchmark import schedules
 from tools.benchmark import throughput
 
@@ -183,6 +185,29 @@ def _Parser():
                  'decode here')
   p.add_argument('--timeline_steps', type=int, default=4,
                  help='decoding steps the timeline shows')
+  p = sub.add_parser('plan', help=plan.Plan.__doc__)
+  Common(p)
+  p.add_argument('--models', default='',
+                 help='comma-separated subset of transformer,amoeba,dense')
+  p.add_argument('--top', type=int, default=5,
+                 help="the planner's candidates to run")
+  p.add_argument('--cap_fraction', type=float, default=0.5,
+                 help="the memory cap: this fraction of fill-drain's "
+                 'predicted need at K=2, M=8 without remat')
+  p.add_argument('--max_micro_batches', type=int,
+                 default=plan.MAX_MICRO_BATCHES)
+  p.add_argument('--repeats', type=int, default=5,
+                 help='timed runs per profiled figure (the median)')
+  p.add_argument('--core', type=int, default=0,
+                 help='the core the profile is measured on')
+  p.add_argument('--profile_dir', help='save each model\'s profile here')
+  p.add_argument('--calibrate', default=True,
+                 action=argparse.BooleanOptionalAction,
+                 help='calibrate the profile against the executor\'s stage '
+                 'calls and two workers computing at once '
+                 '(gpipe/plan/calibrate.py)')
+  p.add_argument('--steps', type=int, default=5, help='timed rounds')
+  p.add_argument('--warmup', type=int, default=2)
   return parser
 
 
@@ -221,6 +246,10 @@ def _ApplyQuick(args):
     args.lanes, args.beams = '2', '1,2'
     args.batch, args.beam_batch = 4, 2
     args.trace_steps = 1
+  if args.command == 'plan':
+    args.top = min(args.top, 2)
+    args.repeats = 1
+    args.max_micro_batches = min(args.max_micro_batches, 2)
   if args.command == 'memory':
     args.cap_mib = min(args.cap_mib, 4.0)
     args.micro_batches = 2
@@ -246,6 +275,6 @@ def main(argv=None):
                   bubble=bubble.Bubble, graph=graph.Graph,
                   schedules=schedules.Schedules, cost=cost.Cost,
                   data_parallel=data_parallel.DataParallel, links=links.Links,
-                  decode=decode.Decode)
+                  decode=decode.Decode, plan=plan.Plan)
   commands[args.command](args)
   return 0

@@ -33,10 +33,12 @@ other processes on this shared machine hits them alike.
 """
 
 import collections
+import json
 import os
 import platform
 import statistics
 import time
+import zlib
 
 from gpipe.compat import lingvo_import  # pylint: disable=unused-import
 from gpipe.runtime import local_cluster
@@ -61,8 +63,9 @@ class Config(
     collections.namedtuple('Config', [
         'impl', 'model', 'num_layers', 'batch', 'num_stages',
         'num_micro_batches', 'remat', 'width', 'stages_per_device',
-        'schedule', 'fprop_dtype', 'replicas', 'batched_weights'
-    ], defaults=(1, None, 'float32', 1, False))):
+        'schedule', 'fprop_dtype', 'replicas', 'batched_weights',
+        'stage_sizes', 'task_costs'
+    ], defaults=(1, None, 'float32', 1, False, None, None))):
   """One benchmark configuration (see the module docstring).
 
   `schedule` (impl 'gpipe' only): None trains with the loss on the merged
@@ -78,6 +81,11 @@ class Config(
 
   `batched_weights` (impl 'gpipe' only): each stage computes its weight
   gradients once per step (``p.batched_weight_gradients``).
+
+  `stage_sizes` (impl 'gpipe' only): layers per stage, a tuple (default:
+  as even as the layers allow); `task_costs`: measured task costs as JSON
+  text (``p.task_costs``, for the schedules that order by cost), as a plan
+  of ``gpipe.plan`` sets them.
   """
 
   @property
@@ -88,10 +96,12 @@ class Config(
     dtype = '' if self.fprop_dtype == 'float32' else ' ' + self.fprop_dtype
     replicas = ' R=%d' % self.replicas if self.replicas > 1 else ''
     batched = ' batched-W' if self.batched_weights else ''
-    return '%s%s%s K=%d%s M=%d %s%s%s' % (self.impl, sched, replicas,
-                                          self.num_stages, loop,
-                                          self.num_micro_batches, self.remat,
-                                          dtype, batched)
+    cut = (' cut=%s' % ','.join(str(n) for n in self.stage_sizes)
+           if self.stage_sizes else '')
+    timed = ' measured-costs' if self.task_costs else ''
+    return '%s%s%s K=%d%s M=%d %s%s%s%s%s' % (
+        self.impl, sched, replicas, self.num_stages, loop,
+        self.num_micro_batches, self.remat, dtype, batched, cut, timed)
 
   @property
   def scope(self):
@@ -102,7 +112,11 @@ class Config(
         '_' + self.schedule if self.schedule else '') + (
             '' if self.fprop_dtype == 'float32' else '_' + self.fprop_dtype) + (
             '_R%d' % self.replicas if self.replicas > 1 else '') + (
-                '_bw' if self.batched_weights else '')
+                '_bw' if self.batched_weights else '') + (
+                    '_cut' + '_'.join(str(n) for n in self.stage_sizes)
+                    if self.stage_sizes else '') + (
+                        '_costs%08x' % zlib.crc32(self.task_costs.encode())
+                        if self.task_costs else '')
 
   @property
   def num_workers(self):
@@ -199,7 +213,9 @@ class Step:
                                               num_stages, c.num_stages)
           p = pipeline.PipeliningLayer.Params().Set(
               name='pipe', layers=layers, num_stages=num_stages,
-              stage_sizes=_EvenStageSizes(c.num_layers, num_stages),
+              stage_sizes=(list(c.stage_sizes) if c.stage_sizes else
+                           _EvenStageSizes(c.num_layers, num_stages)),
+              task_costs=json.loads(c.task_costs) if c.task_costs else None,
               num_micro_batches=c.num_micro_batches, remat=c.remat,
               stage_devices=[devices[d] for d in where],
               batched_weight_gradients=c.batched_weights)

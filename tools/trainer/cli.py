@@ -53,6 +53,7 @@ from tools.trainer import inspect_model
 from tools.trainer import model_select
 from tools.trainer import placement as placement_lib
 from tools.trainer import remote_tasks
+from tools.trainer import planned
 from tools.trainer import run_config
 from tools.trainer import train_loop
 # pylint: enable=g-import-not-at-top,wrong-import-position
@@ -156,6 +157,18 @@ flags.DEFINE_bool(
     '(default for models that can); --nopipelined_decode runs the '
     'unpipelined decoder, for comparison.')
 
+# The planner (tools/trainer/planned.py, gpipe/plan/).
+flags.DEFINE_string(
+    'plan', '',
+    "'auto': measure the model, simulate every configuration for the run's "
+    'devices (--worker_processes, --cluster_spec servers, else the cores) '
+    'under --memory_per_device, print the table and train the fastest that '
+    'fits; or a plan file from python -m tools.plan --plan_out. Sets K, the '
+    'cut, M, schedule, remat, batched weight gradients, --data_parallel and '
+    '--fprop_dtype; written to <logdir>/plan.json.')
+flags.DEFINE_string('memory_per_device', '',
+                    "With --plan=auto: each device's memory, e.g. '16GiB'.")
+
 FLAGS = flags.FLAGS
 
 
@@ -169,8 +182,25 @@ USER_ERRORS = (model_select.UnknownModelError, run_config.LogdirError,
                devices.DiscoveryError, ValueError)
 
 
+def _PlanFromFlags():
+  """(--plan's Plan or None, the run settings it decides)."""
+  if not FLAGS.plan and not FLAGS.memory_per_device:
+    return None, {}
+  logdir = run_config.PrepareLogdir(FLAGS.logdir, FLAGS.mode)
+  plan = planned.Resolve(
+      FLAGS.plan, FLAGS.model, FLAGS.model_params_override, logdir,
+      planned.Devices(FLAGS.worker_processes, FLAGS.cluster_spec),
+      FLAGS.memory_per_device, functools.partial(print, flush=True),
+      {name: FLAGS[name].present or FLAGS[name].value != FLAGS[name].default
+       for name in (
+          'num_stages', 'num_micro_batches', 'schedule', 'data_parallel',
+          'fprop_dtype', 'loop_stages')})
+  return plan, planned.RunSettings(plan)
+
+
 def SettleFromFlags():
   """The RunConfig of the command line (run_config.Settle)."""
+  plan, decided = _PlanFromFlags()
   return run_config.Settle(
       FLAGS.model, FLAGS.mode, logdir=FLAGS.logdir,
       override=FLAGS.model_params_override, num_stages=FLAGS.num_stages,
@@ -178,9 +208,10 @@ def SettleFromFlags():
       input_seed=FLAGS.seed if FLAGS['seed'].present else None,
       worker_processes=FLAGS.worker_processes,
       cluster_spec=FLAGS.cluster_spec, pin_cores=FLAGS.pin_cores,
-      loop_stages=FLAGS.loop_stages, fprop_dtype=FLAGS.fprop_dtype,
-      step_timeout_secs=FLAGS.step_timeout_secs,
-      data_parallel=FLAGS.data_parallel,
+      loop_stages=decided.get('loop_stages', FLAGS.loop_stages),
+      fprop_dtype=decided.get('fprop_dtype', FLAGS.fprop_dtype),
+      step_timeout_secs=FLAGS.step_timeout_secs, plan=plan,
+      data_parallel=decided.get('data_parallel', FLAGS.data_parallel),
       max_worker_restarts=FLAGS.max_worker_restarts,
       worker_wait_secs=FLAGS.worker_wait_secs,
       device_type=FLAGS.device_type, devices_per_task=FLAGS.devices_per_task,

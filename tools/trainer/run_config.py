@@ -23,6 +23,7 @@ from gpipe.runtime import cluster_spec as cluster_spec_lib
 from lingvo.core import hyperparams
 from tools.trainer import model_select
 from tools.trainer import placement as placement_lib
+from tools.trainer import planned
 
 
 class LogdirError(ValueError):
@@ -94,13 +95,15 @@ def PrepareLogdir(logdir, mode):
 
 
 def _ModelParams(model, dataset, override, num_stages, num_micro_batches,
-                 schedule, input_seed, fprop_dtype, decode_micro_batches=None,
-                 pipelined_decode=None):
+                 schedule, input_seed, fprop_dtype, plan=None,
+                 decode_micro_batches=None, pipelined_decode=None):
   cfg = model_select.ModelParams(model, dataset, override)
   # The task's layers compute in fprop_dtype; variables stay float32.
   precision.SetFPropDtype(cfg.task, fprop_dtype)
   model_select.SetPipelineShape(cfg, num_stages, num_micro_batches, schedule)
   model_select.SetDecoding(cfg, pipelined_decode, decode_micro_batches)
+  if plan is not None:
+    planned.Apply(cfg, plan)
   if input_seed is not None and cfg.input is not None and 'seed' in cfg.input:
     cfg.input.seed = input_seed
   return cfg
@@ -147,7 +150,8 @@ def Settle(model, mode, logdir=None, override='', num_stages=None,
            step_timeout_secs=300, fprop_dtype='float32', data_parallel=1,
            max_worker_restarts=0, device_type='auto', devices_per_task=0,
            connect_timeout_secs=10.0, environ=None, worker_wait_secs=300,
-           decode_micro_batches=None, pipelined_decode=None, **settings):
+           decode_micro_batches=None, pipelined_decode=None, plan=None,
+           **settings):
   """Decides the run: params, placement, stage devices (see module doc).
 
   Args:
@@ -185,6 +189,8 @@ def Settle(model, mode, logdir=None, override='', num_stages=None,
       task's default).
     pipelined_decode: True/False: decode through the pipeline stages or
       unpipelined (None: the task's default).
+    plan: a gpipe.plan.choice.Plan applied to the pipeline (--plan), or
+      None.
     **settings: the other RunConfig fields (seed, max_steps, periods...).
 
   Returns:
@@ -196,7 +202,7 @@ def Settle(model, mode, logdir=None, override='', num_stages=None,
   except ValueError as e:
     raise ValueError('--%s' % e) from None
   shape = (override, num_stages, num_micro_batches, schedule, input_seed,
-           fprop_dtype)
+           fprop_dtype, plan)
   train = _ModelParams(model, 'Train', *shape)
   settings['fprop_dtype'] = fprop_dtype
   model_select.CheckDataParallel(train, data_parallel)

@@ -1,0 +1,14 @@
+"""The planner: measure a model once, simulate every configuration, pick.
+
+* ``profile``: a model's measured profile (per-layer task times and bytes,
+  call, hand-over and update costs), saved as JSON and reused;
+* ``simulator``: a configuration (R, K, cut, M, schedule, remat, batched W,
+  dtype) -> predicted step time, idle and peak memory per device;
+* ``search``: every configuration for D devices under a memory cap, the
+  best first, with why the others were dropped; the chosen plan as JSON;
+* ``measure``: measuring a profile with TensorFlow (per layer, in a
+  process pinned to one core).
+
+``python -m tools.plan`` is the command line; the trainer takes
+``--plan=auto`` or ``--plan=FILE``.
+"""

@@ -1,0 +1,74 @@
+"""python -m tools.plan on a saved profile: the table, the plan, errors."""
+
+import contextlib
+import io
+import json
+import os
+import tempfile
+
+from absl.testing import absltest
+from gpipe.plan import choice
+from gpipe.plan import profile as profile_lib
+from tests import plan_testlib
+from tools.plan import cli
+
+MIB = float(1 << 20)
+
+
+def _Main(*args):
+  """(exit status, stdout, stderr) of the planner with `args`."""
+  out, err = io.StringIO(), io.StringIO()
+  with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+    code = cli.main(list(args))
+  return code, out.getvalue(), err.getvalue()
+
+
+class PlanCliTest(absltest.TestCase):
+
+  def setUp(self):
+    super().setUp()
+    self.dir = tempfile.mkdtemp()
+    self.profile = os.path.join(self.dir, 'profile.json')
+    profile_lib.Save(plan_testlib.UniformProfile(
+        8, batch=64, forward=0.01, backward=0.01, weight=0.01,
+        activation=4 * MIB, boundary=0.5 * MIB, weight_bytes=2 * MIB,
+        temporary=0.5 * MIB, param_bytes=2 * MIB, call_seconds=1e-4,
+        memory_bandwidth=5e9, update_traffic=3.0, step_seconds=1e-3),
+                     self.profile)
+
+  def testPlansFromASavedProfile(self):
+    plan_path = os.path.join(self.dir, 'plan.json')
+    json_path = os.path.join(self.dir, 'search.json')
+    code, out, _ = _Main('--profile', self.profile, '--devices', '2',
+                         '--memory_per_device', '64MiB', '--top', '3',
+                         '--max_micro_batches', '8', '--plan_out', plan_path,
+                         '--json', json_path)
+    self.assertEqual(code, 0)
+    self.assertIn('Plan for uniform on 2 device(s), 64.0 MiB each', out)
+    plan = choice.Load(plan_path)
+    self.assertIn('Best: %s' % plan.Describe(), out)
+    with open(json_path) as f:
+      result = json.load(f)
+    self.assertLen(result['candidates'], 3)
+    self.assertEqual(result['candidates'][0]['label'], plan.config.label)
+    self.assertIn('does not fit the memory cap', result['dropped_by_reason'])
+
+  def testErrorsSayWhatToDo(self):
+    code, _, err = _Main('--devices', '2')
+    self.assertEqual(code, 1)
+    self.assertIn('give --model (to measure it) or --profile', err)
+    code, out, _ = _Main('--profile', self.profile, '--memory_per_device',
+                         '1MiB', '--max_micro_batches', '2')
+    self.assertEqual(code, 1)
+    self.assertIn('Nothing fits', out)
+    code, _, err = _Main('--profile', self.profile, '--memory_per_device',
+                         'lots')
+    self.assertEqual(code, 1)
+    self.assertIn("'lots' is not a memory size", err)
+    code, _, err = _Main('--profile', os.path.join(self.dir, 'none.json'))
+    self.assertEqual(code, 1)
+    self.assertIn('cannot read the profile', err)
+
+
+if __name__ == '__main__':
+  absltest.main()

@@ -1,0 +1,95 @@
+"""Measuring a profile: layers' bytes and times, calibration, a model's inputs."""
+
+from gpipe.compat import lingvo_import  # pylint: disable=unused-import
+
+from gpipe.plan import calibrate
+from gpipe.plan import measure
+from gpipe.plan import simulator
+from lingvo import compat as tf
+from lingvo.core import py_utils
+from lingvo.core import test_utils
+from tasks import dense
+from tests import toy_layers
+from tools.plan import model_profile
+
+tf.config.set_logical_device_configuration(
+    tf.config.list_physical_devices('CPU')[0],
+    [tf.config.LogicalDeviceConfiguration()] * 2)
+DEVICES = ['/job:localhost/replica:0/task:0/device:CPU:%d' % i
+           for i in range(2)]
+
+
+def _Dense(name, width=16):
+  return dense.DenseLayer.Params().Set(
+      name=name, input_dim=width, output_dim=width, activation='RELU',
+      params_init=py_utils.WeightInit.Gaussian(0.1))
+
+
+class MeasureTest(test_utils.TestCase):
+
+  def testBytesFromTheGraphAndEqualLayersMeasuredOnce(self):
+    layers = [_Dense('a'), _Dense('b'), _Dense('c', 16)]
+    specs = (tf.TensorSpec([32, 16], tf.float32),)
+    got = measure.MeasureLayers(layers, specs, [4, 8], repeats=1, warmup=0)
+    self.assertLen(got, 3)
+    for layer in got:
+      self.assertEqual(layer.param_bytes, 4 * (16 * 16 + 16))
+      self.assertEqual([m.rows for m in layer.measurements], [4, 8])
+    at8 = got[0].measurements[1]
+    self.assertEqual((at8.input_bytes, at8.output_bytes), (8 * 16 * 4,) * 2)
+    # The backward of relu(x W + b) reads x (for dW) and the output (relu's
+    # mask): two tensors of the micro-batch; W reads x and dy.
+    self.assertEqual(at8.activation_bytes, 2 * 8 * 16 * 4)
+    self.assertEqual(at8.weight_bytes, 2 * 8 * 16 * 4)
+    self.assertGreaterEqual(min(at8.forward, at8.backward, at8.weight), 0.0)
+    # Equal layers on equal inputs: one measurement.
+    self.assertIs(got[1].measurements[0], got[0].measurements[0])
+
+  def testLossIsCountedInTheLastLayer(self):
+    layers = [_Dense('a'), _Dense('b')]
+    specs = (tf.TensorSpec([8, 16], tf.float64),)
+    loss = (toy_layers.SquaredErrorLoss.Params(),
+            tf.TensorSpec([8, 16], tf.float32))
+    got = measure.MeasureLayers(layers, specs, [4], loss=loss, repeats=1,
+                                warmup=0)
+    first, last = got[0].measurements[0], got[1].measurements[0]
+    self.assertGreater(last.activation_bytes, first.activation_bytes)
+    self.assertNotEqual(last.output_bytes, first.output_bytes)
+
+  def testDeviceAndCalibration(self):
+    device = measure.MeasureDevice(repeats=1, warmup=0)
+    self.assertGreater(device['memory_bandwidth'], 1e6)
+    self.assertGreaterEqual(device['call_seconds'], 0.0)
+    layers = [_Dense('a'), _Dense('b')]
+    specs = (tf.TensorSpec([8, 16], tf.float32),)
+    loss = (toy_layers.SquaredErrorLoss.Params(),
+            tf.TensorSpec([8, 16], tf.float32))
+    profile = measure.MeasureModel('toy', layers, specs, 8, [2, 4],
+                                   loss=loss, repeats=1, warmup=0)
+    calibrated = calibrate.CalibrateProfile(
+        profile, '', DEVICES, layers, specs, [2, 4], loss=loss)
+    self.assertLen(calibrated.factors, 2)
+    for f in calibrated.factors:
+      self.assertGreater(min(f.F, f.B, f.W, f.BW), 0.0)
+    self.assertGreaterEqual(calibrated.contention, 1.0)
+    prediction = simulator.Predict(calibrated, simulator.Configuration(
+        1, 2, (1, 1), 2, 'zb_auto', 'always'))
+    self.assertGreater(prediction.step_seconds, 0.0)
+
+
+class ModelProfileTest(test_utils.TestCase):
+
+  def testRegisteredModelsInputsAndLossAreCaptured(self):
+    described = model_profile.Describe('toy.PipelinedDigitsMlp')
+    self.assertEqual(described.batch, 32)
+    (spec,) = described.input_specs
+    self.assertEqual(spec.shape.as_list(), [32, 64])
+    loss_params, targets = described.loss
+    self.assertEqual(loss_params.cls.__name__, 'ImageLossLayer')
+    self.assertEqual(targets.label.dtype, tf.int32)
+    cfg = model_profile.model_select.ModelParams('toy.PipelinedDigitsMlp')
+    self.assertEqual(model_profile.OptimizerCosts(cfg), (2, 7.0))
+
+
+if __name__ == '__main__':
+  tf.test.main()

@@ -1,0 +1,146 @@
+"""The planner's search, its table and plan files (pure Python, quick)."""
+
+import os
+import tempfile
+
+from absl.testing import absltest
+from gpipe import pipeline
+from gpipe.plan import choice
+from gpipe.plan import search
+from gpipe.plan import simulator
+from tests import plan_testlib
+
+UniformProfile = plan_testlib.UniformProfile
+MIB = float(1 << 20)
+
+
+def _Profile(**fields):
+  """8 equal layers, batch 64, sizes like a small Transformer stack's."""
+  values = dict(forward=0.01, backward=0.01, weight=0.01, activation=4 * MIB,
+                boundary=0.5 * MIB, weight_bytes=2 * MIB, temporary=0.5 * MIB,
+                param_bytes=2 * MIB, call_seconds=1e-4,
+                memory_bandwidth=5e9, update_traffic=3.0, step_seconds=1e-3,
+                optimizer_slots=0)
+  values.update(fields)
+  return UniformProfile(8, batch=64, **values)
+
+
+class SearchTest(absltest.TestCase):
+
+  def testRanksByPredictedSpeedAndGivesReasons(self):
+    profile = _Profile()
+    result = search.Search(profile, 2, 64 * MIB, max_micro_batches=8)
+    speeds = [c.prediction.examples_per_second for c in result.candidates]
+    self.assertEqual(speeds, sorted(speeds, reverse=True))
+    self.assertIs(result.best, result.candidates[0])
+    self.assertEqual(result.best.config.num_devices, 2)
+    for c in result.candidates:
+      self.assertTrue(c.prediction.Fits(0.95 * 64 * MIB), c.config.label)
+    kinds = {c.reason[0] for c in result.dropped}
+    self.assertEqual(kinds, {search.NOT_ALLOWED, search.DOES_NOT_FIT})
+    for c in result.dropped:
+      if c.reason[0] == search.DOES_NOT_FIT:
+        self.assertFalse(c.prediction.Fits(64 * MIB))
+        self.assertRegex(c.reason[1], r'needs [\d.]+ MiB on device \d, '
+                         r'over 60.8 MiB \(the cap less 5% headroom\)')
+      else:
+        self.assertIsNone(c.prediction)
+    one_f_one_b = [c for c in result.dropped
+                   if c.config.schedule == '1f1b' and
+                   c.config.micro_batches < c.config.num_stages]
+    self.assertNotEmpty(one_f_one_b)
+    self.assertIn('needs at least as many micro-batches as stages',
+                  one_f_one_b[0].reason[1])
+    table = search.Table(result, top=3)
+    self.assertIn('configurations fit', table)
+    self.assertIn('| 1 | %s |' % result.best.config.schedule, table)
+    self.assertIn('%d %s' % (len([c for c in result.dropped
+                                  if c.reason[0] == search.DOES_NOT_FIT]),
+                             search.DOES_NOT_FIT), table)
+
+  def testEquivalentConfigurationsAreTriedOnce(self):
+    configs = search.Configurations(_Profile(), 2, max_micro_batches=4)
+    labels = [c.label for c in configs]
+    self.assertLen(set(labels), len(labels))
+    for c in configs:
+      if c.num_stages == 1:
+        self.assertEqual(c.schedule, 'gpipe')
+        self.assertNotEqual(c.remat, 'except_last')
+      if c.micro_batches == 1:
+        self.assertFalse(c.batched_weights)
+      self.assertLessEqual(c.num_devices, 2)
+      self.assertEqual(sum(c.stage_sizes), 8)
+    self.assertEqual(search.DeviceShapes(2), [(1, 1), (1, 2), (2, 1)])
+    self.assertEqual(search.DeviceShapes(8),
+                     [(1, 8), (2, 4), (4, 2), (8, 1)])
+
+  def testHalfOfFillDrainsMemoryStillFits(self):
+    profile = _Profile()
+    need = simulator.Predict(profile, simulator.Configuration(
+        1, 2, (4, 4), 8, 'gpipe', 'never')).peak_bytes
+    result = search.Search(profile, 2, max(need) / 2)
+    self.assertIsNotNone(result.best)
+    best = result.best
+    self.assertTrue(best.config.remat != 'never' or
+                    best.config.schedule != 'gpipe', best.config.label)
+    self.assertLessEqual(max(best.prediction.peak_bytes), max(need) / 2)
+
+  def testNothingFitsSaysWhatToDo(self):
+    result = search.Search(_Profile(), 2, 1 * MIB)
+    self.assertIsNone(result.best)
+    self.assertIn('Nothing fits', search.Table(result))
+
+  def testZeroBubbleAutoUsesTheMemoryTheCapLeaves(self):
+    profile = _Profile(backward=0.02)  # B recomputes: room to fill.
+    config = simulator.Configuration(1, 2, (4, 4), 16, 'zb_auto', 'always')
+    roomy = search.Evaluate(profile, config, 1e12).prediction
+    tight = search.Evaluate(profile, config, 40 * MIB).prediction
+    self.assertGreater(max(roomy.task_costs['max_in_flight']),
+                       max(tight.task_costs['max_in_flight']))
+    self.assertLessEqual(roomy.step_seconds, tight.step_seconds)
+    self.assertLessEqual(max(tight.peak_bytes), 40 * MIB)
+
+  def testParseBytes(self):
+    self.assertEqual(search.ParseBytes('16GiB'), 16 << 30)
+    self.assertEqual(search.ParseBytes('256 MiB'), 256 << 20)
+    self.assertEqual(search.ParseBytes('1.5GB'), 1500000000)
+    self.assertEqual(search.ParseBytes('1000'), 1000)
+    with self.assertRaisesRegex(ValueError, "'16 apples' is not a memory "
+                                'size; write e.g. 16GiB'):
+      search.ParseBytes('16 apples')
+
+
+class PlanFileTest(absltest.TestCase):
+
+  def testRoundTripAndApply(self):
+    profile = _Profile(backward=0.02)
+    result = search.Search(profile, 2, 64 * MIB, schedules=['zb_auto'],
+                           max_micro_batches=8)
+    plan = choice.FromCandidate(result.best, 2, 64 * MIB, profile.model)
+    path = os.path.join(tempfile.mkdtemp(), 'plan.json')
+    choice.Save(plan, path)
+    loaded = choice.Load(path)
+    self.assertEqual(loaded, plan)
+    self.assertIn('predicted', loaded.Describe())
+    p = pipeline.PipeliningLayer.Params().Set(
+        name='net', layers=[pipeline.PipeliningLayer.Params()] * 8,
+        num_stages=1, micro_batch_size=4)
+    choice.ApplyToPipeline(p, loaded)
+    c = loaded.config
+    self.assertEqual((p.num_stages, p.stage_sizes, p.num_micro_batches,
+                      p.micro_batch_size, p.schedule, p.remat,
+                      p.batched_weight_gradients),
+                     (c.num_stages, list(c.stage_sizes), c.micro_batches,
+                      None, 'zb_auto', c.remat, c.batched_weights))
+    self.assertEqual(p.task_costs, plan.task_costs)
+    self.assertIn('max_in_flight', p.task_costs)
+    short = p.Copy().Set(layers=p.layers[:6])
+    with self.assertRaisesRegex(ValueError, 'the plan cuts 8 layers .* but '
+                                'the pipeline has 6: plan again'):
+      choice.ApplyToPipeline(short, loaded)
+    plan_testlib.AssertRefusesOtherFormats(self, choice.Load, path,
+                                           'not a gpipe-plan-1 plan file')
+
+
+if __name__ == '__main__':
+  absltest.main()

@@ -1,0 +1,97 @@
+"""The trainer's --plan: auto (measure, search, train the best) and FILE."""
+
+import json
+import os
+import re
+import tempfile
+
+from gpipe.compat import lingvo_import  # pylint: disable=unused-import
+from gpipe.plan import choice
+from lingvo import compat as tf
+from tests import trainer_testlib
+
+TOY = trainer_testlib.TOY
+
+
+def _Pipeline(text):
+  """(K, M, schedule, remat) the trainer printed for its pipeline."""
+  m = re.search(r'pipeline \S+: (\d+) stages, (\d+) micro-batches, schedule '
+                r'(\w+), remat=(\w+)', text)
+  assert m, text[-3000:]
+  return int(m.group(1)), int(m.group(2)), m.group(3), m.group(4)
+
+
+class TrainerPlanTest(tf.test.TestCase):
+
+  def testAutoMeasuresPlansTrainsAndResumesWithTheSamePlan(self):
+    logdir = tempfile.mkdtemp()
+    args = ['--model=%s' % TOY, '--logdir=%s' % logdir, '--plan=auto',
+            '--memory_per_device=64MiB', '--max_steps=2',
+            '--eval_after_train=false', '--trace_every_n_steps=0']
+    run = trainer_testlib.Run(args, timeout=600)
+    out = run.stdout + run.stderr
+    self.assertEqual(run.returncode, 0, out[-4000:])
+    self.assertIn('configurations fit', out)
+    self.assertIn('measuring the model for the planner', out)
+    plan = choice.Load(os.path.join(logdir, 'plan.json'))
+    self.assertTrue(os.path.exists(os.path.join(logdir, 'profile.json')))
+    self.assertIn('plan: %s' % plan.Describe(), out)
+    c = plan.config
+    self.assertEqual(_Pipeline(out), (c.num_stages, c.micro_batches,
+                                      c.schedule, c.remat))
+    with open(os.path.join(logdir, 'train_steps.jsonl')) as f:
+      steps = [json.loads(line)['step'] for line in f]
+    self.assertEqual(steps[-1], 2)
+    # A resumed run keeps its plan (no new measurement).
+    again = trainer_testlib.Run(args[:-3] + ['--max_steps=3',
+                                             '--eval_after_train=false',
+                                             '--trace_every_n_steps=0'],
+                                timeout=300)
+    out = again.stdout + again.stderr
+    self.assertEqual(again.returncode, 0, out[-4000:])
+    self.assertIn('resuming with the plan in', out)
+    self.assertNotIn('measuring the model', out)
+    self.assertEqual(_Pipeline(out), (c.num_stages, c.micro_batches,
+                                      c.schedule, c.remat))
+
+  def testPlanFileSetsThePipelineAndRefusesHandSetShapes(self):
+    logdir = tempfile.mkdtemp()
+    plan = choice.Plan(
+        model=TOY, config=choice.simulator.Configuration(
+            replicas=1, num_stages=2, stage_sizes=(1, 3), micro_batches=4,
+            schedule='zb_auto', remat='never'),
+        task_costs={'F': [1.0, 3.0], 'B': [1.0, 3.0], 'W': [1.0, 3.0],
+                    'handover': [0.1], 'max_in_flight': [3, 2],
+                    'max_awaiting_weight': [3, 2]},
+        num_devices=2, memory_per_device=None,
+        predicted=dict(step_seconds=0.01, examples_per_second=3200.0,
+                       bubble=0.1, peak_bytes=[1.0, 1.0]))
+    path = os.path.join(tempfile.mkdtemp(), 'toy_plan.json')
+    choice.Save(plan, path)
+    code, out, err = trainer_testlib.RunInProcess(
+        model=TOY, logdir=logdir, plan=path, num_stages=2)
+    self.assertEqual(code, 1)
+    self.assertIn('--plan sets', err)
+    self.assertIn('drop --num_stages', err)
+    code, out, err = trainer_testlib.RunInProcess(
+        model='image.AmoebaNetD_Digits', logdir=tempfile.mkdtemp(),
+        plan=path)
+    self.assertEqual(code, 1)
+    self.assertIn('is for %s, not image.AmoebaNetD_Digits' % TOY, err)
+    code, out, err = trainer_testlib.RunInProcess(
+        model=TOY, logdir=tempfile.mkdtemp(), memory_per_device='1GiB')
+    self.assertEqual(code, 1)
+    self.assertIn('--memory_per_device is for --plan=auto', err)
+    code, out, err = trainer_testlib.RunInProcess(
+        model=TOY, logdir=logdir, plan=path, max_steps=1,
+        eval_after_train=False, trace_every_n_steps=0)
+    self.assertEqual(code, 0, err[-3000:])
+    self.assertEqual(_Pipeline(out), (2, 4, 'zb_auto', 'never'))
+    # The plan's cut: one layer in stage 0, three in stage 1.
+    self.assertRegex(out, r'(?m)^\s+0 \|\s+1 \| dense0 \|')
+    self.assertRegex(out, r'(?m)^\s+1 \|\s+3 \| dense1 \.\. dense3 \|')
+    self.assertTrue(os.path.exists(os.path.join(logdir, 'plan.json')))
+
+
+if __name__ == '__main__':
+  tf.test.main()

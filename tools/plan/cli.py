@@ -1,0 +1,202 @@
+"""The planner's command line: profile a model, search, print, save.
+
+``main`` measures the registered model's profile (or loads ``--profile``),
+searches every configuration for ``--devices`` under
+``--memory_per_device`` (``gpipe.plan.search``), prints the best ones and
+why the others were dropped, and writes the chosen plan (``--plan_out``),
+which the trainer runs with ``--plan=FILE``.
+
+Measuring pins this process to one core (``--core``) with one intra-op
+thread, as the benchmark's and the trainer's pinned workers run a stage,
+and measures the hand-over between two such worker processes (or takes
+``--handover_latency`` and ``--handover_bandwidth`` for a cluster that is
+not here).
+"""
+
+import argparse
+import json
+import os
+import sys
+
+from gpipe.compat import lingvo_import  # pylint: disable=unused-import
+from gpipe.plan import choice
+from gpipe.plan import profile as profile_lib
+from gpipe.plan import search
+from gpipe.schedules import registry
+from gpipe import local_cluster
+from gpipe import precision
+from lingvo import compat as tf
+
+# Threads of the measuring sessions: a pinned one-core worker's.
+INTRA_OP_THREADS = 1
+INTER_OP_THREADS = 2
+
+
+def _Parser():
+  parser = argparse.ArgumentParser(
+      prog='python -m tools.plan',
+      description=sys.modules[__package__].__doc__.split('\n')[0])
+  parser.add_argument('--model', help='a registered model, family.ClassName '
+                      '(measured unless --profile is given)')
+  parser.add_argument('--model_params_override', default='',
+                      help="Lingvo params text for the model, 'a.b=1; c=2'")
+  parser.add_argument('--profile', help='a saved profile (JSON) to plan from '
+                      'instead of measuring')
+  parser.add_argument('--profile_out', help='write the measured profile here')
+  parser.add_argument('--devices', type=int, default=2,
+                      help='devices to plan for (R replicas x D devices '
+                      'each <= this)')
+  parser.add_argument('--memory_per_device', default='',
+                      help="memory cap of each device, e.g. '16GiB', "
+                      "'256MiB' (default: no cap)")
+  parser.add_argument('--memory_headroom', type=float,
+                      default=search.HEADROOM,
+                      help='the share of --memory_per_device a plan leaves '
+                      'free (predicted peaks are a few percent off)')
+  parser.add_argument('--plan_out', help='write the best plan here (JSON, '
+                      'for the trainer\'s --plan=FILE)')
+  parser.add_argument('--json', help='write the search (top candidates and '
+                      'the dropped ones by reason) here')
+  parser.add_argument('--top', type=int, default=10,
+                      help='candidates to print')
+  parser.add_argument('--rows', default='',
+                      help='micro-batch sizes to measure, e.g. 4,16,64 '
+                      '(default: the batch / 1, 4, 16)')
+  parser.add_argument('--dtypes', default='float32',
+                      help="compute dtypes to measure, e.g. 'float32,"
+                      "bfloat16'")
+  parser.add_argument('--schedules', default='',
+                      help='schedules to consider (default all: %s)' %
+                      ', '.join(registry.Names()))
+  parser.add_argument('--max_micro_batches', type=int, default=64)
+  parser.add_argument('--handover_latency', type=float, default=None,
+                      help='seconds per hand-over between devices (with '
+                      '--handover_bandwidth: not measured)')
+  parser.add_argument('--handover_bandwidth', type=float, default=None,
+                      help='bytes/s between devices')
+  parser.add_argument('--core', type=int, default=0,
+                      help='the core to pin the measurement to')
+  parser.add_argument('--repeats', type=int, default=5,
+                      help='timed runs per measured figure (the median)')
+  parser.add_argument('--calibrate', default=True,
+                      action=argparse.BooleanOptionalAction,
+                      help='time the whole model as one stage of the '
+                      'executor and both workers computing at once '
+                      '(gpipe/plan/calibrate.py); --no-calibrate: the '
+                      "layers' figures as measured")
+  return parser
+
+
+def DefaultRows(batch):
+  """Micro-batch sizes to measure: the batch over 1, 4 and 16."""
+  return sorted({max(1, batch // m) for m in (1, 4, 16)})
+
+
+def MeasureProfile(args, log):
+  """The registered model's profile, measured (see the module docstring)."""
+  # pylint: disable=g-import-not-at-top
+  from gpipe.plan import calibrate
+  from gpipe.plan import measure
+  from tools.benchmark import runner
+  from tools.plan import model_profile
+  from tools.trainer import model_select
+  # pylint: enable=g-import-not-at-top
+  described = model_profile.Describe(args.model, args.model_params_override)
+  cfg = model_select.ModelParams(args.model, 'Train',
+                                 args.model_params_override)
+  slots, traffic = model_profile.OptimizerCosts(cfg)
+  rows = ([int(r) for r in args.rows.split(',')] if args.rows else
+          DefaultRows(described.batch))
+  dtypes = [precision.ParseFPropDtype(d).name for d in args.dtypes.split(',')]
+  if (args.handover_latency is None) != (args.handover_bandwidth is None):
+    raise ValueError('give both --handover_latency and --handover_bandwidth, '
+                     'or neither (measured)')
+  config = tf.compat.v1.ConfigProto(
+      intra_op_parallelism_threads=INTRA_OP_THREADS,
+      inter_op_parallelism_threads=INTER_OP_THREADS)
+  with local_cluster.LocalCluster(
+      2, pin_cores=True, intra_op_threads=INTRA_OP_THREADS,
+      inter_op_threads=INTER_OP_THREADS) as cluster:
+    if args.handover_latency is not None:
+      handover = profile_lib.Handover(args.handover_latency,
+                                      args.handover_bandwidth)
+      step = None
+    else:
+      log('measuring the hand-over between two pinned worker processes')
+      got = measure.MeasureHandover(cluster.target, cluster.devices,
+                                    repeats=args.repeats)
+      handover, step = got['handover'], got['step_seconds']
+    measure.PinToCore(args.core)
+    log('measuring %d layers of %s at %s rows per micro-batch in %s' %
+        (len(described.params.layers), args.model, rows, ', '.join(dtypes)))
+    profile = measure.MeasureModel(
+        args.model, described.params.layers, described.input_specs,
+        described.batch, rows, dtypes=dtypes, loss=described.loss,
+        batch_dim=described.params.batch_dim, optimizer_slots=slots,
+        update_traffic=traffic, handover=handover, step_seconds=step,
+        session_config=config, repeats=args.repeats,
+        machine=runner.MachineInfo(),
+        notes='one core (%d), %d intra-op + %d inter-op threads; override %r'
+        % (args.core, INTRA_OP_THREADS, INTER_OP_THREADS,
+           args.model_params_override), log=log)
+    if args.calibrate:
+      log('calibrating against the executor on the two workers')
+      profile = calibrate.CalibrateProfile(
+          profile, cluster.target, cluster.devices, described.params.layers,
+          described.input_specs, calibrate.Rows(rows), loss=described.loss,
+          batch_dim=described.params.batch_dim, log=log)
+  return profile
+
+
+def Plan(args, log=print):
+  """Runs the planner; returns (SearchResult, Plan or None)."""
+  if args.profile:
+    profile = profile_lib.Load(args.profile)
+  elif args.model:
+    profile = MeasureProfile(args, log)
+  else:
+    raise ValueError('give --model (to measure it) or --profile (a saved '
+                     'profile)')
+  if args.profile_out:
+    profile_lib.Save(profile, args.profile_out)
+    log('wrote the profile to %s' % args.profile_out)
+  cap = (search.ParseBytes(args.memory_per_device)
+         if args.memory_per_device else None)
+  options = dict(max_micro_batches=args.max_micro_batches,
+                 headroom=args.memory_headroom)
+  if args.schedules:
+    options['schedules'] = [registry.Get(s).name
+                            for s in args.schedules.split(',')]
+  result = search.Search(profile, args.devices, cap, **options)
+  print(search.Table(result, top=args.top), flush=True)
+  plan = None
+  if result.best:
+    plan = choice.FromCandidate(result.best, args.devices, cap,
+                                profile.model)
+    print('\nBest: %s' % plan.Describe(), flush=True)
+    if args.plan_out:
+      choice.Save(plan, args.plan_out)
+      log('wrote the plan to %s' % args.plan_out)
+  if args.json:
+    with open(args.json, 'w') as f:
+      json.dump(search.ToJson(result, top=args.top), f, indent=1,
+                sort_keys=True)
+  return result, plan
+
+
+def main(argv=None):
+  """Runs the planner; returns the exit status (1: nothing fits, or an error).
+
+  Args:
+    argv: the arguments after the program name (default sys.argv[1:]).
+  """
+  if os.environ.get('BUILD_WORKING_DIRECTORY'):
+    os.chdir(os.environ['BUILD_WORKING_DIRECTORY'])
+  args = _Parser().parse_args(argv)
+  log = lambda *a: print(*a, file=sys.stderr, flush=True)
+  try:
+    result, _ = Plan(args, log)
+  except (ValueError, RuntimeError) as e:  # Bad input, workers not serving.
+    print('plan: error: %s' % e, file=sys.stderr, flush=True)
+    return 1
+  return 0 if result.best else 1
