@@ -64,8 +64,8 @@ def CostsOf(split_backward, forward=1, backward=1, weight=1):
 
 
 def TaskTimes(orders, num_stages, num_micro_batches,
-              per_micro_batch_loss=False, costs=None, dependencies=None,
-              delay=None):
+              per_micro_batch_loss=False, costs=None, delay=None,
+              dependencies=None):
   """Runs device task orders, each task as early as its order allows.
 
   Args:
@@ -78,12 +78,12 @@ def TaskTimes(orders, num_stages, num_micro_batches,
       function of the Task (``TaskCost``). A schedule without W tasks does
       the weight gradient inside B: give B the cost of both to compare it
       with a split one (``CostsOf``).
-    dependencies: optional function(task) -> the tasks it waits for; by
-      default the training dataflow (``pipeline_tasks.Dependencies``). Other
-      task vocabularies (decoding lanes) bring their own.
     delay: optional function(dependency, task) -> the time from the end of
       `dependency` until `task` can read its output (a hand-over between
       devices, 0 on one device); None: outputs are there at once.
+    dependencies: optional function(task) -> the tasks it waits for; by
+      default the training dataflow (``pipeline_tasks.Dependencies``). Other
+      task vocabularies (decoding lanes) bring their own.
 
   Returns:
     Per device, a list of (task, start, end) in run order.
@@ -146,7 +146,7 @@ def Simulate(orders, num_stages, num_micro_batches,
     task of cost c fills c ticks.
   """
   times = TaskTimes(orders, num_stages, num_micro_batches,
-                    per_micro_batch_loss, costs, dependencies)
+                    per_micro_batch_loss, costs, dependencies=dependencies)
   # Whole ticks: costs such as 2.0 (``timed.StageCosts``) draw as 2 cells.
   span = int(round(max([end for lane in times for _, _, end in lane] or [0])))
   lanes = []
