@@ -8,13 +8,15 @@ caches and the memory bandwidth of their cores. ``Calibrate`` measures the
 difference once per model:
 
 1. On one pinned worker, the whole model as one stage (K=1) of a real
-   ``gpipe.PipeliningLayer`` at a few micro-batch sizes, under a split
-   backward ('zb_h1': F, B, W tasks) and an unsplit one ('gpipe': B does
-   W's work), with and without re-materialization, one traced step each:
-   the median duration of each kind of task against the sum of the layers'
-   profile figures gives a factor per kind and size (``profile.Factors``): F, B, W
-   of a split backward, the unsplit B (input and weight gradient), and the
-   recomputed forward of a re-materializing B.
+   ``gpipe.PipeliningLayer`` at a few micro-batch sizes, two micro-batches
+   each, its gradients timed (untraced: tracing slows small ops down far
+   more than large ones) under a split backward ('zb_h1': F, B, W tasks)
+   without and with re-materialization, and an unsplit one ('gpipe': B
+   does W's work). Against the simulator's prediction of the same step from
+   the layers' figures alone this gives factors per size
+   (``profile.Factors``): one for the tasks of a split backward (F, B, W),
+   one for the unsplit backward, and the recomputed forward of a
+   re-materializing B over the forward's profile time.
 2. The same stage on both workers at once, against one alone: the slowdown
    of a device while the other computes too (``contention``).
 
@@ -23,23 +25,20 @@ The simulator multiplies each task's profile time by its factor
 device computes, by the contention.
 """
 
-import collections
-import statistics
-import time
-
 from gpipe.compat import lingvo_import  # pylint: disable=unused-import
 from gpipe import pipeline
 from gpipe.measure import param_count
-from gpipe.measure import timeline
 from gpipe.plan import measure
 from gpipe.plan import profile as profile_lib
+from gpipe.plan import simulator
 from lingvo import compat as tf
 from lingvo.core import py_utils
 
-def _Sums(profile_layers, rows, dtype):
-  at = [layer.At(rows, dtype) for layer in profile_layers]
-  return dict(F=sum(m.forward for m in at), B=sum(m.backward for m in at),
-              W=sum(m.weight for m in at))
+# The K=1 graphs timed per size: (schedule, remat).
+_SPLIT = ('zb_h1', 'never')  # F, B, W tasks.
+_REMAT = ('zb_h1', 'always')  # B recomputes the forward.
+_UNSPLIT = ('gpipe', 'never')  # B does W's work.
+_CALIBRATION = (_SPLIT, _REMAT, _UNSPLIT)
 
 
 def _Build(layer_params, input_specs, loss, batch_dim, rows, m, schedule,
@@ -71,49 +70,29 @@ def _Build(layer_params, input_specs, loss, batch_dim, rows, m, schedule,
   return [g.op for g in grads if g is not None]
 
 
-def _TaskMedians(sess, fetch, runs):
-  """{phase: median seconds} of the stage calls, as in untraced steps.
-
-  Traced steps say which task took how long, but tracing slows every op
-  down (more where ops are many and small): the tasks' traced durations
-  are scaled by the untraced step's median over the traced step's.
-  """
-  durations = collections.defaultdict(list)
-  traced, untraced = [], []
-  for _ in range(runs):
-    metadata = tf.compat.v1.RunMetadata()
-    start = time.perf_counter()
-    sess.run(fetch, options=tf.compat.v1.RunOptions(
-        trace_level=tf.compat.v1.RunOptions.FULL_TRACE),
-             run_metadata=metadata)
-    traced.append(time.perf_counter() - start)
-    for t in timeline.ParseStepStats(metadata.step_stats):
-      durations[t.phase].append(t.end - t.start)
-    start = time.perf_counter()
-    sess.run(fetch)
-    untraced.append(time.perf_counter() - start)
-  scale = min(statistics.median(untraced) / statistics.median(traced), 1.0)
-  return {phase: scale * statistics.median(v)
-          for phase, v in durations.items()}
+def _Predicted(profile, rows, m, schedule, remat):
+  """The uncalibrated simulator's K=1 step of the calibration graph."""
+  bare = profile.Replace(batch=rows * m, factors=(), contention=1.0,
+                         update_traffic=0.0, step_seconds=0.0)
+  return simulator.Predict(bare, simulator.Configuration(
+      1, 1, (profile.num_layers,), m, schedule, remat)).step_seconds
 
 
-def Calibrate(target, devices, profile_layers, layer_params, input_specs,
-              rows, loss=None, batch_dim=0, dtype='float32', runs=3,
-              warmup=2, log=None):
+def Calibrate(target, devices, profile, layer_params, input_specs, rows,
+              loss=None, batch_dim=0, repeats=5, warmup=2, log=None):
   """Factors per size and the contention (see the module docstring).
 
   Args:
     target: the session target of the worker processes.
     devices: their devices; the first runs the factors, the first two the
       contention (one device: no contention measured, 1.0).
-    profile_layers: the profile's Layers of `layer_params`.
+    profile: the profile.Profile of `layer_params`.
     layer_params: the pipeline's layer params.
     input_specs: TensorSpecs (a tuple nest) of the first layer's inputs.
     rows: micro-batch sizes to calibrate at.
     loss: optional (loss layer params, target specs).
     batch_dim: the batch dimension.
-    dtype: the compute dtype of the profile figures.
-    runs: traced steps per configuration (the median task).
+    repeats: timed steps per configuration (the median).
     warmup: untimed steps first.
     log: a print-like function, or None.
 
@@ -121,43 +100,39 @@ def Calibrate(target, devices, profile_layers, layer_params, input_specs,
     (list of profile.Factors, contention).
   """
   m = 2  # Two micro-batches: every kind of task runs, twice.
+  dtype = profile.Dtypes()[0]
 
   def Run():
     factors = []
     contention = 1.0
     for r in rows:
-      got = {}
       with tf.Graph().as_default(), tf.compat.v1.Session(target) as sess:
         py_utils.GetOrCreateGlobalStepVar()
-        fetches = {}
-        for schedule, remat in (('zb_h1', 'never'), ('zb_h1', 'always'),
-                                ('gpipe', 'never')):
-          fetches[schedule, remat] = _Build(
-              layer_params, input_specs, loss, batch_dim, r, m, schedule,
-              remat, devices[0], 'calib_%s_%s' % (schedule, remat))
+        fetches = {key: _Build(layer_params, input_specs, loss, batch_dim, r,
+                               m, key[0], key[1], devices[0],
+                               'calib_%s_%s' % key) for key in _CALIBRATION}
         sess.run(tf.compat.v1.global_variables_initializer())
-        for key, fetch in fetches.items():
-          for _ in range(warmup):
-            sess.run(fetch)
-          got[key] = _TaskMedians(sess, fetch, runs)
-      sums = _Sums(profile_layers, r, dtype)
-      split, remat, unsplit = (got['zb_h1', 'never'], got['zb_h1', 'always'],
-                               got['gpipe', 'never'])
-      factors.append(profile_lib.Factors(
-          rows=r, F=split['F'] / max(sums['F'], 1e-9),
-          B=split['B'] / max(sums['B'], 1e-9),
-          W=split['W'] / max(sums['W'], 1e-9),
-          BW=unsplit['B'] / max(sums['B'] + sums['W'], 1e-9),
-          R=max(remat['B'] - split['B'], 0.0) / max(sums['F'], 1e-9)))
+        timer = measure.Timer(sess, repeats, warmup)
+        measured = {key: timer.Seconds(f) for key, f in fetches.items()}
+      predicted = {key: _Predicted(profile, r, m, *key)
+                   for key in _CALIBRATION}
+      forward = m * sum(layer.At(r, dtype).forward for layer in
+                        profile.layers)
+      split = measured[_SPLIT] / max(predicted[_SPLIT], 1e-9)
+      unsplit = max(measured[_UNSPLIT] - split * forward, 0.0) / max(
+          predicted[_UNSPLIT] - forward, 1e-9)
+      recompute = max(measured[_REMAT] - measured[_SPLIT], 0.0) / max(
+          forward, 1e-9)
+      factors.append(profile_lib.Factors(rows=r, F=split, B=split, W=split,
+                                         BW=unsplit, R=recompute))
       if log:
         log('calibrated at %d rows: %s' % (r, ', '.join(
             '%s %.2f' % (k, getattr(factors[-1], k))
             for k in profile_lib.FACTOR_KINDS)))
     if len(devices) > 1:
       contention = _Contention(target, devices[:2], layer_params,
-                               input_specs, loss, batch_dim, rows[len(rows) //
-                                                                  2], m,
-                               runs, warmup)
+                               input_specs, loss, batch_dim,
+                               rows[len(rows) // 2], m, repeats, warmup)
       if log:
         log('contention of two devices computing at once: %.2f' % contention)
     return factors, contention
@@ -165,7 +140,7 @@ def Calibrate(target, devices, profile_layers, layer_params, input_specs,
 
 
 def _Contention(target, devices, layer_params, input_specs, loss, batch_dim,
-                rows, m, runs, warmup):
+                rows, m, repeats, warmup):
   """A stage's step on both devices at once over on one alone."""
   with tf.Graph().as_default(), tf.compat.v1.Session(target) as sess:
     py_utils.GetOrCreateGlobalStepVar()
@@ -173,7 +148,7 @@ def _Contention(target, devices, layer_params, input_specs, loss, batch_dim,
                       'zb_h1', 'never', d, 'contention%d' % i)
                for i, d in enumerate(devices)]
     sess.run(tf.compat.v1.global_variables_initializer())
-    timer = measure.Timer(sess, 2 * runs + 1, warmup)
+    timer = measure.Timer(sess, repeats, warmup)
     alone = timer.Seconds(fetches[0])
     both = timer.Seconds(fetches[0] + fetches[1])
   return max(both / max(alone, 1e-9), 1.0)
@@ -189,6 +164,6 @@ def CalibrateProfile(profile, target, devices, layer_params, input_specs,
                      rows, loss=None, batch_dim=0, log=None):
   """`profile` with its Factors and contention measured (``Calibrate``)."""
   factors, contention = Calibrate(
-      target, devices, profile.layers, layer_params, input_specs, rows,
-      loss=loss, batch_dim=batch_dim, dtype=profile.Dtypes()[0], log=log)
+      target, devices, profile, layer_params, input_specs, rows, loss=loss,
+      batch_dim=batch_dim, log=log)
   return profile.Replace(factors=tuple(factors), contention=contention)
