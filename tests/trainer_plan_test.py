@@ -88,7 +88,7 @@ class TrainerPlanTest(tf.test.TestCase):
     self.assertEqual(code, 0, err[-3000:])
     self.assertEqual(_Pipeline(out), (2, 4, 'zb_auto', 'never'))
     # The plan's cut: one layer in stage 0, three in stage 1.
-    self.assertRegex(out, r'(?m)^\s+0 \|\s+1 \| dense0 \|')
+    self.assertRegex(out, r'(?m)^\s+0 \|\s+1 \| dense0 \.\. dense0 \|')
     self.assertRegex(out, r'(?m)^\s+1 \|\s+3 \| dense1 \.\. dense3 \|')
     self.assertTrue(os.path.exists(os.path.join(logdir, 'plan.json')))
 
