@@ -31,9 +31,9 @@ every call reads: TensorFlow's dataflow loop runs several steps at once
 is back, while later lanes still finish step t.
 
 Early stopping per lane: with ``lane_done(feedback)``, a lane that is done
-(e.g. every sequence in it ended) costs nothing more: each stage's call skips
-its work (a ``tf.cond`` inside the function, state passed through), and the
-other lanes go on.
+(e.g. every sequence in it ended) costs nothing more: each stage's call sits
+in a ``tf.cond`` on the lane's flag that passes its state through instead,
+and the other lanes go on.
 
 ``ForwardInLanes`` runs stages forward-only over the same lanes
 (``gpipe.schedules.inference``), e.g. a decoder's encoder before the loop.
@@ -76,19 +76,18 @@ def _Specs(tensors):
 class _StepFunction:
   """A stage's step traced into a graph function, once per lane signature.
 
-  The function takes (theta, t, done, carry, state, constants), flattened,
-  and returns the flat (carry, state). With early stopping its body is a
-  ``tf.cond`` on `done`: a done lane returns zeros as its carry and its state
-  unchanged, without running the step.
+  The function takes (theta, t, carry, state, constants), flattened, and
+  returns the flat (carry, state). It holds no control flow: early stopping
+  is a ``tf.cond`` around its call in the loop body (a ``tf.cond`` inside the
+  function made the worker run the stage's matmuls several times slower).
   """
 
-  def __init__(self, lane_stage, early_stop):
+  def __init__(self, lane_stage):
     self.lane_stage = lane_stage
-    self._early_stop = early_stop
     self._traced = {}
 
   def _Trace(self, theta, carry, state, constants):
-    """The concrete function and output structure for these inputs."""
+    """The concrete function and carry structure for these inputs."""
     flat = [tf.nest.flatten(x) for x in (theta, carry, state, constants)]
     key = tuple(tuple((tuple(t.shape.as_list()), t.dtype.name) for t in f)
                 for f in flat)
@@ -98,41 +97,23 @@ class _StepFunction:
     stage = self.lane_stage
     out = {}
 
-    def Fn(theta_flat, t, done, carry_flat, state_flat, const_flat):
+    def Fn(theta_flat, t, carry_flat, state_flat, const_flat):
       theta_x, carry_x, state_x, const_x = [
           tf.nest.pack_sequence_as(s, list(f)) for s, f in zip(
               structs, (theta_flat, carry_flat, state_flat, const_flat))]
-
-      def Run():
+      with tf.device(stage.device):
         new_carry, new_state = stage.step(theta_x, t, carry_x, state_x,
                                           const_x)
-        tf.nest.assert_same_structure(new_state, state_x)
-        out['carry'] = new_carry
-        return tf.nest.flatten(new_carry) + tf.nest.flatten(new_state)
-
-      def Skip():
-        zeros = []
-        for x in tf.nest.flatten(out['carry']):
-          if not x.shape.is_fully_defined():
-            raise ValueError(
-                'stage %d: with early stopping a step\'s carry needs static '
-                'shapes (a done lane hands over zeros); %s has shape %s' %
-                (stage.stage, x.name, x.shape))
-          zeros.append(tf.zeros(x.shape, x.dtype))
-        return zeros + list(state_flat)
-
-      with tf.device(stage.device):
-        if not self._early_stop:
-          return Run()
-        # Run is traced first: Skip reads the carry's structure from it.
-        return tf.cond(tf.logical_not(done), Run, Skip)
+      tf.nest.assert_same_structure(new_state, state_x)
+      out['carry'] = new_carry
+      return tf.nest.flatten(new_carry) + tf.nest.flatten(new_state)
 
     specs = [_Specs(f) for f in flat]
     fn = tf.function(
         Fn, autograph=False,
         experimental_attributes=stage_lib.NO_INLINE).get_concrete_function(
-            specs[0], tf.TensorSpec([], tf.int32), tf.TensorSpec([], tf.bool),
-            specs[1], specs[2], specs[3])
+            specs[0], tf.TensorSpec([], tf.int32), specs[1], specs[2],
+            specs[3])
     self._traced[key] = (fn, out['carry'])
     return self._traced[key]
 
@@ -142,30 +123,59 @@ class _StepFunction:
     Args:
       lane: m (names the call op).
       t: the step, a scalar int32 tensor on the stage's device.
-      done: a scalar bool tensor (whether the lane is done), or None without
-        early stopping.
+      done: a scalar bool tensor (whether the lane is done): if true, the
+        call is skipped, the carry is zeros and the state stays; or None
+        without early stopping.
       carry: the carry into this stage.
       state: the lane's state at this stage.
       constants: the lane's constants at this stage.
 
     Returns:
-      (carry, state, call op).
+      (carry, state, ops): the ops the task's order chains: the call, or
+      with early stopping the cond's predicate (its start) and an output
+      (its end).
     """
     stage = self.lane_stage
     fn, carry_struct = self._Trace(stage.theta, carry, state, constants)
-    with tf.name_scope(pipeline_tasks.OpScope(stage.stage, DECODE, lane)):
-      with tf.device(stage.device):
-        if done is None:
-          done = tf.constant(False)
-        results = fn(tf.nest.flatten(stage.theta), t, done,
-                     tf.nest.flatten(carry), tf.nest.flatten(state),
-                     tf.nest.flatten(constants))
-    results = list(results) if isinstance(results, (list, tuple)) else [
-        results]
     num_carry = len(tf.nest.flatten(carry_struct))
+
+    scope = pipeline_tasks.OpScope(stage.stage, DECODE, lane)
+
+    def Run():
+      # Named by its task also inside the tf.cond (the trace finds it so).
+      with tf.name_scope(scope):
+        results = fn(tf.nest.flatten(stage.theta), t, tf.nest.flatten(carry),
+                     tf.nest.flatten(state), tf.nest.flatten(constants))
+      return list(results) if isinstance(results, (list, tuple)) else [
+          results]
+
+    def Skip():
+      zeros = []
+      for x in tf.nest.flatten(carry_struct):
+        if not x.shape.is_fully_defined():
+          raise ValueError(
+              'stage %d: with early stopping a step\'s carry needs static '
+              'shapes (a done lane hands over zeros); %s has shape %s' %
+              (stage.stage, x.name, x.shape))
+        zeros.append(tf.zeros(x.shape, x.dtype))
+      return zeros + [tf.identity(x) for x in tf.nest.flatten(state)]
+
+    with tf.device(stage.device):
+      if done is None:
+        results = Run()
+        ops = [results[0].op]
+      else:
+        with tf.name_scope(scope):
+          run = tf.logical_not(done)
+          results = tf.cond(run, Run, Skip)
+        # TensorFlow lowers the cond to switches on `run` and merges of its
+        # outputs: the task starts with `run` and ends with its outputs, so
+        # those are what the device's order chains (a control edge on the
+        # If op itself does not survive the lowering).
+        ops = [run.op, results[0].op]
     new_carry = tf.nest.pack_sequence_as(carry_struct, results[:num_carry])
     new_state = tf.nest.pack_sequence_as(state, results[num_carry:])
-    return new_carry, new_state, results[0].op
+    return new_carry, new_state, ops
 
 
 def _CheckLanes(stages, feedback, states, constants):
@@ -216,7 +226,7 @@ def Decode(stages, feedback, states, constants, num_steps, lane_done=None,
   _CheckLanes(stages, feedback, states, constants)
   num_stages, num_lanes = len(stages), len(feedback)
   early_stop = lane_done is not None
-  fns = [_StepFunction(s, early_stop) for s in stages]
+  fns = [_StepFunction(s) for s in stages]
   devices, step_orders = decode_lanes.StepOrders(
       [replicas.Canonical(s.device) for s in stages], num_lanes)
   device_of = [devices.index(replicas.Canonical(s.device)) for s in stages]
@@ -246,12 +256,12 @@ def Decode(stages, feedback, states, constants, num_steps, lane_done=None,
                     for m in range(num_lanes)), key=lambda x: (sum(x), x[0]))
     for s, m in tasks:
       carry = feedback[m] if s == 0 else carries[(s - 1, m)]
-      carries[(s, m)], new_states[s][m], op = fns[s].Call(
+      carries[(s, m)], new_states[s][m], task_ops = fns[s].Call(
           m, counters[device_of[s]], dones[m] if early_stop else None, carry,
           states[s][m], constants[s][m])
       registry.Register(pipeline_tasks.Task(stages[s].stage, m, DECODE),
-                        [op])
-      ops[(s, m)] = op
+                        task_ops)
+      ops[(s, m)] = task_ops[-1]
     new_counters = []
     for d, order in enumerate(step_orders):
       with tf.device(stages[device_of[order[-1][0]]].device):

@@ -56,7 +56,7 @@ def TaskParams(devices, max_decode_len=LEN + 1, layers=None):
 _CHECKPOINT = {}
 
 
-def TrainedCheckpoint(steps=250):
+def TrainedCheckpoint(steps=150):
   """The path of the copy model's weights, trained once per process.
 
   Trained with K=2 stages on /device:CPU:0 and :1.

@@ -115,7 +115,10 @@ class DecodeStep:
       saver = tf.train.Saver(task.vars.Flatten())
       init = tf.compat.v1.global_variables_initializer()
     self.build_seconds = time.time() - start
-    self.session = tf.compat.v1.Session(target, graph=self.graph)
+    # A lost worker fails the run instead of hanging it.
+    self.session = tf.compat.v1.Session(
+        target, graph=self.graph, config=tf.compat.v1.ConfigProto(
+            operation_timeout_in_ms=600 * 1000))
     self.session.run(init)
     with self.graph.as_default():
       if os.path.exists(checkpoint + '.index'):
