@@ -79,7 +79,7 @@ def _Predicted(profile, rows, m, schedule, remat):
 
 
 def Calibrate(target, devices, profile, layer_params, input_specs, rows,
-              loss=None, batch_dim=0, repeats=5, warmup=2, log=None):
+              loss=None, batch_dim=0, repeats=7, warmup=2, log=None):
   """Factors per size and the contention (see the module docstring).
 
   Args:
