@@ -43,7 +43,7 @@ _CALIBRATION = (_SPLIT, _REMAT, _UNSPLIT)
 
 def _Build(layer_params, input_specs, loss, batch_dim, rows, m, schedule,
            remat, device, name):
-  """One K=1 pipeline on `device`: returns the gradient ops to run."""
+  """One K=1 pipeline on `device`: returns the loss and gradient ops."""
   inputs, _ = measure.Variables(
       tuple(measure.WithRows(input_specs, rows * m, batch_dim)), name,
       tf.float32, device)
@@ -67,7 +67,9 @@ def _Build(layer_params, input_specs, loss, batch_dim, rows, m, schedule,
     total = tf.add_n(floats)
   grads = tf.gradients(total, net.vars.Flatten(),
                        colocate_gradients_with_ops=True)
-  return [g.op for g in grads if g is not None]
+  # The loss with the gradients, as a training step fetches it: gradients
+  # alone need no forward task when every backward recomputes it.
+  return [total.op] + [g.op for g in grads if g is not None]
 
 
 def _Predicted(profile, rows, m, schedule, remat):
