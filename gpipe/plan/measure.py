@@ -239,8 +239,14 @@ class _LayerGraph:
     from_inputs = _Descendants(inputs, forward_ops)
     produced = {t.ref() for op in from_inputs for t in op.outputs} | {
         t.ref() for t in inputs}
-    self.activation_bytes = _Bytes(_Unique([
-        t for op in grad_ops for t in op.inputs if t.ref() in produced]))
+    read = _Unique([t for op in grad_ops for t in op.inputs
+                    if t.ref() in produced])
+    self.activation_bytes = _Bytes(read)
+    read = {t.ref() for t in read}
+    self.input_read_bytes = _Bytes([t for t in _Unique(inputs)
+                                    if t.ref() in read])
+    self.output_read_bytes = _Bytes([t for t in _Unique(self.outputs)
+                                     if t.ref() in read])
     # What the weight gradient alone reads of the forward's and B's tensors.
     b_ops = _Ancestors(grads[:len(float_inputs)], grad_ops)
     w_ops = _Ancestors(grads[len(float_inputs):], grad_ops) - b_ops
@@ -290,7 +296,9 @@ def _Fold(last, loss):
       backward=last.backward + loss.backward,
       weight=last.weight + loss.weight,
       output_bytes=loss.output_bytes,
-      activation_bytes=last.activation_bytes + loss.activation_bytes,
+      activation_bytes=(last.activation_bytes + loss.activation_bytes -
+                        min(loss.input_read_bytes, last.output_read_bytes)),
+      output_read_bytes=loss.output_read_bytes,
       weight_bytes=last.weight_bytes + loss.weight_bytes,
       temporary_bytes=max(last.temporary_bytes, loss.temporary_bytes))
 
@@ -338,7 +346,9 @@ def _MeasureOne(p, arg_specs, rows, dtype, loss, batch_dim, repeats, warmup,
           rows=rows, dtype=dtype, forward=f, backward=b, weight=w,
           input_bytes=graph.input_bytes, output_bytes=graph.output_bytes,
           activation_bytes=graph.activation_bytes,
-          weight_bytes=graph.weight_bytes, temporary_bytes=temp))
+          weight_bytes=graph.weight_bytes, temporary_bytes=temp,
+          input_read_bytes=graph.input_read_bytes,
+          output_read_bytes=graph.output_read_bytes))
   if loss_graph is not None:
     return _Fold(got[0], got[1]), out_specs
   return got[0], out_specs
