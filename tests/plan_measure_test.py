@@ -41,6 +41,9 @@ class MeasureTest(test_utils.TestCase):
     # mask): two tensors of the micro-batch; W reads x and dy.
     self.assertEqual(at8.activation_bytes, 2 * 8 * 16 * 4)
     self.assertEqual(at8.weight_bytes, 2 * 8 * 16 * 4)
+    # Of those, its input and its output (the next layer's input).
+    self.assertEqual((at8.input_read_bytes, at8.output_read_bytes),
+                     (8 * 16 * 4,) * 2)
     self.assertGreaterEqual(min(at8.forward, at8.backward, at8.weight), 0.0)
     # Equal layers on equal inputs: one measurement.
     self.assertIs(got[1].measurements[0], got[0].measurements[0])

@@ -85,6 +85,17 @@ class MemoryTest(absltest.TestCase):
     self.assertGreater(times['except_last'], times['never'])
     self.assertGreater(times['always'], times['except_last'])
 
+  def testALayersOutputTheNextLayerReadsIsHeldOnce(self):
+    profile = UniformProfile(3, batch=4)
+    ms = [m._replace(input_read_bytes=4.0, output_read_bytes=3.0)
+          for m in profile.layers[0].measurements]
+    profile = profile._replace(layers=[
+        layer._replace(measurements=ms) for layer in profile.layers])
+    p = simulator.Predict(profile, Configuration(1, 1, (3,), 1, 'gpipe',
+                                                 'never'))
+    # 3 x 10, less the two outputs (3 each) the next layer reads again.
+    self.assertEqual(p.step_peak_bytes, [3 * 10.0 - 2 * 3.0])
+
   def testOneFOneBHoldsAtMostKMicroBatches(self):
     profile = UniformProfile(4, batch=16)
     p = simulator.Predict(profile, Configuration(1, 4, (1,) * 4, 16, '1f1b',

@@ -8,8 +8,8 @@ caches and the memory bandwidth of their cores. ``Calibrate`` measures the
 difference once per model:
 
 1. On one pinned worker, the whole model as one stage (K=1) of a real
-   ``gpipe.PipeliningLayer`` at a few micro-batch sizes, two micro-batches
-   each, its gradients timed (untraced: tracing slows small ops down far
+   ``gpipe.PipeliningLayer`` at a few micro-batch sizes, the whole batch
+   in micro-batches of that size, its loss and gradients timed (untraced: tracing slows small ops down far
    more than large ones) under a split backward ('zb_h1': F, B, W tasks)
    without and with re-materialization, and an unsplit one ('gpipe': B
    does W's work). Against the simulator's prediction of the same step from
@@ -43,7 +43,7 @@ _CALIBRATION = (_SPLIT, _REMAT, _UNSPLIT)
 
 def _Build(layer_params, input_specs, loss, batch_dim, rows, m, schedule,
            remat, device, name):
-  """One K=1 pipeline on `device`: returns the gradient ops to run."""
+  """One K=1 pipeline on `device`: returns the loss and gradient ops."""
   inputs, _ = measure.Variables(
       tuple(measure.WithRows(input_specs, rows * m, batch_dim)), name,
       tf.float32, device)
@@ -67,7 +67,9 @@ def _Build(layer_params, input_specs, loss, batch_dim, rows, m, schedule,
     total = tf.add_n(floats)
   grads = tf.gradients(total, net.vars.Flatten(),
                        colocate_gradients_with_ops=True)
-  return [g.op for g in grads if g is not None]
+  # The loss with the gradients, as a training step fetches it: gradients
+  # alone need no forward task when every backward recomputes it.
+  return [total.op] + [g.op for g in grads if g is not None]
 
 
 def _Predicted(profile, rows, m, schedule, remat):
@@ -79,7 +81,7 @@ def _Predicted(profile, rows, m, schedule, remat):
 
 
 def Calibrate(target, devices, profile, layer_params, input_specs, rows,
-              loss=None, batch_dim=0, repeats=5, warmup=2, log=None):
+              loss=None, batch_dim=0, repeats=7, warmup=2, log=None):
   """Factors per size and the contention (see the module docstring).
 
   Args:
@@ -99,13 +101,15 @@ def Calibrate(target, devices, profile, layer_params, input_specs, rows,
   Returns:
     (list of profile.Factors, contention).
   """
-  m = 2  # Two micro-batches: every kind of task runs, twice.
   dtype = profile.Dtypes()[0]
 
   def Run():
     factors = []
     contention = 1.0
     for r in rows:
+      # The whole batch in micro-batches of r rows: every task a pipeline
+      # of that size runs, and as many of them.
+      m = max(1, profile.batch // r)
       with tf.Graph().as_default(), tf.compat.v1.Session(target) as sess:
         py_utils.GetOrCreateGlobalStepVar()
         fetches = {key: _Build(layer_params, input_specs, loss, batch_dim, r,
@@ -130,9 +134,11 @@ def Calibrate(target, devices, profile, layer_params, input_specs, rows,
             '%s %.2f' % (k, getattr(factors[-1], k))
             for k in profile_lib.FACTOR_KINDS)))
     if len(devices) > 1:
+      middle = rows[len(rows) // 2]
       contention = _Contention(target, devices[:2], layer_params,
-                               input_specs, loss, batch_dim,
-                               rows[len(rows) // 2], m, repeats, warmup)
+                               input_specs, loss, batch_dim, middle,
+                               max(1, profile.batch // middle), repeats,
+                               warmup)
       if log:
         log('contention of two devices computing at once: %.2f' % contention)
     return factors, contention

@@ -3,9 +3,10 @@
 ``MeasureLayers`` builds each layer per micro-batch size and dtype in a
 graph of its own, on random inputs of the shapes the previous layer hands
 it, held in variables (so a run reads nothing from the client), and times
-three session runs of it: the forward (F), the forward and the input
-gradient, and the forward and both gradients. B and W are the differences
-(each run's median over repeats, less an empty run's).
+four session runs of it: the forward (F), the forward and the input
+gradient, the forward and the weight gradient, and the forward and both
+gradients. B and W are differences of them (each run's fastest of the
+repeats, less an empty run's).
 Bytes come from the graph, not from timing: the forward tensors the
 gradient ops read (what ``remat='never'`` keeps), the tensors the weight
 gradient alone reads (what a split backward keeps from B to W), the
@@ -150,12 +151,23 @@ def Variables(specs, name, compute_dtype, device=None):
 
 
 class Timer:
-  """Median seconds of session runs, less an empty run's."""
+  """Seconds of session runs (median or fastest), less an empty run's."""
 
-  def __init__(self, sess, repeats, warmup):
+  def __init__(self, sess, repeats, warmup, statistic=statistics.median):
+    """Constructor.
+
+    Args:
+      sess: the session.
+      repeats: timed runs per fetch.
+      warmup: untimed runs first.
+      statistic: of the timed runs: the median, or ``min`` where other
+        processes' work may slow some runs down and a difference of two
+        figures must stay stable.
+    """
     self._sess = sess
     self._repeats = repeats
     self._warmup = warmup
+    self._statistic = statistic
     self._empty = None
     self._empty = self.Seconds(tf.no_op())
 
@@ -172,7 +184,7 @@ class Timer:
       start = time.perf_counter()
       self._sess.run(fetch)
       runs.append(time.perf_counter() - start)
-    seconds = statistics.median(runs)
+    seconds = self._statistic(runs)
     return seconds if self._empty is None else max(seconds - self._empty,
                                                    0.0)
 
@@ -216,14 +228,25 @@ class _LayerGraph:
         target, float_inputs,
         unconnected_gradients=tf.UnconnectedGradients.ZERO)) if (
             float_inputs) else self.forward
+    # The weight gradient alone.
+    self.weight_grad = _Ops(tf.gradients(
+        target, weights,
+        unconnected_gradients=tf.UnconnectedGradients.ZERO)) if (
+            weights) else self.forward
     self.both = _Ops(grads) if grads else self.forward
     # What the gradient ops read of the forward's tensors computed from the
     # inputs, and the inputs (not the weights, their reads or casts).
     from_inputs = _Descendants(inputs, forward_ops)
     produced = {t.ref() for op in from_inputs for t in op.outputs} | {
         t.ref() for t in inputs}
-    self.activation_bytes = _Bytes(_Unique([
-        t for op in grad_ops for t in op.inputs if t.ref() in produced]))
+    read = _Unique([t for op in grad_ops for t in op.inputs
+                    if t.ref() in produced])
+    self.activation_bytes = _Bytes(read)
+    read = {t.ref() for t in read}
+    self.input_read_bytes = _Bytes([t for t in _Unique(inputs)
+                                    if t.ref() in read])
+    self.output_read_bytes = _Bytes([t for t in _Unique(self.outputs)
+                                     if t.ref() in read])
     # What the weight gradient alone reads of the forward's and B's tensors.
     b_ops = _Ancestors(grads[:len(float_inputs)], grad_ops)
     w_ops = _Ancestors(grads[len(float_inputs):], grad_ops) - b_ops
@@ -236,9 +259,15 @@ class _LayerGraph:
 
 
 def _Measure(layer_graph, timer, sess):
-  """(forward, backward, weight) seconds and temporary bytes of one layer."""
+  """(forward, backward, weight) seconds and temporary bytes of one layer.
+
+  B and W are each the mean of two differences: F+B less F and F+B+W less
+  F+W for B, F+W less F and F+B+W less F+B for W (the two disagree where
+  the gradients share work, and each is noisy on its own).
+  """
   forward = timer.Seconds(layer_graph.forward)
   forward_input = timer.Seconds(layer_graph.input_grad)
+  forward_weight = timer.Seconds(layer_graph.weight_grad)
   both = timer.Seconds(layer_graph.both)
   metadata = tf.compat.v1.RunMetadata()
   sess.run(layer_graph.both, options=tf.compat.v1.RunOptions(
@@ -247,8 +276,9 @@ def _Measure(layer_graph, timer, sess):
     peak = memory.MaxOverDevices(memory.PeakBytesPerDevice(metadata))
   except ValueError:
     peak = 0
-  return (forward, max(forward_input - forward, 0.0),
-          max(both - forward_input, 0.0),
+  backward = (forward_input - forward + both - forward_weight) / 2
+  weight = (forward_weight - forward + both - forward_input) / 2
+  return (forward, max(backward, 0.0), max(weight, 0.0),
           max(peak - layer_graph.activation_bytes, 0))
 
 
@@ -266,7 +296,9 @@ def _Fold(last, loss):
       backward=last.backward + loss.backward,
       weight=last.weight + loss.weight,
       output_bytes=loss.output_bytes,
-      activation_bytes=last.activation_bytes + loss.activation_bytes,
+      activation_bytes=(last.activation_bytes + loss.activation_bytes -
+                        min(loss.input_read_bytes, last.output_read_bytes)),
+      output_read_bytes=loss.output_read_bytes,
       weight_bytes=last.weight_bytes + loss.weight_bytes,
       temporary_bytes=max(last.temporary_bytes, loss.temporary_bytes))
 
@@ -303,7 +335,10 @@ def _MeasureOne(p, arg_specs, rows, dtype, loss, batch_dim, repeats, warmup,
       loss_graph = _LayerGraph(loss_params.Copy().Instantiate(), loss_args,
                                (targets,))
     sess.run(tf.compat.v1.global_variables_initializer())
-    timer = Timer(sess, repeats, warmup)
+    # The fastest runs: a difference of two medians moves with whatever
+    # else the machine does; calibrate.py maps these to the executor's
+    # typical step.
+    timer = Timer(sess, repeats, warmup, statistic=min)
     got = []
     for graph in [g] + ([loss_graph] if loss_graph else []):
       f, b, w, temp = _Measure(graph, timer, sess)
@@ -311,7 +346,9 @@ def _MeasureOne(p, arg_specs, rows, dtype, loss, batch_dim, repeats, warmup,
           rows=rows, dtype=dtype, forward=f, backward=b, weight=w,
           input_bytes=graph.input_bytes, output_bytes=graph.output_bytes,
           activation_bytes=graph.activation_bytes,
-          weight_bytes=graph.weight_bytes, temporary_bytes=temp))
+          weight_bytes=graph.weight_bytes, temporary_bytes=temp,
+          input_read_bytes=graph.input_read_bytes,
+          output_read_bytes=graph.output_read_bytes))
   if loss_graph is not None:
     return _Fold(got[0], got[1]), out_specs
   return got[0], out_specs

@@ -36,12 +36,14 @@ FORMAT = 'gpipe-profile-1'
 # The figures of one layer at one size (``Measurement`` fields).
 TIME_FIELDS = ('forward', 'backward', 'weight')
 BYTE_FIELDS = ('input_bytes', 'output_bytes', 'activation_bytes',
-               'weight_bytes', 'temporary_bytes')
+               'weight_bytes', 'temporary_bytes', 'input_read_bytes',
+               'output_read_bytes')
 
 
 class Measurement(
     collections.namedtuple('Measurement',
-                           ('rows', 'dtype') + TIME_FIELDS + BYTE_FIELDS)):
+                           ('rows', 'dtype') + TIME_FIELDS + BYTE_FIELDS,
+                           defaults=(0, 0))):
   """One layer at one micro-batch size and dtype.
 
   Attributes:
@@ -55,6 +57,9 @@ class Measurement(
     activation_bytes: forward tensors (inputs included) its backward reads.
     weight_bytes: tensors its weight gradient reads (kept from B to W).
     temporary_bytes: the backward's peak beyond the activations.
+    input_read_bytes: of the activations, the layer's inputs.
+    output_read_bytes: of the activations, the layer's outputs (a stage's
+      next layer reads them as its inputs: held once, not twice).
   """
 
   __slots__ = ()

@@ -250,7 +250,11 @@ def StageModels(profile, config):
     accumulate = 3.0 * param_bytes / bandwidth
     remat = _Remats(config, k)
     recompute = forward * f.R if remat else 0.0
-    activations = sum(m.activation_bytes for m in at)
+    # A layer's output that its backward reads and the next layer's reads
+    # too is one tensor: held once.
+    activations = sum(m.activation_bytes for m in at) - sum(
+        min(b.input_read_bytes, a.output_read_bytes)
+        for a, b in zip(at, at[1:]))
     temporaries = max(m.temporary_bytes for m in at)
     batched_weight = 0.0
     weight_task = 0.0
@@ -274,10 +278,11 @@ def StageModels(profile, config):
         weight_bytes=sum(m.weight_bytes for m in at) if split else 0.0,
         temporary_bytes={
             FORWARD: max(m.output_bytes for m in at),
-            # Recomputed activations, then the backward's temporaries and
-            # the new gradient before it joins the sum.
-            BACKWARD: (activations if remat else 0.0) + temporaries + (
-                0.0 if split else param_bytes),
+            # Recomputed activations (freed layer by layer as the weight
+            # gradients, without a split, take their place), and the
+            # backward's temporaries.
+            BACKWARD: max(activations if remat else 0.0,
+                          0.0 if split else param_bytes) + temporaries,
             WEIGHT: temporaries + param_bytes,
         },
         gradient_bytes=param_bytes,

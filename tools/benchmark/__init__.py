@@ -41,6 +41,10 @@ Subcommands:
               sentences/s and per-token latency for K in {1, 2} pinned
               one-core workers and M lanes, beside the unpipelined decoder;
               measured bubble beside the lane schedule's formula.
+  plan        The planner (gpipe.plan) checked: each stack profiled on one
+              pinned core, its top configurations for the two workers
+              under a memory cap run beside K=1, M=1 and the zero-bubble
+              schedules; predicted vs measured step time and peak memory.
 
 Every subcommand prints a markdown table, the machine and the settings, and
 writes ``--json`` and ``--plot`` if given. ``--quick`` runs a tiny version
@@ -50,7 +54,8 @@ work, pipelined stages otherwise get only part of their cores.
 
 Modules: ``cli`` (flags and dispatch), one per subcommand (``throughput``,
 ``memory``, ``bubble``, ``graph``, ``schedules``, ``cost``,
-``data_parallel``, ``links``, ``decode``), ``floor`` (the kernel floor ``cost`` reports),
+``data_parallel``, ``links``, ``decode``, ``plan``), ``floor`` (the kernel
+floor ``cost`` reports),
 ``report`` (their tables, header, JSON and plots), ``runner``
 (configurations, worker clusters, timed steps), ``models`` (the benchmark
 layer stacks) and ``lingvo_stack`` (Lingvo's GPipeTransformerStack).
