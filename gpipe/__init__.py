@@ -25,6 +25,8 @@ The modules, in the order a training step meets them:
   pipeline_tasks.py   the task vocabulary (F, B, W of a stage on a
                       micro-batch) and the registry that orders the ops
   stage.py            a stage as graph functions: forward, backward, remat
+  accumulation.py     weight gradients summed across micro-batches as their
+                      tasks finish (one running sum per stage)
   split_backward.py   a stage's backward as B (input) and W (weight) tasks
   weight_batching.py  one W task per stage for all micro-batches
   replicas.py         R data-parallel replicas of the K stages

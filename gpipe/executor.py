@@ -13,6 +13,7 @@ their stacks) built, with their variable names.
 import collections
 
 from gpipe.compat import lingvo_import  # pylint: disable=unused-import
+from gpipe import accumulation
 from gpipe import batch_norm
 from gpipe import micro_batch
 from gpipe import pipeline_tasks
@@ -302,7 +303,7 @@ class PipelineExecutor:
         t.micro_batch - first for order in plan.replica_orders[replica]
         for t in order if t.stage == k and t.phase == plan.weight_phase
     ]
-    thetas = stage_lib.AccumulationViews(theta_k, weight_order, fns.device,
+    thetas = accumulation.AccumulationViews(theta_k, weight_order, fns.device,
                                          low_dtypes)
     last = k == self.num_stages - 1
     step = stage_lib.StepOnDevice(fns.device)

@@ -33,7 +33,7 @@ class PipeliningLayer(executor.PipelineExecutor, base_layer.BaseLayer):
   time, negligible once M >= 4K. Gradients of the M micro-batches add up
   into one gradient per variable, so one optimizer step per mini-batch gives
   exactly the update of unpipelined training. They are added one backward
-  task at a time (``stage.AccumulationViews``), so a stage holds one running
+  task at a time (``accumulation.AccumulationViews``), so a stage holds one running
   gradient sum, not M gradients of its weights.
 
   What is stored and what is recomputed (``remat``):

@@ -14,7 +14,7 @@ A pipeline needs three things more, which this module provides:
   bfloat16 theta would be summed in bfloat16. ``MasterTheta`` takes the cast
   off again (the float32 reads and the dtype each was cast to), and
   ``AttachLowPrecision`` gives each micro-batch a bfloat16 view whose gradient
-  enters the float32 running sum (``stage.AccumulationViews``): the weights
+  enters the float32 running sum (``accumulation.AccumulationViews``): the weights
   are cast once per stage and step, each micro-batch's bfloat16 weight
   gradient is cast to float32 and added in float32.
 * Stage hand-overs in bfloat16: the pipeline casts its floating inputs to

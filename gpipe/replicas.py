@@ -18,7 +18,7 @@ one per replica):
   read: one ``AddN`` on the weight's device, an op of TensorFlow's graph (the
   aggregation of Lingvo's split training), before the single optimizer
   update. Within a replica the M micro-batch gradients are summed as in one
-  pipeline (``stage.AccumulationViews``);
+  pipeline (``accumulation.AccumulationViews``);
 * micro-batch batch norm: the statistics of all R x M micro-batches are
   summed on the first replica's stage device, and the moving averages are
   updated once per mini-batch, exactly as with R = 1.

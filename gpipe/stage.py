@@ -398,51 +398,6 @@ class StageFunctions:
                        list(self.stats_layers))
 
 
-def AccumulationViews(theta, backward_order, device, low_dtypes=None):
-  """Per-micro-batch views of a stage's theta that sum gradients in order.
-
-  If all M calls of a stage consumed the same theta tensors, tf.gradients
-  would add their M weight gradients with one add_n, which waits for the
-  last one: M gradient copies of the stage's weights alive at once. Instead
-  micro-batch m reads its own view, and the views form an identity chain
-  that ends at the micro-batch whose backward task runs first. The gradient
-  of each view is then its call's gradient plus the running sum of those
-  later in the chain, added as soon as the backward task is done: one
-  running sum per stage. IdentityN forwards buffers: the forward pass copies
-  nothing.
-
-  Args:
-    theta: the stage's NestedMap of theta tensors (read on `device`).
-    backward_order: the micro-batches in the order their backward tasks run.
-    device: the stage's device.
-    low_dtypes: optional, theta's structure: the dtype (bfloat16) each leaf
-      is computed in, or None (see gpipe.precision). Such leaves are cast
-      once; each view hands the cast to its call and its gradient, cast to
-      float32, to the float32 chain: the running sum stays float32.
-
-  Returns:
-    A list: the theta view of each micro-batch index.
-  """
-  flat = theta.Flatten()
-  views = [None] * len(backward_order)
-  with tf.device(device):
-    low = [None] * len(flat)
-    if low_dtypes is not None:
-      low = [None if d is None else tf.cast(t, d)
-             for t, d in zip(flat, low_dtypes.Flatten())]
-    mixed = [i for i, d in enumerate(low) if d is not None]
-    for m in reversed(backward_order):
-      view = list(flat)
-      attached = precision.AttachLowPrecision([flat[i] for i in mixed],
-                                              [low[i] for i in mixed])
-      for i, t in zip(mixed, attached):
-        view[i] = t
-      views[m] = theta.Pack(view)
-      if flat:
-        flat = tf.identity_n(flat)
-  return views
-
-
 def ReadTheta(theta, device):
   """Reads a stage's theta (variables or tensors) once, on its device."""
   with tf.device(device):

@@ -45,6 +45,10 @@ Subcommands:
               pinned core, its top configurations for the two workers
               under a memory cap run beside K=1, M=1 and the zero-bubble
               schedules; predicted vs measured step time and peak memory.
+  startup     Where a pipelined trainer's start-up goes (16 workers of
+              mt.T64Structure_Numbers by default): seconds and memory of
+              each phase up to the second step, beside another checkout's
+              trainer (--before) in the same run.
 
 Every subcommand prints a markdown table, the machine and the settings, and
 writes ``--json`` and ``--plot`` if given. ``--quick`` runs a tiny version
@@ -54,7 +58,7 @@ work, pipelined stages otherwise get only part of their cores.
 
 Modules: ``cli`` (flags and dispatch), one per subcommand (``throughput``,
 ``memory``, ``bubble``, ``graph``, ``schedules``, ``cost``,
-``data_parallel``, ``links``, ``decode``, ``plan``), ``floor`` (the kernel
+``data_parallel``, ``links``, ``decode``, ``plan``, ``startup``), ``floor`` (the kernel
 floor ``cost`` reports),
 ``report`` (their tables, header, JSON and plots), ``runner``
 (configurations, worker clusters, timed steps), ``models`` (the benchmark

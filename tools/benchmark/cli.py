@@ -3,8 +3,8 @@
 ``main`` parses the subcommand and its flags (``--help`` lists them), shrinks
 the defaults for ``--quick`` and runs one of ``throughput.Throughput``,
 ``memory.Memory``, ``bubble.Bubble``, ``schedules.Schedules``,
-``data_parallel.DataParallel``, ``graph.Graph``, ``links.Links``, ``decode.Decode`` or
-``plan.Plan``.
+``data_parallel.DataParallel``, ``graph.Graph``, ``links.Links``,
+``decode.Decode``, ``plan.Plan`` or ``startup.Startup``.
 """
 
 import argparse
@@ -21,6 +21,7 @@ from tools.benchmark import links
 from tools.benchmark import memory
 from tools.benchmark import plan
 from tools.benchmark import schedules
+from tools.benchmark import startup
 from tools.benchmark import throughput
 
 
@@ -208,6 +209,24 @@ def _Parser():
                  '(gpipe/plan/calibrate.py)')
   p.add_argument('--steps', type=int, default=5, help='timed rounds')
   p.add_argument('--warmup', type=int, default=2)
+  p = sub.add_parser('startup', help=startup.Startup.__doc__)
+  Common(p)
+  p.add_argument('--model', default='mt.T64Structure_Numbers',
+                 help='the registered model the trainer starts')
+  p.add_argument('--worker_processes', type=int, default=16,
+                 help='local worker processes (0: in-process devices)')
+  p.add_argument('--before',
+                 help='another checkout of this project whose trainer runs '
+                 'first, side by side (e.g. git worktree add /tmp/before '
+                 '<commit>)')
+  p.add_argument('--before_env', default='',
+                 help="NAME=VALUE,... for the --before run, e.g. "
+                 "'PYTHONPATH=/tmp/pb3' (that commit's protobuf)")
+  p.add_argument('--step_timeout_secs', type=int, default=2400,
+                 help="the trainer's --step_timeout_secs (a first step "
+                 'optimizes, partitions and instantiates the whole graph)')
+  p.add_argument('--timeout_secs', type=int, default=5400,
+                 help='stop a trainer that runs longer than this')
   return parser
 
 
@@ -250,6 +269,8 @@ def _ApplyQuick(args):
     args.top = min(args.top, 2)
     args.repeats = 1
     args.max_micro_batches = min(args.max_micro_batches, 2)
+  if args.command == 'startup' and args.model == 'mt.T64Structure_Numbers':
+    args.model, args.worker_processes = 'mt.NumbersTiny', 2
   if args.command == 'memory':
     args.cap_mib = min(args.cap_mib, 4.0)
     args.micro_batches = 2
@@ -275,6 +296,7 @@ def main(argv=None):
                   bubble=bubble.Bubble, graph=graph.Graph,
                   schedules=schedules.Schedules, cost=cost.Cost,
                   data_parallel=data_parallel.DataParallel, links=links.Links,
-                  decode=decode.Decode, plan=plan.Plan)
+                  decode=decode.Decode, plan=plan.Plan,
+                  startup=startup.Startup)
   commands[args.command](args)
   return 0

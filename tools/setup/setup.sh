@@ -31,12 +31,19 @@ PY
     "$PYTHON" -m venv "$VENV"
   fi
   log "installing pinned packages (a few minutes on a fresh machine)"
-  "$VENV/bin/pip" install --quiet --disable-pip-version-check -r "$REQ" 2>&1 \
-    | grep -v "is ignored: it is neither a file nor a directory" >&2 || true
+  # pip's own status decides (grep only drops a harmless index warning): a
+  # failed install must not leave a stamp that says the environment is ready.
+  pip_quiet() {
+    "$VENV/bin/pip" install --quiet --disable-pip-version-check "$@" 2>&1 \
+      | { grep -v "is ignored: it is neither a file nor a directory" >&2 || true; }
+    return "${PIPESTATUS[0]}"
+  }
+  pip_quiet -r "$REQ" \
+    || { log "pip could not install $REQ (errors above)"; exit 1; }
   # These packages declare requirements that pull the newest TensorFlow and many
   # unneeded packages; their real needs are already pinned in requirements.txt.
-  "$VENV/bin/pip" install --quiet --disable-pip-version-check --no-deps -r "$REQ_NODEPS" 2>&1 \
-    | grep -v "is ignored: it is neither a file nor a directory" >&2 || true
+  pip_quiet --no-deps -r "$REQ_NODEPS" \
+    || { log "pip could not install $REQ_NODEPS (errors above)"; exit 1; }
   (cd "$ROOT" && TF_CPP_MIN_LOG_LEVEL=3 "$VENV/bin/python" -c 'import gpipe.compat.lingvo_import; from lingvo.core import base_layer') \
     || { log "the environment does not import lingvo; see the errors above"; exit 1; }
   echo "$want_hash" > "$STAMP"

@@ -14,11 +14,12 @@ from gpipe import pipeline
 from gpipe.runtime import layout
 from lingvo import compat as tf
 from lingvo.core import py_utils
+from tools.trainer import startup
 
 MODES = ('train', 'eval', 'decode')
 
 
-def Build(cfg, placement, mode, seed):
+def Build(cfg, placement, mode, seed, phases=None):
   """Builds the model of `cfg` in a new graph.
 
   Args:
@@ -26,6 +27,8 @@ def Build(cfg, placement, mode, seed):
     placement: a tools.placement.Placement.
     mode: 'train', 'eval' or 'decode'.
     seed: the graph-level random seed.
+    phases: optional tools.trainer.startup.StartupLog timing the build's
+      phases.
 
   Returns:
     NestedMap(graph, model, task, global_step, decode_out): decode_out is
@@ -33,18 +36,22 @@ def Build(cfg, placement, mode, seed):
   """
   if mode not in MODES:
     raise ValueError('unknown graph mode %r; use one of %s' % (mode, MODES))
+  phases = phases or startup.StartupLog()
   graph = tf.Graph()
   decode_out = None
   with graph.as_default():
     tf.compat.v1.set_random_seed(seed)
     with placement.LingvoCluster(do_eval=mode != 'train'):
-      model = cfg.Instantiate()
-      if mode == 'train':
-        model.ConstructFPropBPropGraph()
-      elif mode == 'eval':
-        model.ConstructFPropGraph()
-      else:
-        _, decode_out = model.ConstructDecodeGraph()
+      with phases.Phase('layers and variables'):
+        model = cfg.Instantiate()
+      with phases.Phase('%s graph' % mode), phases.Hooks(
+          startup.GraphBuildHooks()):
+        if mode == 'train':
+          model.ConstructFPropBPropGraph()
+        elif mode == 'eval':
+          model.ConstructFPropGraph()
+        else:
+          _, decode_out = model.ConstructDecodeGraph()
   task = model.GetTask()
   return py_utils.NestedMap(graph=graph, model=model, task=task,
                             global_step=task.global_step,

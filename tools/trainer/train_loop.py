@@ -35,6 +35,7 @@ from tools.trainer import checkpoints
 from tools.trainer import model_graph
 from tools.trainer import progress
 from tools.trainer import remote_tasks
+from tools.trainer import startup
 from tools.trainer import step_trace
 from tools.trainer import summaries
 
@@ -54,6 +55,9 @@ MASTER_PROBE_MISSES = 2
 # Trace files of traced steps (Trace Event Format: open them in
 # https://ui.perfetto.dev or chrome://tracing).
 TRACE_DIR = 'traces'
+# Steps timed as start-up phases (the first one optimizes, partitions and
+# instantiates; the second shows a step without that).
+STARTUP_STEPS = 2
 
 
 def AbandonedSessions():
@@ -129,6 +133,11 @@ class TrainLoop:
     self._last_saved = None
     self._done_after = None
     self._echo = echo
+    # Start-up phases up to the second step, written to startup.json.
+    self._startup = startup.StartupLog()
+    self._graph_ops = None
+    self._startup.Mark('trainer start (imports, flags, workers)',
+                       time.time() - startup.ProcessStartTime())
 
   def _TrainParams(self):
     """The Train() params, positioned after the batches already consumed."""
@@ -154,12 +163,15 @@ class TrainLoop:
     cfg, resume = self._TrainParams()
     max_steps = self._run.max_steps or cfg.task.train.max_steps
     started = time.time()
-    built = model_graph.Build(cfg, self._placement, 'train', self._run.seed)
+    built = model_graph.Build(cfg, self._placement, 'train', self._run.seed,
+                              phases=self._startup)
     task = built.task
+    self._graph_ops = len(built.graph.get_operations())
     self._echo('built the training graph in %.1f s' % (time.time() - started))
     for line in model_graph.Describe(built.model):
       self._echo(line)
-    with built.graph.as_default():
+    with built.graph.as_default(), self._startup.Phase(
+        'saver and initializers'):
       saver = checkpoints.Checkpointer(self._logdir)
       if resume:
         # Before anything is written to logdir: a checkpoint of another model
@@ -174,7 +186,8 @@ class TrainLoop:
       }
       built.graph.finalize()
     self._AwaitPendingRuns()
-    sess = self._placement.NewSession(built.graph)
+    with self._startup.Phase('session'):
+      sess = self._placement.NewSession(built.graph)
     # Savers refuse to work in eager mode: run inside the model's graph.
     with built.graph.as_default():
       return self._RunSession(sess, init, saver, fetches, built, max_steps,
@@ -185,8 +198,9 @@ class TrainLoop:
     """Initializes or restores, trains, then runs after_checkpoint."""
     try:
       options = self._placement.RunOptions()
-      self._Guarded(lambda: sess.run(init, options=options),
-                    'while initializing the variables', resume)
+      with self._startup.Phase('variable initialization'):
+        self._Guarded(lambda: sess.run(init, options=options),
+                      'while initializing the variables', resume)
       if resume:
         self._Guarded(lambda: saver.RestoreFrom(sess, resume),
                       'while restoring %s' % resume, resume)
@@ -225,6 +239,18 @@ class TrainLoop:
         thread.join(timeout)
       _PENDING_RUNS.pop(0)
 
+  def _WriteStartup(self):
+    """Writes startup.json and a line: the start-up until this step."""
+    result = self._startup.Write(
+        os.path.join(self._logdir, 'startup.json'),
+        model=self._run.model, graph_ops=self._graph_ops)
+    self._echo('start-up: %.1f s from the trainer\'s start to the end of '
+               'step %d; trainer peak memory %.0f MiB (phases in %s)' % (
+                   result['since_process_start'],
+                   int(result['phases'][-1]['phase'].split()[-1]),
+                   result['trainer_peak_bytes'] / 2**20,
+                   os.path.join(self._logdir, 'startup.json')))
+
   def _AfterCheckpoint(self, path):
     if self._after_checkpoint is not None:
       self._after_checkpoint(path)
@@ -253,7 +279,15 @@ class TrainLoop:
         trace = self._trace_every and (step + 1 == start_step + 2 or
                                        (step + 1) % self._trace_every == 0)
         metadata = tf.compat.v1.RunMetadata() if trace else None
-        out = self._RunStep(sess, fetches, trace, metadata, step, last_ckpt)
+        steps_run = step - start_step
+        if steps_run < STARTUP_STEPS:
+          with self._startup.Phase('step %d' % (steps_run + 1)):
+            out = self._RunStep(sess, fetches, trace, metadata, step,
+                                last_ckpt)
+          if steps_run + 1 == STARTUP_STEPS or step + 1 >= max_steps:
+            self._WriteStartup()
+        else:
+          out = self._RunStep(sess, fetches, trace, metadata, step, last_ckpt)
         # One update per run. (A global step fetched in the same run as the
         # update may be read before or after its increment.)
         step += 1

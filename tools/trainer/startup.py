@@ -1,0 +1,180 @@
+"""Where a trainer's start-up goes: wall time and memory of each phase.
+
+A large pipeline pays its start-up at every start, evaluation job and
+recovery: building the layers and their variables, tracing the stages, the
+learner's gradients and per-variable update ops, the session, and the first
+step (where the session's master optimizes and partitions the graph and the
+workers instantiate their stage functions). ``StartupLog`` times these
+phases in the trainer process: each phase's own seconds (without the phases
+nested in it), the process's resident and peak memory at its end, and writes
+them to ``<logdir>/startup.json`` for ``python -m tools.benchmark startup``.
+
+The phases inside Lingvo's graph construction are timed by wrapping the
+functions that do the work (``Hooks``), only while the log is active:
+
+- ``forward``: the task's FProp on its inputs (the pipeline's schedule of
+  stage calls), with ``stage tracing`` (tracing the stage functions) apart;
+- ``tf.gradients``: the backward graph;
+- ``learner``: gradient scaling and clipping and the optimizer's update ops
+  (``optimizer update`` apart: slot variables and one update per variable).
+"""
+
+import contextlib
+import functools
+import json
+import os
+import time
+
+PROC_STATUS = '/proc/self/status'
+
+
+def ProcessMemory():
+  """(resident, peak resident) bytes of this process (0, 0 if unknown)."""
+  found = {}
+  try:
+    with open(PROC_STATUS) as f:
+      for line in f:
+        key, _, value = line.partition(':')
+        if key in ('VmRSS', 'VmHWM'):
+          found[key] = int(value.split()[0]) * 1024
+  except OSError:
+    return 0, 0
+  return found.get('VmRSS', 0), found.get('VmHWM', 0)
+
+
+def ProcessStartTime():
+  """The wall-clock time this process started (now if unknown)."""
+  try:
+    with open('/proc/self/stat') as f:
+      fields = f.read().rsplit(')', 1)[1].split()
+    start_ticks = int(fields[19])
+    with open('/proc/stat') as f:
+      boot = next(int(line.split()[1]) for line in f
+                  if line.startswith('btime'))
+    return boot + start_ticks / os.sysconf('SC_CLK_TCK')
+  except (OSError, ValueError, StopIteration, IndexError):
+    return time.time()
+
+
+class StartupLog:
+  """Phases of a start-up: nested timers with memory at each phase's end.
+
+  ``Phase(name)`` is a context manager; phases nest, and each records its
+  own time (its wall time less that of the phases inside it), so the rows
+  add up to the total. A phase entered again (a hooked function called
+  twice) adds to its row.
+  """
+
+  def __init__(self, echo=None):
+    self._echo = echo
+    self._started = ProcessStartTime()
+    self._rows = {}
+    self._order = []
+    self._stack = []
+
+  def _Row(self, name, parent):
+    if name not in self._rows:
+      self._rows[name] = dict(phase=name, parent=parent, seconds=0.0,
+                              calls=0, rss_bytes=0, peak_bytes=0)
+      self._order.append(name)
+    return self._rows[name]
+
+  @contextlib.contextmanager
+  def Phase(self, name):
+    """Times the body as phase `name` (nested in the phase around it)."""
+    parent = self._stack[-1][0] if self._stack else None
+    row = self._Row(name, parent)
+    entry = [name, time.time(), 0.0]
+    self._stack.append(entry)
+    try:
+      yield
+    finally:
+      self._stack.pop()
+      wall = time.time() - entry[1]
+      row['seconds'] += wall - entry[2]
+      row['calls'] += 1
+      row['rss_bytes'], row['peak_bytes'] = ProcessMemory()
+      if self._stack:
+        self._stack[-1][2] += wall
+      if self._echo and not self._stack:
+        self._echo('start-up: %s took %.1f s (trainer %s resident, peak %s)' %
+                   (name, wall, _MiB(row['rss_bytes']),
+                    _MiB(row['peak_bytes'])))
+
+  def Mark(self, name, seconds):
+    """Adds a phase measured elsewhere (e.g. before the log existed)."""
+    row = self._Row(name, None)
+    row['seconds'] += seconds
+    row['calls'] += 1
+    row['rss_bytes'], row['peak_bytes'] = ProcessMemory()
+
+  @contextlib.contextmanager
+  def Hooks(self, hooks):
+    """Times calls of existing functions as phases, inside the body only.
+
+    Args:
+      hooks: (owner, attribute name, phase name) triples: owner is a module
+        or class whose attribute is the function to time.
+
+    Yields:
+      Nothing; on exit every attribute is restored.
+    """
+    saved = []
+    try:
+      for owner, attr, name in hooks:
+        original = owner.__dict__[attr]
+        saved.append((owner, attr, original))
+        setattr(owner, attr, self._Timed(original, name))
+      yield
+    finally:
+      for owner, attr, original in reversed(saved):
+        setattr(owner, attr, original)
+
+  def _Timed(self, fn, name):
+    """`fn` (a function, or a staticmethod/classmethod) timed as `name`."""
+    wrap_as = None
+    if isinstance(fn, (staticmethod, classmethod)):
+      wrap_as, fn = type(fn), fn.__func__
+
+    @functools.wraps(fn)
+    def Timed(*args, **kwargs):
+      with self.Phase(name):
+        return fn(*args, **kwargs)
+
+    return wrap_as(Timed) if wrap_as else Timed
+
+  def Rows(self):
+    """The phases in the order first entered, as dicts."""
+    return [dict(self._rows[name]) for name in self._order]
+
+  def Write(self, path, **extra):
+    """Writes the phases (and `extra` fields) as JSON to `path`."""
+    rss, peak = ProcessMemory()
+    result = dict(extra, phases=self.Rows(),
+                  since_process_start=time.time() - self._started,
+                  trainer_rss_bytes=rss, trainer_peak_bytes=peak)
+    with open(path, 'w') as f:
+      json.dump(result, f, indent=1)
+    return result
+
+
+def _MiB(b):
+  return '%.0f MiB' % (b / 2**20) if b else '?'
+
+
+def GraphBuildHooks():
+  """The (owner, attribute, phase) hooks inside a training graph's build."""
+  # Imported here: the hooks name Lingvo's and the pipeline's internals, which
+  # only a trainer that builds a graph needs.
+  from gpipe import stage as stage_lib  # pylint: disable=g-import-not-at-top
+  from lingvo.core import base_model  # pylint: disable=g-import-not-at-top
+  from lingvo.core import learner  # pylint: disable=g-import-not-at-top
+  from lingvo.core import optimizer  # pylint: disable=g-import-not-at-top
+  from lingvo.core import py_utils  # pylint: disable=g-import-not-at-top
+  return [
+      (base_model.BaseTask, 'FPropDefaultTheta', 'forward'),
+      (stage_lib.StageFunctions, '_Build', 'stage tracing'),
+      (learner.Learner, 'Apply', 'learner'),
+      (py_utils, 'ComputeGradients', 'tf.gradients'),
+      (optimizer.Base, 'Apply', 'optimizer update'),
+  ]
