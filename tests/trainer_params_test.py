@@ -154,6 +154,12 @@ class PlacementTest(test_utils.TestCase):
     self.assertEqual(3, config.device_count['CPU'])
     self.assertEqual(7000, config.operation_timeout_in_ms)
     self.assertEqual(7000, p.RunOptions().timeout_in_ms)
+    # Grappler leaves the session graph alone unless asked.
+    self.assertTrue(config.graph_options.rewrite_options.disable_meta_optimizer)
+    config = placement.Placement(
+        1, session_graph_optimizer=True).SessionConfig()
+    self.assertFalse(
+        config.graph_options.rewrite_options.disable_meta_optimizer)
 
 
 class ProgressTest(test_utils.TestCase):

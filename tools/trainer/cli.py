@@ -140,6 +140,12 @@ flags.DEFINE_integer(
     '(also the 2nd step of each run); 0: never.')
 flags.DEFINE_integer('seed', 1234,
                      'Random seed (graph; and the input order when given).')
+flags.DEFINE_bool(
+    'session_graph_optimizer', False,
+    "Run Grappler's meta-optimizer over the session's graph. Off by "
+    'default: the stage functions are still optimized on their workers, and '
+    "on a large pipeline the whole-graph passes cost much of the first "
+    "step and of the session master's memory.")
 flags.DEFINE_integer('step_timeout_secs', 300,
                      'A session run longer than this fails (lost workers).')
 flags.DEFINE_bool('eval_after_train', True,
@@ -223,7 +229,8 @@ def SettleFromFlags():
       eval_after_train=FLAGS.eval_after_train,
       decode_max_batches=FLAGS.decode_max_batches,
       decode_micro_batches=FLAGS.decode_micro_batches,
-      pipelined_decode=FLAGS.pipelined_decode)
+      pipelined_decode=FLAGS.pipelined_decode,
+      session_graph_optimizer=FLAGS.session_graph_optimizer)
 
 
 def Main(run, echo):

@@ -78,7 +78,7 @@ class Placement:
                step_timeout_secs=300, log_dir=None, pin_cores=False,
                device_type='auto', devices_per_task=0,
                connect_timeout_secs=10.0, plan_only=False, environ=None,
-               worker_wait_secs=300):
+               worker_wait_secs=300, session_graph_optimizer=False):
     """Sets up (and for worker_processes, starts) the devices.
 
     Args:
@@ -101,6 +101,8 @@ class Placement:
       environ: the environment to read TF_CONFIG from (default os.environ).
       worker_wait_secs: on Restart, how long to wait for lost servers of a
         running cluster to serve again.
+      session_graph_optimizer: run Grappler over the session's graph (see
+        SessionConfig).
 
     Raises:
       ValueError: conflicting or impossible flags, named.
@@ -120,6 +122,7 @@ class Placement:
                        'check of a worker may take, > 0' % connect_timeout_secs)
     self.num_stages = num_stages
     self.step_timeout_ms = int(step_timeout_secs * 1000)
+    self.session_graph_optimizer = session_graph_optimizer
     self.cluster = None
     self.restarts = 0
     # The servers of a running cluster (a RemoteTasks), or None.
@@ -199,10 +202,20 @@ class Placement:
     self.num_cpus = 1
 
   def SessionConfig(self):
-    """The ConfigProto: virtual CPUs, soft placement and an op timeout."""
+    """The ConfigProto: virtual CPUs, soft placement and an op timeout.
+
+    Grappler's meta-optimizer is off for the session's graph unless
+    session_graph_optimizer: a pipeline's session graph is mostly calls of
+    stage functions, which each worker still optimizes when it
+    instantiates them; on the session graph itself Grappler found little
+    and its passes over the whole graph took a large share of the first
+    step and of the master's memory (docs/BENCHMARKS.md, "Start-up").
+    """
     config = tf.compat.v1.ConfigProto(
         allow_soft_placement=True,
         operation_timeout_in_ms=self.step_timeout_ms)
+    if not self.session_graph_optimizer:
+      config.graph_options.rewrite_options.disable_meta_optimizer = True
     if not self.distributed:
       config.device_count['CPU'] = self.num_cpus
     return config

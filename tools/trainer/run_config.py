@@ -151,7 +151,7 @@ def Settle(model, mode, logdir=None, override='', num_stages=None,
            max_worker_restarts=0, device_type='auto', devices_per_task=0,
            connect_timeout_secs=10.0, environ=None, worker_wait_secs=300,
            decode_micro_batches=None, pipelined_decode=None, plan=None,
-           **settings):
+           session_graph_optimizer=False, **settings):
   """Decides the run: params, placement, stage devices (see module doc).
 
   Args:
@@ -191,6 +191,7 @@ def Settle(model, mode, logdir=None, override='', num_stages=None,
       unpipelined (None: the task's default).
     plan: a gpipe.plan.choice.Plan applied to the pipeline (--plan), or
       None.
+    session_graph_optimizer: run Grappler over the session's graph.
     **settings: the other RunConfig fields (seed, max_steps, periods...).
 
   Returns:
@@ -225,7 +226,8 @@ def Settle(model, mode, logdir=None, override='', num_stages=None,
   where = dict(worker_processes=worker_processes, cluster_spec=cluster_spec,
                step_timeout_secs=step_timeout_secs, pin_cores=pin_cores,
                device_type=device_type, devices_per_task=devices_per_task,
-               connect_timeout_secs=connect_timeout_secs, environ=environ)
+               connect_timeout_secs=connect_timeout_secs, environ=environ,
+               session_graph_optimizer=session_graph_optimizer)
   if mode == 'inspect_model':
     _PlanLayout(train, where, data_parallel, loop_stages)
     return RunConfig(model=model, mode=mode, logdir=None, placement=None,
