@@ -211,10 +211,6 @@ def _Parser():
   p.add_argument('--warmup', type=int, default=2)
   p = sub.add_parser('startup', help=startup.Startup.__doc__)
   Common(p)
-  p.add_argument('--model', default='mt.T64Structure_Numbers',
-                 help='the registered model the trainer starts')
-  p.add_argument('--worker_processes', type=int, default=16,
-                 help='local worker processes (0: in-process devices)')
   p.add_argument('--before',
                  help='another checkout of this project whose trainer runs '
                  'first, side by side (e.g. git worktree add /tmp/before '
@@ -222,6 +218,10 @@ def _Parser():
   p.add_argument('--before_env', default='',
                  help="NAME=VALUE,... for the --before run, e.g. "
                  "'PYTHONPATH=/tmp/pb3' (that commit's protobuf)")
+  p.add_argument('--model', default='mt.T64Structure_Numbers',
+                 help='the registered model the trainer starts')
+  p.add_argument('--worker_processes', type=int, default=16,
+                 help='local worker processes (0: in-process devices)')
   p.add_argument('--step_timeout_secs', type=int, default=2400,
                  help="the trainer's --step_timeout_secs (a first step "
                  'optimizes, partitions and instantiates the whole graph)')

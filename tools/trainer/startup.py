@@ -65,9 +65,10 @@ class StartupLog:
   twice) adds to its row.
   """
 
-  def __init__(self, echo=None):
+  def __init__(self, echo=None, origin=None):
+    """A log whose total counts from `origin` (default: the process start)."""
     self._echo = echo
-    self._started = ProcessStartTime()
+    self._started = ProcessStartTime() if origin is None else origin
     self._rows = {}
     self._order = []
     self._stack = []
@@ -166,6 +167,7 @@ def GraphBuildHooks():
   """The (owner, attribute, phase) hooks inside a training graph's build."""
   # Imported here: the hooks name Lingvo's and the pipeline's internals, which
   # only a trainer that builds a graph needs.
+  from gpipe import split_backward  # pylint: disable=g-import-not-at-top
   from gpipe import stage as stage_lib  # pylint: disable=g-import-not-at-top
   from lingvo.core import base_model  # pylint: disable=g-import-not-at-top
   from lingvo.core import learner  # pylint: disable=g-import-not-at-top
@@ -174,6 +176,7 @@ def GraphBuildHooks():
   return [
       (base_model.BaseTask, 'FPropDefaultTheta', 'forward'),
       (stage_lib.StageFunctions, '_Build', 'stage tracing'),
+      (split_backward.SplitStageFunctions, '_Build', 'stage tracing'),
       (learner.Learner, 'Apply', 'learner'),
       (py_utils, 'ComputeGradients', 'tf.gradients'),
       (optimizer.Base, 'Apply', 'optimizer update'),

@@ -55,6 +55,8 @@ MASTER_PROBE_MISSES = 2
 # Trace files of traced steps (Trace Event Format: open them in
 # https://ui.perfetto.dev or chrome://tracing).
 TRACE_DIR = 'traces'
+# One entry per TrainLoop of this process (a restart makes another).
+_LOOPS_STARTED = []
 # Steps timed as start-up phases (the first one optimizes, partitions and
 # instantiates; the second shows a step without that).
 STARTUP_STEPS = 2
@@ -133,11 +135,16 @@ class TrainLoop:
     self._last_saved = None
     self._done_after = None
     self._echo = echo
-    # Start-up phases up to the second step, written to startup.json.
-    self._startup = startup.StartupLog()
+    # Start-up phases up to the second step, written to startup.json: from
+    # the process's start, or after a restart from this loop's.
     self._graph_ops = None
-    self._startup.Mark('trainer start (imports, flags, workers)',
-                       time.time() - startup.ProcessStartTime())
+    if _LOOPS_STARTED:
+      self._startup = startup.StartupLog(origin=time.time())
+    else:
+      self._startup = startup.StartupLog()
+      self._startup.Mark('trainer start (imports, flags, workers)',
+                         time.time() - startup.ProcessStartTime())
+    _LOOPS_STARTED.append(True)
 
   def _TrainParams(self):
     """The Train() params, positioned after the batches already consumed."""
