@@ -7,6 +7,7 @@ import itertools
 
 from absl.testing import parameterized
 from gpipe import pipeline
+from gpipe import pipeline_tasks
 from gpipe import randomness
 import numpy as np
 from lingvo import compat as tf
@@ -15,6 +16,13 @@ from lingvo.core import cluster_factory
 from lingvo.core import py_utils
 from lingvo.core import test_utils
 from tests import toy_layers
+
+
+def _StageCalls(graph):
+  """The stage tasks' call ops of `graph` (not the weight forks and adds)."""
+  return [op for op in graph.get_operations()
+          if op.type in ('PartitionedCall', 'StatefulPartitionedCall') and
+          pipeline_tasks.ParseOpName(op.name) is not None]
 
 NUM_LAYERS = 7
 UNEVEN_SIZES = {1: [7], 2: [2, 5], 4: [1, 3, 2, 1]}
@@ -138,10 +146,7 @@ class PipelineGradientTest(test_utils.TestCase, parameterized.TestCase):
       net = _Pipeline(_DenseLayers(4), 2, micro_batch_size=2)
       x = tf.constant(np.random.RandomState(1).randn(8, 8))
       out = net.FProp(net.theta, x)
-      calls = [
-          op for op in tf.get_default_graph().get_operations()
-          if op.type in ('PartitionedCall', 'StatefulPartitionedCall')
-      ]
+      calls = _StageCalls(tf.get_default_graph())
       self.assertLen(calls, 2 * 4)  # K stages x M = 8 / 2 micro-batches
       sess.run(tf.global_variables_initializer())
       self.assertEqual(sess.run(out).shape, (8, 8))
@@ -169,10 +174,7 @@ class PlacementTest(test_utils.TestCase, parameterized.TestCase):
       x = tf.constant(np.random.RandomState(1).randn(8, 8))
       loss, _ = _LossAndGrads(net, (x,), pipelined=True)
       del loss
-      calls = [
-          op for op in graph.get_operations()
-          if op.type in ('PartitionedCall', 'StatefulPartitionedCall')
-      ]
+      calls = _StageCalls(graph)
       forward = [op for op in calls if not op.name.startswith('gradients')]
       backward = [op for op in calls if op.name.startswith('gradients')]
       self.assertLen(forward, 8)
@@ -365,9 +367,7 @@ class ErrorsTest(test_utils.TestCase):
       # Both given and agreeing (as Lingvo accepts): 4 micro-batches of 2.
       net = _Pipeline(_DenseLayers(2), 2, 4, micro_batch_size=2)
       net.FProp(net.theta, tf.zeros([8, 8], tf.float64))
-      calls = [op for op in tf.get_default_graph().get_operations()
-               if op.type == 'PartitionedCall']
-      self.assertLen(calls, 2 * 4)
+      self.assertLen(_StageCalls(tf.get_default_graph()), 2 * 4)
 
   def testNeitherMicroBatchCountNorSize(self):
     with tf.Graph().as_default():
@@ -450,11 +450,11 @@ class ScaleTest(test_utils.TestCase):
     small, small_many = self._CountOps(8, 8), self._CountOps(8, 16)
     deep, deep_many = self._CountOps(32, 8), self._CountOps(32, 16)
     # What 8 more micro-batches add to a 32-layer pipeline beyond what they
-    # add to an 8-layer one: no layer op per (layer, micro-batch) pair, only
-    # the gradient sums that accumulate each variable's gradient one
-    # micro-batch at a time (24 more layers x 2 variables x 8 micro-batches).
+    # add to an 8-layer one: nothing. No op per (layer, micro-batch) pair:
+    # the weight gradients are summed by one call per stage and micro-batch
+    # (gpipe/accumulation.py), not by one add per variable.
     interaction = (deep_many - deep) - (small_many - small)
-    self.assertEqual(dict(interaction), {'AddN': 24 * 2 * 8})
+    self.assertEqual(dict(interaction), {})
     # Per (stage, micro-batch) call: a fixed handful of ops.
     per_call = sum((small_many - small).values()) / (4 * 8)
     self.assertLess(per_call, 30)
@@ -465,12 +465,10 @@ class ScaleTest(test_utils.TestCase):
                       stage_devices=['/device:CPU:0'] * 4,
                       partition_cost='uniform')
       _LossAndGrads(net, (tf.zeros([32, 8], tf.float64),), pipelined=True)
-      calls = [
-          op for op in graph.get_operations()
-          if op.type in ('PartitionedCall', 'StatefulPartitionedCall')
-      ]
-      self.assertLen(calls, 2 * 4 * 8)
-      self.assertLen(graph.as_graph_def().library.function, 2 * 4)
+      self.assertLen(_StageCalls(graph), 2 * 4 * 8)
+      # A forward and a backward function per stage, and the weight fork and
+      # its gradient's add, traced once for the four equal stages.
+      self.assertLen(graph.as_graph_def().library.function, 2 * 4 + 2)
 
 
 class SeedTest(test_utils.TestCase):
