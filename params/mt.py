@@ -328,9 +328,10 @@ class T64Structure_Numbers(NumbersSmall):  # pylint: disable=invalid-name
         --log_every_n_steps=1 --eval_after_train=false \\
         --step_timeout_secs=2400 --trace_every_n_steps=0
 
-  (Measured in docs/BENCHMARKS.md, "Scale": its first step takes minutes and
-  worker 0, the session's master, peaks at about 10.7 GB; a traced step
-  needs more than 23 GB.)
+  (Measured in docs/BENCHMARKS.md, "Start-up": about 5 minutes from the
+  trainer's start to the end of its first step; worker 0, the session's
+  master, peaks at about 3.6 GB and the trainer at about 4.8 GB. "Scale": a
+  traced step needs more than 23 GB.)
   """
   MODEL_DIM = 32
   HIDDEN_DIM = 64

@@ -26,15 +26,24 @@ _CallOps = schedule_testlib.CallOps
 
 
 def _Cases():
-  """(schedule, K, M, remat): every allowed M for each schedule and K.
+  """(schedule, K, M, remat): three M values for each schedule and K.
 
-  The remat mode cycles with M, so every (schedule, K) runs every mode.
+  Of the M in 1..8 that the schedule allows at K: the smallest (fewer
+  micro-batches than stages where allowed), one that is not a multiple of K
+  (a last round that does not fill every stage; else the middle one) and the
+  largest. The three remat modes go round them, so every (schedule, K) runs
+  every mode once.
   """
   for name in schedule.SCHEDULES:
     for k in (1, 2, 4):
-      for m in range(1, 9):
-        if Allowed(name, k, m):
-          yield name, k, m, pipeline.REMAT_MODES[m % 3]
+      allowed = [m for m in range(1, 9) if Allowed(name, k, m)]
+      if not allowed:
+        continue
+      middle = [m for m in allowed[1:-1] if m % k] or allowed[1:-1]
+      picks = sorted({allowed[0], allowed[-1]} |
+                     set(middle[len(middle) // 2:][:1]))
+      for i, m in enumerate(picks):
+        yield name, k, m, pipeline.REMAT_MODES[(i + k) % 3]
 
 
 class ScheduleGradientTest(test_utils.TestCase, parameterized.TestCase):
