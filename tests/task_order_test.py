@@ -13,7 +13,7 @@ from absl.testing import parameterized
 from gpipe import pipeline
 from gpipe import pipeline_tasks
 from gpipe import replicas
-from gpipe import schedule
+from gpipe import schedules
 from gpipe import weight_batching
 import numpy as np
 from lingvo import compat as tf
@@ -27,7 +27,7 @@ R = 2
 
 
 def _Cases():
-  for name in schedule.SCHEDULES:
+  for name in schedules.Names():
     for batched in (False, True):
       for remat in ('always', 'never'):
         yield ('%s_%s_remat_%s' % (name, 'batched_w' if batched else
@@ -64,8 +64,9 @@ class ReplicaTaskOrderTest(test_utils.TestCase, parameterized.TestCase):
     calls = spt.CallOps(graph)
     expected = []
     for r, replica_devices in enumerate(devices):
-      _, orders = schedule.Orders(name, replica_devices, M,
-                                  schedule.RematCosts(remat != 'never'))
+      _, orders = schedules.Orders(
+          name, replica_devices, M,
+          schedules.simulate.RematCosts(remat != 'never'))
       if batched:
         orders = weight_batching.Orders(orders)
       orders = replicas.ShiftOrders(orders, r * M)
@@ -80,12 +81,13 @@ class ReplicaTaskOrderTest(test_utils.TestCase, parameterized.TestCase):
         expected += order
     # Without remat a B of a schedule without split backward is TensorFlow's
     # own gradient of the call: several ops, no single call op to follow.
-    follow = remat == 'always' or schedule.Spec(name).split_backward or batched
+    follow = remat == 'always' or schedules.Get(name).split_backward or batched
     if follow:
       self.assertCountEqual(calls, expected)
       for r, replica_devices in enumerate(devices):
-        _, orders = schedule.Orders(name, replica_devices, M,
-                                    schedule.RematCosts(remat != 'never'))
+        _, orders = schedules.Orders(
+            name, replica_devices, M,
+            schedules.simulate.RematCosts(remat != 'never'))
         if batched:
           orders = weight_batching.Orders(orders)
         for order in replicas.ShiftOrders(orders, r * M):
@@ -104,7 +106,7 @@ class ReplicaTaskOrderTest(test_utils.TestCase, parameterized.TestCase):
 class TaskRegistryTest(test_utils.TestCase):
 
   def _Registry(self):
-    _, orders = schedule.Orders('gpipe', 2, 2)
+    _, orders = schedules.Orders('gpipe', 2, 2)
     return pipeline_tasks.TaskRegistry(orders)
 
   def _Op(self, name):
