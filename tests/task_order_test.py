@@ -103,6 +103,58 @@ class ReplicaTaskOrderTest(test_utils.TestCase, parameterized.TestCase):
         self.assertEqual(task.micro_batch.first % M, 0)
 
 
+class HandWrittenOrderTest(test_utils.TestCase):
+  """An order written out by hand, not computed by the library.
+
+  The test above derives its expectations with the calls the executor makes
+  (``schedules.Orders``, ``weight_batching.Orders``,
+  ``replicas.ShiftOrders``), so a bug they share would pass there; here the
+  expected chain of call-op scopes is literal.
+  """
+
+  def testFillDrainWithBatchedWeightsOnTheSecondReplica(self):
+    # R=2, K=2, M=2: replica 1 runs micro-batches 2 and 3, stage 0 on CPU:2
+    # and stage 1 on CPU:3. Fill-drain: both forwards, both backwards in
+    # reverse, then one batched W for both micro-batches.
+    expected = {
+        '/device:CPU:2': ['stage0_F2', 'stage0_F3', 'stage0_B3', 'stage0_B2',
+                          'stage0_Wall2to3'],
+        '/device:CPU:3': ['stage1_F2', 'stage1_F3', 'stage1_B3', 'stage1_B2',
+                          'stage1_Wall2to3'],
+    }
+    devices = [['/device:CPU:0', '/device:CPU:1'],
+               ['/device:CPU:2', '/device:CPU:3']]
+    with tf.Graph().as_default() as graph:
+      p = pipeline.PipeliningLayer.Params().Set(
+          name='pipe', layers=spt.Layers(), num_stages=2, num_micro_batches=2,
+          stage_sizes=spt.UNEVEN_SIZES[2], remat='always', schedule='gpipe',
+          dtype=tf.float64, replica_devices=devices,
+          batched_weight_gradients=True,
+          loss_tpl=toy_layers.SquaredErrorLoss.Params().Set(
+              dtype=tf.float64))
+      net = p.Instantiate()
+      rng = np.random.RandomState(0)
+      x = tf.constant(rng.randn(8, 8))
+      spt.LossAndGrads(net, (x,), tf.constant(rng.randn(8, 8)), True)
+    # Call ops by their scope: '.../stage0_F2/PartitionedCall'.
+    by_scope = {}
+    for op in graph.get_operations():
+      parts = op.name.split('/')
+      if (len(parts) >= 2 and parts[-2].startswith('stage') and
+          parts[-1] in ('PartitionedCall', 'StatefulPartitionedCall')):
+        by_scope.setdefault(parts[-2], []).append(op)
+    for device, chain in expected.items():
+      on_device = sorted(
+          scope for scope, ops in by_scope.items()
+          if replicas.Canonical(ops[0].device) == replicas.Canonical(device))
+      self.assertCountEqual(chain, on_device, device)
+      for scope in chain:
+        self.assertLen(by_scope[scope], 1, scope)
+      for prev, nxt in zip(chain, chain[1:]):
+        self.assertIn(by_scope[prev][0], by_scope[nxt][0].control_inputs,
+                      '%s: %s before %s' % (device, prev, nxt))
+
+
 class TaskRegistryTest(test_utils.TestCase):
 
   def _Registry(self):
