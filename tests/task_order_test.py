@@ -43,25 +43,41 @@ def _ReplicaDevices(name):
           for r in range(R)]
 
 
+def _StepGraph(name, devices, remat, batched, num_micro_batches):
+  """The graph of a pipelined step (loss and gradients), K=2 stages.
+
+  Args:
+    name: the schedule.
+    devices: per data-parallel replica, its K stage devices.
+    remat: the remat mode.
+    batched: whether weight gradients are batched.
+    num_micro_batches: M per replica.
+
+  Returns:
+    The tf.Graph (built only, never run).
+  """
+  with tf.Graph().as_default() as graph:
+    p = pipeline.PipeliningLayer.Params().Set(
+        name='pipe', layers=spt.Layers(), num_stages=K,
+        num_micro_batches=num_micro_batches, stage_sizes=spt.UNEVEN_SIZES[K],
+        remat=remat, schedule=name, dtype=tf.float64, replica_devices=devices,
+        batched_weight_gradients=batched,
+        loss_tpl=toy_layers.SquaredErrorLoss.Params().Set(dtype=tf.float64))
+    net = p.Instantiate()
+    rng = np.random.RandomState(0)
+    rows = 2 * len(devices) * num_micro_batches
+    x = tf.constant(rng.randn(rows, 8))
+    spt.LossAndGrads(net, (x,), tf.constant(rng.randn(rows, 8)), True)
+  return graph
+
+
 class ReplicaTaskOrderTest(test_utils.TestCase, parameterized.TestCase):
 
   @parameterized.named_parameters(*_Cases())
   def testEveryDeviceOfEveryReplicaFollowsItsOrder(self, name, batched,
                                                    remat):
     devices = _ReplicaDevices(name)
-    with tf.Graph().as_default() as graph:
-      p = pipeline.PipeliningLayer.Params().Set(
-          name='pipe', layers=spt.Layers(), num_stages=K, num_micro_batches=M,
-          stage_sizes=spt.UNEVEN_SIZES[K], remat=remat, schedule=name,
-          dtype=tf.float64, replica_devices=devices,
-          batched_weight_gradients=batched,
-          loss_tpl=toy_layers.SquaredErrorLoss.Params().Set(
-              dtype=tf.float64))
-      net = p.Instantiate()
-      rng = np.random.RandomState(0)
-      x = tf.constant(rng.randn(2 * R * M, 8))
-      spt.LossAndGrads(net, (x,), tf.constant(rng.randn(2 * R * M, 8)), True)
-    calls = spt.CallOps(graph)
+    calls = spt.CallOps(_StepGraph(name, devices, remat, batched, M))
     expected = []
     for r, replica_devices in enumerate(devices):
       _, orders = schedules.Orders(
@@ -124,18 +140,7 @@ class HandWrittenOrderTest(test_utils.TestCase):
     }
     devices = [['/device:CPU:0', '/device:CPU:1'],
                ['/device:CPU:2', '/device:CPU:3']]
-    with tf.Graph().as_default() as graph:
-      p = pipeline.PipeliningLayer.Params().Set(
-          name='pipe', layers=spt.Layers(), num_stages=2, num_micro_batches=2,
-          stage_sizes=spt.UNEVEN_SIZES[2], remat='always', schedule='gpipe',
-          dtype=tf.float64, replica_devices=devices,
-          batched_weight_gradients=True,
-          loss_tpl=toy_layers.SquaredErrorLoss.Params().Set(
-              dtype=tf.float64))
-      net = p.Instantiate()
-      rng = np.random.RandomState(0)
-      x = tf.constant(rng.randn(8, 8))
-      spt.LossAndGrads(net, (x,), tf.constant(rng.randn(8, 8)), True)
+    graph = _StepGraph('gpipe', devices, 'always', True, 2)
     # Call ops by their scope: '.../stage0_F2/PartitionedCall'.
     by_scope = {}
     for op in graph.get_operations():
