@@ -55,11 +55,11 @@ class TfInternalTest(test_utils.TestCase):
   def testAMissingInternalFailsNamingTheTensorFlowVersion(self):
     with self.assertRaisesRegex(
         RuntimeError, r'TensorFlow %s has no Graph\._functions' %
-        re.escape(tf.__version__)):
+        re.escape(tf.version.VERSION)):
       tf_internal.GraphFunctions(object())
 
   def testLocalDevicesFollowTheConfig(self):
-    config = tf.ConfigProto(device_count={'CPU': 2})
+    config = tf.compat.v1.ConfigProto(device_count={'CPU': 2})
     devices = tf_internal.LocalDevices(config)
     self.assertEqual(['CPU:0', 'CPU:1'],
                      [':'.join(d.name.split(':')[-2:]) for d in devices
