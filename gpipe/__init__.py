@@ -9,8 +9,9 @@ The public names, importable from the package itself::
 ``PipeliningLayer`` (the pipeline), ``FromLingvo`` (Lingvo's GPipe layers and
 stacks on this executor, same variables; docs/MIGRATING.md),
 ``MicroBatchBatchNormLayer``, ``Dropout``, ``PartitionByCost``, ``StageCut``,
-``LocalCluster``, and the modules ``schedule`` (the schedules' registry and
-drawings) and ``timeline`` (the measured timeline of a traced step).
+``LocalCluster``, and the modules ``schedule`` (deprecated: re-exports the
+schedules' registry and drawings of ``gpipe.schedules``) and ``timeline`` (the
+measured timeline of a traced step).
 
 The modules, in the order a training step meets them:
 
@@ -21,7 +22,10 @@ The modules, in the order a training step meets them:
   micro_batch.py      splitting and merging micro-batches
   schedules/          which task each device runs, in which order:
                       registry.py (every schedule by name), orders.py,
+                      timed.py (orders from measured task times),
                       simulate.py, render.py
+                      (schedule.py: the former single module, a deprecated
+                      re-export of schedules/)
   pipeline_tasks.py   the task vocabulary (F, B, W of a stage on a
                       micro-batch) and the registry that orders the ops
   stage.py            a stage as graph functions: forward, backward, remat
@@ -36,9 +40,19 @@ Features the stages use: batch_norm.py (micro-batch batch norm), randomness.py
 separability.py (a loss must not mix micro-batches), thread_stack.py.
 Inference: in eval mode the executor runs the forward-only schedule
 (schedules/inference.py); lanes.py decodes autoregressively through the
-stages, the batch in lanes (schedules/decode_lanes.py). Around the step: measure/ (timeline, memory, param_count), compat/ (Lingvo on
-TF 2.15, Lingvo's GPipe on this executor, TensorFlow internals), runtime/
-(worker processes and clusters).
+stages, the batch in lanes (schedules/decode_lanes.py). Around the step:
+measure/ (timeline, memory, param_count), compat/ (Lingvo on TF 2.15, Lingvo's
+GPipe on this executor, TensorFlow internals), runtime/ (worker processes and
+clusters).
+
+Before training, the planner chooses a configuration:
+
+  plan/               measure a model once, simulate every configuration, pick:
+                      profile.py (the measured profile, JSON), measure.py
+                      (measuring it), calibrate.py (against the executor's own
+                      stage calls), simulator.py (a configuration's predicted
+                      step), search.py (every configuration under a memory
+                      cap), choice.py (the chosen plan, JSON, applied)
 """
 
 from gpipe.compat import lingvo_import  # pylint: disable=unused-import  # must be first

@@ -127,9 +127,9 @@ class PipelineExecutor:
       fns = []
       for k in range(self.num_stages):
         keys, layers = self._StageLayers(k)
-        remat = not self._ForwardOnly() and (
-            p.remat == 'always' or
-            (p.remat == 'except_last' and k < self.num_stages - 1))
+        remat = (not self._ForwardOnly() and
+                 pipeline_tasks.RematerializesStage(p.remat, k,
+                                                    self.num_stages))
         last = k == self.num_stages - 1 and loss_layer is not None
         fns.append(
             cls(k, layers, keys, devices[k], remat,
@@ -457,7 +457,7 @@ class PipelineExecutor:
           lambda t: None if t is None else tf.identity(t), outputs)
 
 
-REMAT_MODES = ('always', 'except_last', 'never')
+REMAT_MODES = pipeline_tasks.REMAT_MODES
 
 
 def DefineParams(p):

@@ -56,11 +56,16 @@ class PipeliningLayer(executor.PipelineExecutor, base_layer.BaseLayer):
 
   Several stages may share a device (a loop): with ``stage_devices`` =
   [d0, d1, d0, d1] each device holds v=2 stages of half the size and runs
-  its tasks breadth-first (``schedule.DeviceOrders``). The bubble shrinks to
-  (D-1)/(vM+D-1) for D devices, at the price of 2(v-1)D more hand-overs per
-  micro-batch; stored activations grow with the number of stage boundaries.
+  its tasks breadth-first (``gpipe.schedules.orders.DeviceOrders``). The
+  bubble shrinks to (D-1)/(vM+D-1) for D devices, at the price of 2(v-1)D
+  more hand-overs per micro-batch; stored activations grow with the number of
+  stage boundaries.
 
-  Other schedules (``schedule``; each drawn in ``gpipe/schedule.py``):
+  Other schedules (``schedule``): ``gpipe.schedules.registry`` lists every
+  one (``Names()``, with its rules and a one-line description), and each is
+  drawn in the docstring of its orders function in ``gpipe/schedules/``
+  (``orders.py``; ``timed.py`` for the timing-aware ``'zb_auto'``). Among
+  them:
 
   * ``'1f1b'``: stage s starts micro-batch m's backward after K-1-s more
     forwards, so it holds at most K-s micro-batches' activations (GPipe: M),

@@ -40,6 +40,36 @@ WEIGHT = 'W'
 DECODE = 'D'
 PHASES = (FORWARD, BACKWARD, WEIGHT, DECODE)
 
+# Re-materialization: every stage recomputes its forward pass in its backward
+# task, every stage but the last, or none.
+REMAT_MODES = ('always', 'except_last', 'never')
+
+
+def RematerializesStage(remat, stage, num_stages):
+  """Whether `stage`'s backward recomputes its forward pass.
+
+  The one place of the rule: with 'except_last' the last *stage*, whose
+  backward starts right after its forward, keeps its activations.
+
+  Args:
+    remat: a mode of REMAT_MODES, or True/False (every stage, or none).
+    stage: the stage's index, 0 to `num_stages` - 1.
+    num_stages: K.
+
+  Returns:
+    True if the stage recomputes its forward pass.
+
+  Raises:
+    ValueError: `remat` is not a mode of REMAT_MODES or a bool.
+  """
+  if isinstance(remat, bool):
+    return remat
+  if remat not in REMAT_MODES:
+    raise ValueError('remat is %r; use one of %s' %
+                     (remat, ', '.join(REMAT_MODES)))
+  return remat == 'always' or (remat == 'except_last' and
+                               stage < num_stages - 1)
+
 
 class AllMicroBatches(collections.namedtuple('AllMicroBatches',
                                              ['first', 'count'])):

@@ -1,5 +1,7 @@
-"""The worker binary's old path: ``python -m gpipe.worker`` runs
-gpipe.runtime.worker (see there for its flags)."""
+"""The worker command's entry point: ``python -m gpipe.worker``.
+
+Runs ``gpipe.runtime.worker.main``; its flags are documented there.
+"""
 
 import sys
 

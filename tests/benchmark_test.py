@@ -21,7 +21,7 @@ import os
 import tempfile
 from unittest import mock
 
-from gpipe import schedule
+from gpipe import schedules
 from gpipe.measure import timeline
 from lingvo import compat as tf
 from lingvo.core import test_utils
@@ -112,7 +112,7 @@ class BenchmarkTest(test_utils.TestCase):
         # Each device's idle share of the traced tasks' span.
         self.assertLen(c['measured_bubbles'], 2)
         self.assertTrue(all(0 <= b < 1 for b in c['measured_bubbles']))
-        self.assertEqual(c['formula_bubble'], schedule.BubbleFormula(
+        self.assertEqual(c['formula_bubble'], schedules.registry.BubbleFormula(
             c['schedule'], 2, c['v'], c['M']))
         if c['schedule'] == 'gpipe':
           # Fill-drain's bubble does not depend on the task costs.

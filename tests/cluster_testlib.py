@@ -11,8 +11,8 @@ import os
 import signal
 import subprocess
 import sys
-import time
 
+from tests import polling
 from tests import trainer_testlib
 
 _LAUNCHER = r'''
@@ -84,14 +84,20 @@ def Alive(pid):
     return False
 
 
-def WaitGone(pid, timeout=60):
-  """True once process `pid` has exited (polled), False after `timeout`."""
-  deadline = time.time() + timeout
-  while time.time() < deadline:
-    if not Alive(pid):
-      return True
-    time.sleep(0.1)
-  return False
+def WaitGone(pid, why='', timeout=60):
+  """Polls until process `pid` has exited (``polling.WaitUntil``).
+
+  Args:
+    pid: the process.
+    why: why it should exit, for the failure message.
+    timeout: seconds before failing.
+
+  Raises:
+    AssertionError: `pid` still runs after `timeout` seconds.
+  """
+  polling.WaitUntil(lambda: not Alive(pid),
+                    'process %d to exit%s' % (pid, why and ' (%s)' % why),
+                    timeout_secs=timeout, interval_secs=0.1)
 
 
 def Kill(pids):

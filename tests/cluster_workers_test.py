@@ -219,7 +219,7 @@ class ClusterWorkersTest(test_utils.TestCase):
         env=slurm, address='localhost:%d' % port, log=log)])
     # Its parent, the launcher, has exited: so does the worker (the TF_CONFIG
     # workers, started without --exit_with_parent, serve on).
-    self.assertTrue(cluster_testlib.WaitGone(pid), 'worker %d runs on' % pid)
+    cluster_testlib.WaitGone(pid, 'its launcher has exited')
     with open(log) as f:
       self.assertIn('gpipe worker worker:0 serving at grpc://localhost:%d '
                     '(localhost:%d of 1 from Slurm)' % (port, port), f.read())

@@ -8,7 +8,7 @@ import signal
 from gpipe.runtime import local_cluster
 from gpipe import pipeline
 from gpipe import pipeline_tasks
-from gpipe import schedule
+from gpipe import schedules
 from gpipe.measure import timeline
 import numpy as np
 from lingvo import compat as tf
@@ -108,8 +108,8 @@ class DistributedPipelineTest(test_utils.TestCase):
           refs = sess.run(losses[1])
         for v, r in zip(values, refs):
           self.assertAllClose(r, v, rtol=1e-10, atol=1e-12)
-        _, orders = schedule.Orders(name, devices, 4,
-                                    schedule.RematCosts(True))
+        _, orders = schedules.Orders(name, devices, 4,
+                                    schedules.simulate.RematCosts(True))
         tasks = timeline.ParseStepStats(metadata.step_stats)
         for device, order in zip((d0, d1), orders):
           ran = [pipeline_tasks.Task(t.stage, t.micro_batch, t.phase)

@@ -3,7 +3,7 @@
 from gpipe.compat import lingvo_import  # pylint: disable=unused-import
 
 from absl.testing import absltest
-from gpipe import schedule
+from gpipe import schedules
 from gpipe.runtime import devices
 from gpipe.runtime import layout
 from tests import trainer_testlib
@@ -79,7 +79,7 @@ class LayoutTest(absltest.TestCase):
     self.assertEqual([['0/0', '0/1', '0/2', '0/3', '0/3', '0/2', '0/1',
                        '0/0'], ['1/%d' % g for g in (0, 1, 2, 3, 3, 2, 1, 0)]],
                      _Short(replicas))
-    self.assertEqual(schedule.VPlacement(8), [
+    self.assertEqual(schedules.orders.VPlacement(8), [
         layout.ParseDevice(d)[2] for d in replicas[0]])
     with self.assertRaisesRegex(layout.LayoutError,
                                 r'two stages per device in a V.*R=2 x K=8'):

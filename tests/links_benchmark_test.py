@@ -13,7 +13,7 @@ import os
 import sys
 from unittest import mock
 
-from gpipe import schedule
+from gpipe import schedules
 from lingvo import compat as tf
 from lingvo.core import test_utils
 from tools.benchmark import cli
@@ -28,10 +28,10 @@ class CriticalPathTest(test_utils.TestCase):
   def testWithoutLatencyTheSpanIsTheSchedulesOwn(self):
     for name in ('gpipe', '1f1b', 'zb_h1'):
       for k, m in ((2, 4), (4, 8)):
-        costs = schedule.CostsOf(name, forward=1, backward=2, weight=1)
-        _, orders = schedule.Orders(name, k, m, costs)
-        lanes = schedule.Simulate(orders, k, m, per_micro_batch_loss=True,
-                                  costs=costs)
+        costs = schedules.registry.Costs(name, forward=1, backward=2, weight=1)
+        _, orders = schedules.Orders(name, k, m, costs)
+        lanes = schedules.simulate.Simulate(
+            orders, k, m, per_micro_batch_loss=True, costs=costs)
         self.assertEqual(len(lanes[0]),
                          links.SimulatedSpan(name, k, m, True, 0.0))
 

@@ -19,6 +19,8 @@ class _EchoServer:
   """Echoes each connection's bytes back; half-closes after the client."""
 
   def __init__(self, host='127.0.0.1', port=0):
+    self.received = 0  # Bytes received over all connections so far.
+    self._lock = threading.Lock()
     self.sock = socket.socket()
     self.sock.bind((host, port))
     self.sock.listen()
@@ -40,6 +42,8 @@ class _EchoServer:
         if not data:
           conn.shutdown(socket.SHUT_WR)
           return
+        with self._lock:
+          self.received += len(data)
         conn.sendall(data)
 
   def Close(self):
@@ -116,19 +120,39 @@ class DelayRelayTest(absltest.TestCase):
                               2 * DELAY_MS / 1e3 * 0.99)
 
   def testStreamsAreNotStopAndWait(self):
-    # 40 messages in a row, each answered: a relay that held one message at
-    # a time would take 40 round trips; a delay line takes about one.
-    relay = self._Relay()
+    # 40 messages in a row through a 0.5 s relay. A delay line passes them
+    # all on one delay after they were sent, so the echo server has every
+    # one before the first echo is back (two delays after sending); a relay
+    # that held one chunk at a time would have passed on one or two. The
+    # check is on the order of events, not on how long they took.
+    delay_ms = 500.0
+    relay = self._Relay(delay_ms=delay_ms)
     count, size = 40, 1 << 15
+    payload = b''.join(bytes([i]) * size for i in range(count))
     with _Connect(relay.addresses[0]) as sock:
+      first_echo = []  # What the echo server had received by then.
+      chunks = []
+
+      def Read():
+        while True:
+          data = sock.recv(1 << 16)
+          if not first_echo:
+            first_echo.append(self.echo.received)
+          if not data:
+            return
+          chunks.append(data)
+
+      reader = threading.Thread(target=Read)
       start = time.monotonic()
-      for _ in range(count):
-        sock.sendall(b'x' * size)
+      reader.start()
+      sock.sendall(payload)
       sock.shutdown(socket.SHUT_WR)
-      self.assertEqual(count * size, len(_ReadAll(sock)))
+      reader.join()
       elapsed = time.monotonic() - start
-    self.assertGreaterEqual(elapsed, 2 * DELAY_MS / 1e3 * 0.99)
-    self.assertLess(elapsed, count * 2 * DELAY_MS / 1e3 / 4)
+    self.assertEqual(payload, b''.join(chunks))  # Intact and in order.
+    self.assertEqual(len(payload), first_echo[0])
+    # There and back: two one-way delays at least.
+    self.assertGreaterEqual(elapsed, 2 * delay_ms / 1e3 * 0.99)
 
   def testSetDelayAppliesToLaterBytes(self):
     relay = self._Relay(delay_ms=0)

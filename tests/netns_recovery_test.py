@@ -81,7 +81,7 @@ class NetnsRecoveryTest(test_utils.TestCase):
   def _AfterCheckpoint(self, proc):
     """Waits until a few steps follow a checkpoint; returns its step."""
     netns_testlib.WaitFor(
-        self, proc, self.log_path,
+        proc, self.log_path,
         lambda: netns_testlib.StepsAfterCheckpoint(self.logdir),
         'steps after a checkpoint')
     return checkpoints.GlobalStepOf(checkpoints.Newest(self.logdir))
@@ -109,12 +109,12 @@ class NetnsRecoveryTest(test_utils.TestCase):
                        '--worker_wait_secs=120')
     resume_step = self._AfterCheckpoint(proc)
     self.workers.Kill(1)
-    netns_testlib.WaitFor(self, proc, self.log_path,
+    netns_testlib.WaitFor(proc, self.log_path,
                           lambda: 'waiting up to' in self._Log(),
                           'the wait for the lost worker')
     self.workers.Start(1)  # The supervisor's part.
     netns_testlib.WaitFor(
-        self, proc, self.log_path,
+        proc, self.log_path,
         lambda: ('every task serves again' in self._Log() and len(
             netns_testlib.Losses(self.logdir)) > resume_step + 2 * EVERY),
         'steps after the restart')

@@ -8,8 +8,8 @@ processes in this process's namespace.
 import os
 import subprocess
 import sys
-import time
 
+from tests import polling
 from tests import trainer_testlib
 from tools.netlab import netns
 from tools.trainer import checkpoints
@@ -56,26 +56,24 @@ def ReadFile(path):
     return f.read()
 
 
-def WaitFor(test, proc, log_path, ready, what, timeout=240):
-  """Polls ready() until it is true; fails `test` if proc exits first.
+def WaitFor(proc, log_path, ready, what, timeout=240):
+  """Polls ready() until it is true (``polling.WaitUntil``).
 
   Args:
-    test: the TestCase.
-    proc: the trainer's Popen.
-    log_path: its output (shown when it fails).
+    proc: the trainer's Popen; its exit fails the wait at once.
+    log_path: its output, shown when the wait fails.
     ready: a function returning true when the awaited state is reached.
     what: the awaited state, for the failure message.
     timeout: seconds before failing.
+
+  Returns:
+    The true value ready() returned.
+
+  Raises:
+    AssertionError: the trainer exited, or `timeout` passed, first.
   """
-  deadline = time.time() + timeout
-  while not ready():
-    if proc.poll() is not None:
-      test.fail('the trainer exited (%d) before %s:\n%s' % (
-          proc.returncode, what, ReadFile(log_path)))
-    if time.time() > deadline:
-      test.fail('no %s within %d s:\n%s' % (what, timeout,
-                                            ReadFile(log_path)))
-    time.sleep(0.05)
+  return polling.WaitUntil(ready, what, timeout_secs=timeout, process=proc,
+                           details=lambda: ReadFile(log_path))
 
 
 def StepsAfterCheckpoint(logdir, low=2, high=5):

@@ -8,7 +8,7 @@ workers' peak memory is read.
 
 from gpipe.compat import lingvo_import  # pylint: disable=unused-import
 
-from gpipe import local_cluster
+from gpipe.runtime import local_cluster
 from lingvo import compat as tf
 from lingvo.core import test_utils
 from tests import decode_testlib as dt

@@ -17,9 +17,9 @@ from tests import trainer_testlib
 
 
 # The trainer's own limit for one step (it names a stuck step), and the
-# test's for the whole run (about 3 minutes): both below the 900 s that Bazel
-# gives a large test, so a slow run fails with a message instead of being
-# killed.
+# test's for the whole run (start-up, graph building, 2 steps and shutdown of
+# 16 worker processes): both below the 900 s that Bazel gives a large test,
+# so a slow run fails with a message instead of being killed.
 STEP_TIMEOUT_SECS = 540
 RUN_TIMEOUT_SECS = 780
 

@@ -6,7 +6,7 @@ import itertools
 
 from absl.testing import parameterized
 from gpipe import pipeline
-from gpipe import schedule
+from gpipe import schedules
 import numpy as np
 from lingvo import compat as tf
 from lingvo.core import py_utils
@@ -34,7 +34,7 @@ def _Cases():
   largest. The three remat modes go round them, so every (schedule, K) runs
   every mode once.
   """
-  for name in schedule.SCHEDULES:
+  for name in schedules.Names():
     for k in (1, 2, 4):
       allowed = [m for m in range(1, 9) if Allowed(name, k, m)]
       if not allowed:
@@ -63,7 +63,7 @@ class ScheduleGradientTest(test_utils.TestCase, parameterized.TestCase):
       self._AssertMatches(net, (x,), targets, sess)
 
   @parameterized.named_parameters(
-      (name, name) for name in schedule.SCHEDULES)
+      (name, name) for name in schedules.Names())
   def testMicroBatchBatchNormMatchesAndUpdatesOnce(self, name):
     with self.session(graph=tf.Graph(), config=CONFIG) as sess:
       net = _Net(name, 4, 4, 'always', layers=_Layers(use_bn=True))
@@ -86,7 +86,7 @@ class ScheduleGradientTest(test_utils.TestCase, parameterized.TestCase):
       self.assertNotAllClose(results[0][0], np.zeros(8))
 
   @parameterized.named_parameters(
-      (name, name) for name in schedule.SCHEDULES)
+      (name, name) for name in schedules.Names())
   def testNestedMapInputsMatch(self, name):
     with self.session(graph=tf.Graph(), config=CONFIG) as sess:
       layers = [
@@ -132,10 +132,10 @@ class ScheduleOrderTest(test_utils.TestCase, parameterized.TestCase):
       x = tf.constant(np.random.RandomState(1).randn(2 * m, 8))
       _LossAndGrads(net, (x,), tf.zeros([2 * m, 8], tf.float64), True)
       calls = _CallOps(graph)
-    _, orders = schedule.Orders(name, Placement(name, k), m,
-                                schedule.RematCosts(True))
+    _, orders = schedules.Orders(name, Placement(name, k), m,
+                                schedules.simulate.RematCosts(True))
     phases = {t.phase for order in orders for t in order}
-    self.assertEqual(phases, {'F', 'B', 'W'} if schedule.Spec(
+    self.assertEqual(phases, {'F', 'B', 'W'} if schedules.Get(
         name).split_backward else {'F', 'B'})
     schedule_testlib.AssertCallsFollowOrders(self, calls, orders)
 

@@ -5,7 +5,8 @@ from gpipe.compat import lingvo_import  # pylint: disable=unused-import
 import itertools
 
 from absl.testing import parameterized
-from gpipe import schedule
+from gpipe import pipeline_tasks
+from gpipe import schedules
 from lingvo import compat as tf
 from lingvo.core import test_utils
 
@@ -14,7 +15,7 @@ class GPipeScheduleTest(test_utils.TestCase, parameterized.TestCase):
 
   @parameterized.parameters(itertools.product([1, 2, 3, 4], [1, 2, 4, 8]))
   def testEveryTaskOnceAndDependenciesRespected(self, k, m):
-    ticks = schedule.GPipeClockCycles(k, m)
+    ticks = schedules.orders.GPipeClockCycles(k, m)
     self.assertLen(ticks, 2 * (m + k - 1))
     when = {}
     for t, tick in enumerate(ticks):
@@ -24,29 +25,32 @@ class GPipeScheduleTest(test_utils.TestCase, parameterized.TestCase):
         when[task] = t
     self.assertLen(when, 2 * k * m)
     for s, mb in itertools.product(range(k), range(m)):
-      forward = schedule.Task(s, mb, 'F')
-      backward = schedule.Task(s, mb, 'B')
+      forward = pipeline_tasks.Task(s, mb, 'F')
+      backward = pipeline_tasks.Task(s, mb, 'B')
       if s > 0:  # needs the previous stage's output
-        self.assertLess(when[schedule.Task(s - 1, mb, 'F')], when[forward])
+        self.assertLess(when[pipeline_tasks.Task(s - 1, mb, 'F')],
+                        when[forward])
       if s < k - 1:  # needs the next stage's input gradient
-        self.assertLess(when[schedule.Task(s + 1, mb, 'B')], when[backward])
+        self.assertLess(when[pipeline_tasks.Task(s + 1, mb, 'B')],
+                        when[backward])
       self.assertLess(when[forward], when[backward])
 
   def testStageOrdersAreFillThenDrainInReverse(self):
-    orders = schedule.StageOrders(schedule.GPipeClockCycles(3, 4), 3)
+    orders = schedules.orders.StageOrders(
+        schedules.orders.GPipeClockCycles(3, 4), 3)
     for order in orders:
       self.assertEqual([(t.phase, t.micro_batch) for t in order],
                        [('F', 0), ('F', 1), ('F', 2), ('F', 3), ('B', 3),
                         ('B', 2), ('B', 1), ('B', 0)])
 
   def testForwardOnly(self):
-    ticks = schedule.ClockCycles('gpipe', 2, 3, backward=False)
+    ticks = schedules.render.ClockCycles('gpipe', 2, 3, backward=False)
     self.assertEqual([[(t.stage, t.micro_batch) for t in tick]
                       for tick in ticks],
                      [[(0, 0)], [(0, 1), (1, 0)], [(0, 2), (1, 1)], [(1, 2)]])
 
   def testRender(self):
-    text = schedule.Render(schedule.GPipeClockCycles(2, 3), 2)
+    text = schedules.render.Render(schedules.orders.GPipeClockCycles(2, 3), 2)
     self.assertEqual(
         text, 'stage 0 | F0 F1 F2 .  .  B2 B1 B0\n'
         'stage 1 | .  F0 F1 F2 B2 B1 B0 .')
@@ -54,34 +58,36 @@ class GPipeScheduleTest(test_utils.TestCase, parameterized.TestCase):
   @parameterized.parameters((1, 1, 0.0), (2, 1, 0.5), (4, 4, 3 / 7),
                             (4, 32, 3 / 35))
   def testBubbleFraction(self, k, m, expected):
-    self.assertAlmostEqual(schedule.BubbleFraction(k, m), expected)
+    self.assertAlmostEqual(schedules.simulate.BubbleFraction(k, m), expected)
     # The same fraction, counted in the idle cells of the rendered schedule.
-    ticks = schedule.GPipeClockCycles(k, m, backward=False)
+    ticks = schedules.orders.GPipeClockCycles(k, m, backward=False)
     idle = sum(k - len(tick) for tick in ticks)
     self.assertAlmostEqual(idle / (k * len(ticks)), expected)
 
   @parameterized.parameters(itertools.product([1, 2, 3], [1, 4, 8]))
   def testOneStagePerDeviceKeepsStageOrders(self, k, m):
-    ticks = schedule.GPipeClockCycles(k, m)
-    devices, orders = schedule.DeviceOrders(ticks, ['d%d' % s for s in range(k)])
+    ticks = schedules.orders.GPipeClockCycles(k, m)
+    devices, orders = schedules.orders.DeviceOrders(
+        ticks, ['d%d' % s for s in range(k)])
     self.assertEqual(devices, ['d%d' % s for s in range(k)])
-    self.assertEqual(orders, schedule.StageOrders(ticks, k))
+    self.assertEqual(orders, schedules.orders.StageOrders(ticks, k))
     # Unit-cost simulation of those orders reproduces the fill-drain bubble.
     self.assertAlmostEqual(
-        schedule.SimulatedBubble(orders, k, m), schedule.BubbleFraction(k, m))
+        schedules.simulate.SimulatedBubble(orders, k, m),
+        schedules.simulate.BubbleFraction(k, m))
 
   def testLoopedStagesRunBreadthFirst(self):
-    ticks = schedule.GPipeClockCycles(4, 2)
-    devices, orders = schedule.DeviceOrders(ticks, ['a', 'b', 'a', 'b'])
+    ticks = schedules.orders.GPipeClockCycles(4, 2)
+    devices, orders = schedules.orders.DeviceOrders(ticks, ['a', 'b', 'a', 'b'])
     self.assertEqual(devices, ['a', 'b'])
     self.assertEqual(
         [['%s%ds%d' % (t.phase, t.micro_batch, t.stage) for t in o]
          for o in orders],
         [['F0s0', 'F1s0', 'F0s2', 'F1s2', 'B1s2', 'B0s2', 'B1s0', 'B0s0'],
          ['F0s1', 'F1s1', 'F0s3', 'F1s3', 'B1s3', 'B0s3', 'B1s1', 'B0s1']])
-    lanes = schedule.Simulate(orders, 4, 2)
+    lanes = schedules.simulate.Simulate(orders, 4, 2)
     self.assertEqual(
-        schedule.RenderDevices(lanes, devices),
+        schedules.render.RenderDevices(lanes, devices),
         'a | F0s0 F1s0 F0s2 F1s2 .    .    B1s2 B0s2 B1s0 B0s0\n'
         'b | .    F0s1 F1s1 F0s3 F1s3 B1s3 B0s3 B1s1 B0s1 .')
 
@@ -89,52 +95,55 @@ class GPipeScheduleTest(test_utils.TestCase, parameterized.TestCase):
   def testLoopingShrinksTheBubble(self, num_devices, m):
     for v in (1, 2, 4):
       k = v * num_devices
-      _, orders = schedule.DeviceOrders(
-          schedule.GPipeClockCycles(k, m),
+      _, orders = schedules.orders.DeviceOrders(
+          schedules.orders.GPipeClockCycles(k, m),
           [s % num_devices for s in range(k)])
       # (D-1)/(vM+D-1) with tasks 1/v as long as one stage per device.
       self.assertAlmostEqual(
-          schedule.SimulatedBubble(orders, k, m),
+          schedules.simulate.SimulatedBubble(orders, k, m),
           (num_devices - 1) / (v * m + num_devices - 1))
 
   @parameterized.parameters(itertools.product([2, 3, 4], [1, 2, 3],
                                               [1, 2, 3, 5, 8]))
   def testLoopedBubbleMatchesSimulation(self, num_devices, v, m):
     k = v * num_devices
-    _, orders = schedule.DeviceOrders(
-        schedule.GPipeClockCycles(k, m), [s % num_devices for s in range(k)])
-    self.assertAlmostEqual(schedule.LoopedBubbleFraction(num_devices, v, m),
-                           schedule.SimulatedBubble(orders, k, m))
+    _, orders = schedules.orders.DeviceOrders(
+        schedules.orders.GPipeClockCycles(k, m),
+        [s % num_devices for s in range(k)])
+    self.assertAlmostEqual(
+        schedules.simulate.LoopedBubbleFraction(num_devices, v, m),
+        schedules.simulate.SimulatedBubble(orders, k, m))
 
   def testLoopingCannotHelpOneMicroBatch(self):
     # One micro-batch visits the devices in turn: each idles (D-1)/D.
-    self.assertAlmostEqual(schedule.LoopedBubbleFraction(2, 4, 1), 0.5)
-    self.assertAlmostEqual(schedule.LoopedBubbleFraction(2, 1, 1),
-                           schedule.BubbleFraction(2, 1))
+    self.assertAlmostEqual(
+        schedules.simulate.LoopedBubbleFraction(2, 4, 1), 0.5)
+    self.assertAlmostEqual(schedules.simulate.LoopedBubbleFraction(2, 1, 1),
+                           schedules.simulate.BubbleFraction(2, 1))
     with self.assertRaisesRegex(ValueError, 'stages_per_device must be >= 1'):
-      schedule.LoopedBubbleFraction(2, 0, 4)
+      schedules.simulate.LoopedBubbleFraction(2, 0, 4)
 
   def testDeadlockedOrdersSaySo(self):
-    ticks = schedule.GPipeClockCycles(2, 2)
-    orders = schedule.StageOrders(ticks, 2)
+    ticks = schedules.orders.GPipeClockCycles(2, 2)
+    orders = schedules.orders.StageOrders(ticks, 2)
     orders[1] = list(reversed(orders[1]))  # backward before its forward
     with self.assertRaisesRegex(ValueError, 'deadlock'):
-      schedule.Simulate(orders, 2, 2)
+      schedules.simulate.Simulate(orders, 2, 2)
 
   def testErrors(self):
     with self.assertRaisesRegex(ValueError, "unknown schedule 'zigzag'"):
-      schedule.ClockCycles('zigzag', 2, 2)
+      schedules.render.ClockCycles('zigzag', 2, 2)
     with self.assertRaisesRegex(ValueError, '>= 1 micro-batch'):
-      schedule.GPipeClockCycles(2, 0)
+      schedules.orders.GPipeClockCycles(2, 0)
 
 
 
 def _Placement(name, num_devices):
   """Stage devices of `name` on D devices (2 stages per device if looped)."""
   if name == 'zb_v':
-    return schedule.VPlacement(2 * num_devices)
+    return schedules.orders.VPlacement(2 * num_devices)
   if name == 'interleaved_1f1b':
-    return schedule.RoundRobinPlacement(2 * num_devices, num_devices)
+    return schedules.orders.RoundRobinPlacement(2 * num_devices, num_devices)
   return list(range(num_devices))
 
 
@@ -142,38 +151,39 @@ class SchedulesSinceGPipeTest(test_utils.TestCase, parameterized.TestCase):
   """1F1B, interleaved 1F1B, ZB-H1, ZB-V: pure task orders."""
 
   @parameterized.parameters(itertools.product(
-      list(schedule.SCHEDULES), [1, 2, 4], [4, 8, 12]))
+      list(schedules.Names()), [1, 2, 4], [4, 8, 12]))
   def testEveryTaskOnceAndTheOrdersRun(self, name, d, m):
     if name == 'interleaved_1f1b' and m % d:
       return
     devices = _Placement(name, d)
     k = len(devices)
-    _, orders = schedule.Orders(name, devices, m)
-    phases = 'FBW' if schedule.Spec(name).split_backward else 'FB'
+    _, orders = schedules.Orders(name, devices, m)
+    phases = 'FBW' if schedules.Get(name).split_backward else 'FB'
     tasks = [t for order in orders for t in order]
     self.assertCountEqual(
-        tasks, [schedule.Task(s, i, p) for s in range(k) for i in range(m)
+        tasks, [pipeline_tasks.Task(s, i, p) for s in range(k) for i in range(m)
                 for p in phases])
     for lane, order in enumerate(orders):
       self.assertTrue(all(devices[t.stage] == lane for t in order))
     # TaskTimes raises if the orders deadlock; each task after its inputs.
-    times = schedule.TaskTimes(orders, k, m,
-                               schedule.Spec(name).per_micro_batch_loss)
+    times = schedules.simulate.TaskTimes(orders, k, m,
+                               schedules.Get(name).per_micro_batch_loss)
     end = {t: e for lane in times for t, _, e in lane}
     start = {t: b for lane in times for t, b, _ in lane}
     for t in tasks:
       if t.phase == 'F' and t.stage:
-        self.assertLessEqual(end[schedule.Task(t.stage - 1, t.micro_batch,
-                                               'F')], start[t])
+        self.assertLessEqual(
+            end[pipeline_tasks.Task(t.stage - 1, t.micro_batch, 'F')],
+            start[t])
       if t.phase == 'W':
-        self.assertLessEqual(end[schedule.Task(t.stage, t.micro_batch, 'B')],
-                             start[t])
+        self.assertLessEqual(
+            end[pipeline_tasks.Task(t.stage, t.micro_batch, 'B')], start[t])
 
   @parameterized.parameters(itertools.product(['1f1b', 'zb_h1'], [2, 3, 4],
                                               [4, 8, 16]))
   def testStageSHoldsAtMostKMinusSMicroBatches(self, name, k, m):
-    for costs in (None, schedule.RematCosts(True)):
-      _, orders = schedule.Orders(name, k, m, costs)
+    for costs in (None, schedules.simulate.RematCosts(True)):
+      _, orders = schedules.Orders(name, k, m, costs)
       for s, order in enumerate(orders):
         held = peak = held_w = peak_w = 0
         for t in order:
@@ -185,44 +195,46 @@ class SchedulesSinceGPipeTest(test_utils.TestCase, parameterized.TestCase):
           self.assertLessEqual(peak_w, 2 * k - s)
 
   @parameterized.parameters(itertools.product(
-      list(schedule.SCHEDULES), [2, 4], [4, 8, 16, 32]))
+      list(schedules.Names()), [2, 4], [4, 8, 16, 32]))
   def testSimulatedBubbleIsTheFormula(self, name, d, m):
     devices = _Placement(name, d)
-    _, orders = schedule.Orders(name, devices, m)
+    _, orders = schedules.Orders(name, devices, m)
     k = len(devices)
-    simulated = schedule.SimulatedBubble(
-        orders, k, m, schedule.Spec(name).per_micro_batch_loss,
-        schedule.CostsOf(name))
+    simulated = schedules.simulate.SimulatedBubble(
+        orders, k, m, schedules.Get(name).per_micro_batch_loss,
+        schedules.registry.Costs(name))
     self.assertAlmostEqual(
-        simulated, schedule.BubbleFormula(name, d, k // d, m), places=9)
+        simulated, schedules.registry.BubbleFormula(name, d, k // d, m),
+        places=9)
 
   def testZeroBubbleBeatsOneFOneB(self):
     for m in (4, 8, 16):
-      one_f_one_b = schedule.BubbleFormula('1f1b', 4, 1, m)
+      one_f_one_b = schedules.registry.BubbleFormula('1f1b', 4, 1, m)
       self.assertAlmostEqual(
-          schedule.BubbleFormula('zb_h1', 4, 1, m),
+          schedules.registry.BubbleFormula('zb_h1', 4, 1, m),
           one_f_one_b / (3 - 2 * one_f_one_b))  # A third of the idle ticks.
-      self.assertLess(schedule.BubbleFormula('zb_v', 2, 2, m),
-                      schedule.BubbleFormula('zb_h1', 4, 1, m))
+      self.assertLess(schedules.registry.BubbleFormula('zb_v', 2, 2, m),
+                      schedules.registry.BubbleFormula('zb_h1', 4, 1, m))
 
   def testDocstringDrawingsAreTheRenderedSchedules(self):
-    for fn, args in ((schedule.OneFOneBOrders, ('1f1b', 3, 6)),
-                     (schedule.ZeroBubbleH1Orders, ('zb_h1', 3, 6)),
-                     (schedule.InterleavedOrders,
+    for fn, args in ((schedules.orders.OneFOneBOrders, ('1f1b', 3, 6)),
+                     (schedules.orders.ZeroBubbleH1Orders, ('zb_h1', 3, 6)),
+                     (schedules.orders.InterleavedOrders,
                       ('interleaved_1f1b', [0, 1, 0, 1], 2)),
-                     (schedule.ZeroBubbleVOrders, ('zb_v', [0, 1, 1, 0], 2))):
+                     (schedules.orders.ZeroBubbleVOrders,
+                      ('zb_v', [0, 1, 1, 0], 2))):
       drawing = '\n'.join(line.strip() for line in
-                          schedule.Render(*args).splitlines())
+                          schedules.render.Render(*args).splitlines())
       doc = '\n'.join(line.strip() for line in fn.__doc__.splitlines())
       self.assertIn(drawing, doc, fn.__name__)
 
   def testPlacementErrors(self):
     with self.assertRaisesRegex(ValueError, "'zb_v' needs two stages"):
-      schedule.Orders('zb_v', 3, 4)
+      schedules.Orders('zb_v', 3, 4)
     with self.assertRaisesRegex(ValueError, 'M=3 < K=4'):
-      schedule.Orders('1f1b', 4, 3)
+      schedules.Orders('1f1b', 4, 3)
     with self.assertRaisesRegex(ValueError, 'multiple of the 2 devices'):
-      schedule.Orders('interleaved_1f1b', ['a', 'b', 'a', 'b'], 5)
+      schedules.Orders('interleaved_1f1b', ['a', 'b', 'a', 'b'], 5)
 
 
 if __name__ == '__main__':

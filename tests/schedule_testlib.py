@@ -4,7 +4,7 @@ from gpipe.compat import lingvo_import  # pylint: disable=unused-import
 
 from gpipe import pipeline
 from gpipe import pipeline_tasks
-from gpipe import schedule
+from gpipe import schedules
 import numpy as np
 from lingvo import compat as tf
 from lingvo.core import py_utils
@@ -20,9 +20,9 @@ def Placement(name, k):
   """Stage devices (indices) for schedule `name` with K stages, or None."""
   if name == 'interleaved_1f1b':
     d = max(1, k // 2)  # v = 2 stages per device where K allows.
-    return schedule.RoundRobinPlacement(k, d)
+    return schedules.orders.RoundRobinPlacement(k, d)
   if name == 'zb_v':
-    return schedule.VPlacement(k) if k % 2 == 0 else None
+    return schedules.orders.VPlacement(k) if k % 2 == 0 else None
   return list(range(k))
 
 
@@ -32,7 +32,7 @@ def Allowed(name, k, m):
   if devices is None:
     return False
   try:
-    schedule.Orders(name, devices, m)
+    schedules.Orders(name, devices, m)
   except ValueError:
     return False
   return True

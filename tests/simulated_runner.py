@@ -8,12 +8,12 @@ is ``runner.Runner`` (the same interleaved timing, devices and closing) whose
 ``Add`` simulates a configuration's step instead of building it:
 
 * the tasks of each device run in the order of the configuration's schedule
-  (``gpipe.schedule.Orders``), each as early as the simulator lets it
-  (``gpipe.schedule.TaskTimes``), F costing 1 tick, B 1 (plus 1 recomputing
-  the forward pass with remat) and W 1; a tick lasts in proportion to the
-  layers of a stage and the rows of a micro-batch; after the last backward
-  task the first device sums the replicas' gradients (with replicas) and
-  applies the update;
+  (``gpipe.schedules.Orders``), each as early as the simulator lets it
+  (``gpipe.schedules.simulate.TaskTimes``), F costing 1 tick, B 1 (plus 1
+  recomputing the forward pass with remat) and W 1; a tick lasts in
+  proportion to the layers of a stage and the rows of a micro-batch; after the
+  last backward task the first device sums the replicas' gradients (with
+  replicas) and applies the update;
 * a traced step returns ``RunMetadata`` whose step stats hold one call op per
   task, named, placed and timed as the executor's would be, with allocation
   records: a forward keeps its activations until its backward frees them
@@ -27,7 +27,7 @@ times a fixed factor, and traced like it.
 """
 
 from gpipe import pipeline_tasks
-from gpipe import schedule
+from gpipe import schedules
 from tensorflow.core.protobuf import config_pb2
 from tools.benchmark import models
 from tools.benchmark import runner as runner_lib
@@ -80,8 +80,9 @@ def _Placement(config):
   num_stages = config.num_stages * config.stages_per_device
   name = config.schedule or 'gpipe'
   if name == 'zb_v':
-    return name, schedule.VPlacement(num_stages)
-  return name, schedule.RoundRobinPlacement(num_stages, config.num_stages)
+    return name, schedules.orders.VPlacement(num_stages)
+  return name, schedules.orders.RoundRobinPlacement(num_stages,
+                                                    config.num_stages)
 
 
 class SimulatedStep:
@@ -105,16 +106,19 @@ class SimulatedStep:
     c = config
     if c.impl == 'gpipe':
       name, where = _Placement(c)
-      costs = schedule.CostsOf(name, 1, 2 if c.remat != 'never' else 1, 1)
-      _, orders = schedule.Orders(name, where, c.num_micro_batches)
-      times = schedule.TaskTimes(
+      costs = schedules.registry.Costs(name, 1,
+                                       2 if c.remat != 'never' else 1, 1)
+      _, orders = schedules.Orders(name, where, c.num_micro_batches)
+      times = schedules.simulate.TaskTimes(
           orders, len(where), c.num_micro_batches,
-          schedule.Spec(name).per_micro_batch_loss, costs)
+          schedules.Get(name).per_micro_batch_loss, costs)
       lane_devices = sorted(set(where), key=where.index)
     else:  # One device, our K=1 fill-drain at the same M.
-      costs = schedule.CostsOf('gpipe', 1, 2 if c.remat != 'never' else 1, 1)
-      _, orders = schedule.Orders('gpipe', [0], c.num_micro_batches)
-      times = schedule.TaskTimes(orders, 1, c.num_micro_batches, False, costs)
+      costs = schedules.registry.Costs('gpipe', 1,
+                                       2 if c.remat != 'never' else 1, 1)
+      _, orders = schedules.Orders('gpipe', [0], c.num_micro_batches)
+      times = schedules.simulate.TaskTimes(orders, 1, c.num_micro_batches,
+                                           False, costs)
       lane_devices = [0]
     replicas = c.replicas if c.impl == 'gpipe' else 1
     self.lanes = {}

@@ -13,7 +13,7 @@ from absl.testing import parameterized
 from gpipe import pipeline
 from gpipe import pipeline_tasks
 from gpipe import replicas
-from gpipe import schedule
+from gpipe import schedules
 from gpipe import weight_batching
 import numpy as np
 from lingvo import compat as tf
@@ -27,7 +27,7 @@ R = 2
 
 
 def _Cases():
-  for name in schedule.SCHEDULES:
+  for name in schedules.Names():
     for batched in (False, True):
       for remat in ('always', 'never'):
         yield ('%s_%s_remat_%s' % (name, 'batched_w' if batched else
@@ -43,29 +43,46 @@ def _ReplicaDevices(name):
           for r in range(R)]
 
 
+def _StepGraph(name, devices, remat, batched, num_micro_batches):
+  """The graph of a pipelined step (loss and gradients), K=2 stages.
+
+  Args:
+    name: the schedule.
+    devices: per data-parallel replica, its K stage devices.
+    remat: the remat mode.
+    batched: whether weight gradients are batched.
+    num_micro_batches: M per replica.
+
+  Returns:
+    The tf.Graph (built only, never run).
+  """
+  with tf.Graph().as_default() as graph:
+    p = pipeline.PipeliningLayer.Params().Set(
+        name='pipe', layers=spt.Layers(), num_stages=K,
+        num_micro_batches=num_micro_batches, stage_sizes=spt.UNEVEN_SIZES[K],
+        remat=remat, schedule=name, dtype=tf.float64, replica_devices=devices,
+        batched_weight_gradients=batched,
+        loss_tpl=toy_layers.SquaredErrorLoss.Params().Set(dtype=tf.float64))
+    net = p.Instantiate()
+    rng = np.random.RandomState(0)
+    rows = 2 * len(devices) * num_micro_batches
+    x = tf.constant(rng.randn(rows, 8))
+    spt.LossAndGrads(net, (x,), tf.constant(rng.randn(rows, 8)), True)
+  return graph
+
+
 class ReplicaTaskOrderTest(test_utils.TestCase, parameterized.TestCase):
 
   @parameterized.named_parameters(*_Cases())
   def testEveryDeviceOfEveryReplicaFollowsItsOrder(self, name, batched,
                                                    remat):
     devices = _ReplicaDevices(name)
-    with tf.Graph().as_default() as graph:
-      p = pipeline.PipeliningLayer.Params().Set(
-          name='pipe', layers=spt.Layers(), num_stages=K, num_micro_batches=M,
-          stage_sizes=spt.UNEVEN_SIZES[K], remat=remat, schedule=name,
-          dtype=tf.float64, replica_devices=devices,
-          batched_weight_gradients=batched,
-          loss_tpl=toy_layers.SquaredErrorLoss.Params().Set(
-              dtype=tf.float64))
-      net = p.Instantiate()
-      rng = np.random.RandomState(0)
-      x = tf.constant(rng.randn(2 * R * M, 8))
-      spt.LossAndGrads(net, (x,), tf.constant(rng.randn(2 * R * M, 8)), True)
-    calls = spt.CallOps(graph)
+    calls = spt.CallOps(_StepGraph(name, devices, remat, batched, M))
     expected = []
     for r, replica_devices in enumerate(devices):
-      _, orders = schedule.Orders(name, replica_devices, M,
-                                  schedule.RematCosts(remat != 'never'))
+      _, orders = schedules.Orders(
+          name, replica_devices, M,
+          schedules.simulate.RematCosts(remat != 'never'))
       if batched:
         orders = weight_batching.Orders(orders)
       orders = replicas.ShiftOrders(orders, r * M)
@@ -80,12 +97,13 @@ class ReplicaTaskOrderTest(test_utils.TestCase, parameterized.TestCase):
         expected += order
     # Without remat a B of a schedule without split backward is TensorFlow's
     # own gradient of the call: several ops, no single call op to follow.
-    follow = remat == 'always' or schedule.Spec(name).split_backward or batched
+    follow = remat == 'always' or schedules.Get(name).split_backward or batched
     if follow:
       self.assertCountEqual(calls, expected)
       for r, replica_devices in enumerate(devices):
-        _, orders = schedule.Orders(name, replica_devices, M,
-                                    schedule.RematCosts(remat != 'never'))
+        _, orders = schedules.Orders(
+            name, replica_devices, M,
+            schedules.simulate.RematCosts(remat != 'never'))
         if batched:
           orders = weight_batching.Orders(orders)
         for order in replicas.ShiftOrders(orders, r * M):
@@ -101,10 +119,51 @@ class ReplicaTaskOrderTest(test_utils.TestCase, parameterized.TestCase):
         self.assertEqual(task.micro_batch.first % M, 0)
 
 
+class HandWrittenOrderTest(test_utils.TestCase):
+  """An order written out by hand, not computed by the library.
+
+  The test above derives its expectations with the calls the executor makes
+  (``schedules.Orders``, ``weight_batching.Orders``,
+  ``replicas.ShiftOrders``), so a bug they share would pass there; here the
+  expected chain of call-op scopes is literal.
+  """
+
+  def testFillDrainWithBatchedWeightsOnTheSecondReplica(self):
+    # R=2, K=2, M=2: replica 1 runs micro-batches 2 and 3, stage 0 on CPU:2
+    # and stage 1 on CPU:3. Fill-drain: both forwards, both backwards in
+    # reverse, then one batched W for both micro-batches.
+    expected = {
+        '/device:CPU:2': ['stage0_F2', 'stage0_F3', 'stage0_B3', 'stage0_B2',
+                          'stage0_Wall2to3'],
+        '/device:CPU:3': ['stage1_F2', 'stage1_F3', 'stage1_B3', 'stage1_B2',
+                          'stage1_Wall2to3'],
+    }
+    devices = [['/device:CPU:0', '/device:CPU:1'],
+               ['/device:CPU:2', '/device:CPU:3']]
+    graph = _StepGraph('gpipe', devices, 'always', True, 2)
+    # Call ops by their scope: '.../stage0_F2/PartitionedCall'.
+    by_scope = {}
+    for op in graph.get_operations():
+      parts = op.name.split('/')
+      if (len(parts) >= 2 and parts[-2].startswith('stage') and
+          parts[-1] in ('PartitionedCall', 'StatefulPartitionedCall')):
+        by_scope.setdefault(parts[-2], []).append(op)
+    for device, chain in expected.items():
+      on_device = sorted(
+          scope for scope, ops in by_scope.items()
+          if replicas.Canonical(ops[0].device) == replicas.Canonical(device))
+      self.assertCountEqual(chain, on_device, device)
+      for scope in chain:
+        self.assertLen(by_scope[scope], 1, scope)
+      for prev, nxt in zip(chain, chain[1:]):
+        self.assertIn(by_scope[prev][0], by_scope[nxt][0].control_inputs,
+                      '%s: %s before %s' % (device, prev, nxt))
+
+
 class TaskRegistryTest(test_utils.TestCase):
 
   def _Registry(self):
-    _, orders = schedule.Orders('gpipe', 2, 2)
+    _, orders = schedules.Orders('gpipe', 2, 2)
     return pipeline_tasks.TaskRegistry(orders)
 
   def _Op(self, name):

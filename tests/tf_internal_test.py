@@ -6,6 +6,8 @@ name, instead of a pipeline failing somewhere deep inside graph building.
 
 from gpipe.compat import lingvo_import  # pylint: disable=unused-import
 
+import re
+
 from gpipe.compat import tf_internal
 from lingvo import compat as tf
 from lingvo.core import test_utils
@@ -49,6 +51,19 @@ class TfInternalTest(test_utils.TestCase):
         tf_internal.AddFunction(target, fn)
       self.assertTrue(all(target._is_function(name)  # pylint: disable=protected-access
                           for name in functions))
+
+  def testAMissingInternalFailsNamingTheTensorFlowVersion(self):
+    with self.assertRaisesRegex(
+        RuntimeError, r'TensorFlow %s has no Graph\._functions' %
+        re.escape(tf.version.VERSION)):
+      tf_internal.GraphFunctions(object())
+
+  def testLocalDevicesFollowTheConfig(self):
+    config = tf.compat.v1.ConfigProto(device_count={'CPU': 2})
+    devices = tf_internal.LocalDevices(config)
+    self.assertEqual(['CPU:0', 'CPU:1'],
+                     [':'.join(d.name.split(':')[-2:]) for d in devices
+                      if d.device_type == 'CPU'])
 
   def testGradientFunctionOfAnOpIsOurs(self):
     @tf.function(autograph=False)

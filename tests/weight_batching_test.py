@@ -6,7 +6,7 @@ from absl.testing import parameterized
 from gpipe import pipeline
 from gpipe import pipeline_tasks
 from gpipe import precision
-from gpipe import schedule
+from gpipe import schedules
 from gpipe import weight_batching
 import numpy as np
 from lingvo import compat as tf
@@ -21,7 +21,7 @@ CONFIG = spt.CONFIG
 
 def _Cases():
   """(schedule, K, M, remat) for every schedule, K in {2, 4}, each remat."""
-  for name in schedule.SCHEDULES:
+  for name in schedules.Names():
     for i, (k, m) in enumerate(((2, 4), (4, 4), (2, 3), (2, 1))):
       if spt.Allowed(name, k, m):
         yield name, k, m, pipeline.REMAT_MODES[i % 3]
@@ -136,8 +136,8 @@ class WeightBatchingTest(test_utils.TestCase, parameterized.TestCase):
       calls = spt.CallOps(graph)
       functions = {f.signature.name: f
                    for f in graph.as_graph_def().library.function}
-    _, orders = schedule.Orders(name, spt.Placement(name, k), m,
-                                schedule.RematCosts(True))
+    _, orders = schedules.Orders(name, spt.Placement(name, k), m,
+                                schedules.simulate.RematCosts(True))
     orders = weight_batching.Orders(orders)
     weights = [t for t in calls if t.phase == pipeline_tasks.WEIGHT]
     self.assertCountEqual(
@@ -186,7 +186,7 @@ class WeightBatchingTest(test_utils.TestCase, parameterized.TestCase):
     self.assertLen(unswapped, spt.NUM_LAYERS * 2)
 
   def testOrdersMoveWeightTasksAfterTheLastBackward(self):
-    _, orders = schedule.Orders('zb_h1', 2, 3)
+    _, orders = schedules.Orders('zb_h1', 2, 3)
     batched = weight_batching.Orders(orders)
     labels = [[pipeline_tasks.Label(t) for t in order] for order in batched]
     for k, order in enumerate(labels):
@@ -196,7 +196,7 @@ class WeightBatchingTest(test_utils.TestCase, parameterized.TestCase):
           [t for t in order if t[0] != 'W'],
           [pipeline_tasks.Label(t) for t in orders[k] if t.phase != 'W'])
     # Schedules without a split backward get one W per stage too.
-    _, orders = schedule.Orders('gpipe', 2, 2)
+    _, orders = schedules.Orders('gpipe', 2, 2)
     self.assertEqual(
         [pipeline_tasks.Label(t) for t in weight_batching.Orders(orders)[0]],
         ['F0s0', 'F1s0', 'B1s0', 'B0s0', 'W*s0'])

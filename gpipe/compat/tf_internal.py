@@ -13,12 +13,27 @@ The executor builds graphs below TensorFlow's public API in four ways:
   (``Operation._add_control_input``), since tasks are created before their
   neighbours in the schedule's order.
 
+And a worker lists its devices with ``LocalDevices``
+(``tensorflow.python.client.device_lib``), which has no public equivalent
+that takes a session config.
+
 ``//tests:tf_internal_test`` exercises each on the installed TensorFlow, so a
 version that renames or changes one fails there, loudly and by name, not deep
 inside a pipeline.
 """
 
+import tensorflow as _tf
+from tensorflow.python.client import device_lib as _device_lib  # pylint: disable=g-direct-tensorflow-import
 from tensorflow.python.framework import ops as _tf_ops  # pylint: disable=g-direct-tensorflow-import
+
+
+def _Missing(internal):
+  """The error for an internal this TensorFlow does not have."""
+  return RuntimeError(
+      'TensorFlow %s has no %s, a private API gpipe relies on '
+      '(gpipe/compat/tf_internal.py); install the TensorFlow version of '
+      'third_party/requirements.txt, or port that module to this version' %
+      (_tf.__version__, internal))
 
 
 def SetGradientFunction(op, fn):
@@ -38,8 +53,21 @@ def CreateOp(graph, op_type, inputs, dtypes, name, attrs, op_def):
 
 
 def GraphFunctions(graph):
-  """The graph functions defined in `graph` (name -> function)."""
-  return dict(getattr(graph, '_functions', {}))
+  """The graph functions defined in `graph` (name -> function).
+
+  Args:
+    graph: a tf.Graph.
+
+  Returns:
+    A new dict from function name to function.
+
+  Raises:
+    RuntimeError: this TensorFlow's graphs have no ``_functions``; the
+      message names the TensorFlow version.
+  """
+  if not hasattr(graph, '_functions'):
+    raise _Missing('Graph._functions (the functions defined in a graph)')
+  return dict(graph._functions)  # pylint: disable=protected-access
 
 
 def AddFunction(graph, fn):
@@ -50,3 +78,15 @@ def AddFunction(graph, fn):
 def AddControlInput(op, control):
   """Makes existing `op` run after existing op `control`."""
   op._add_control_input(control)  # pylint: disable=protected-access
+
+
+def LocalDevices(config):
+  """The devices this process would have under session config `config`.
+
+  Args:
+    config: a tf.compat.v1.ConfigProto (e.g. its CPU device count).
+
+  Returns:
+    DeviceAttributes protos, each with ``name`` and ``device_type``.
+  """
+  return _device_lib.list_local_devices(config)

@@ -7,7 +7,11 @@
 * ``search``: every configuration for D devices under a memory cap, the
   best first, with why the others were dropped; the chosen plan as JSON;
 * ``measure``: measuring a profile with TensorFlow (per layer, in a
-  process pinned to one core).
+  process pinned to one core);
+* ``calibrate``: a profile calibrated against the executor's own stage calls
+  (a layer timed on its own is not the same work as inside a stage);
+* ``choice``: the chosen plan (one configuration with its prediction) as
+  JSON, and applying it to a model's params.
 
 ``python -m tools.plan`` is the command line; the trainer takes
 ``--plan=auto`` or ``--plan=FILE``.

@@ -52,7 +52,7 @@ FORWARD = pipeline_tasks.FORWARD
 BACKWARD = pipeline_tasks.BACKWARD
 WEIGHT = pipeline_tasks.WEIGHT
 
-REMAT_MODES = ('always', 'except_last', 'never')
+REMAT_MODES = pipeline_tasks.REMAT_MODES
 
 # An uncalibrated profile: the layers' sums as they are; a B that
 # re-materializes runs the forward once more.
@@ -196,11 +196,6 @@ def RowsPerMicroBatch(profile, config):
   return profile.batch // per_step
 
 
-def _Remats(config, k):
-  return config.remat == 'always' or (config.remat == 'except_last' and
-                                      k < config.num_stages - 1)
-
-
 def SplitBackward(config):
   """Whether B and W are separate tasks (split schedule or batched W)."""
   return registry.Get(config.schedule).split_backward or config.batched_weights
@@ -248,7 +243,8 @@ def StageModels(profile, config):
     param_bytes = float(sum(layer.param_bytes for layer in layers))
     # Adding a gradient into the running sum: read two, write one.
     accumulate = 3.0 * param_bytes / bandwidth
-    remat = _Remats(config, k)
+    remat = pipeline_tasks.RematerializesStage(config.remat, k,
+                                               config.num_stages)
     recompute = forward * f.R if remat else 0.0
     # A layer's output that its backward reads and the next layer's reads
     # too is one tensor: held once.

@@ -39,10 +39,10 @@ import time
 _PARENT_PID = os.getppid()
 
 from gpipe.compat import lingvo_import  # pylint: disable=unused-import
+from gpipe.compat import tf_internal
 from gpipe.runtime import cluster_spec as cluster_spec_lib
 from lingvo import compat as tf
 from lingvo.core import py_utils  # pylint: disable=unused-import  # registers ops
-from tensorflow.python.client import device_lib
 
 
 def _ExitWhenOrphaned(parent_pid):
@@ -121,7 +121,7 @@ def LocalDeviceNames(config):
     ['CPU:0', 'CPU:1', 'GPU:0', ...].
   """
   names = []
-  for device in device_lib.list_local_devices(config):
+  for device in tf_internal.LocalDevices(config):
     parts = device.name.split(':')
     names.append('%s:%s' % (parts[-2], parts[-1]))
   return names

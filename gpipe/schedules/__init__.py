@@ -13,6 +13,8 @@ The package, by job:
   ``registry.MarkdownTable()``. Adding a schedule is one ``Register`` call
   plus its orders function.
 * ``orders``: the orders functions, pure, each drawn in its docstring.
+* ``timed``: the timing-aware zero-bubble schedule ``'zb_auto'``: orders
+  from measured task times under a memory limit per stage.
 * ``simulate``: task times for given costs, idle time, activations in flight.
 * ``render``: ASCII drawings (``RenderSchedule('zb_h1', 3, 6)``).
 * ``inference``: what runs without gradients: the forward-only schedule
@@ -28,9 +30,10 @@ from gpipe.schedules import orders
 from gpipe.schedules import registry
 from gpipe.schedules import render
 from gpipe.schedules import simulate
+from gpipe.schedules import timed
 from gpipe.schedules.registry import Get
 from gpipe.schedules.registry import Names
 from gpipe.schedules.registry import Orders
 
 __all__ = ['Get', 'Names', 'Orders', 'decode_lanes', 'inference', 'orders',
-           'registry', 'render', 'simulate']
+           'registry', 'render', 'simulate', 'timed']

@@ -39,9 +39,9 @@ def RematCosts(remat, num_stages=None):
   if remat == 'except_last':
     if num_stages is None:
       raise ValueError("RematCosts('except_last') needs num_stages")
-    last = num_stages - 1
-    return lambda task: (2 if task.phase == BACKWARD and task.stage != last
-                         else 1)
+    return lambda task: (2 if task.phase == BACKWARD and
+                         pipeline_tasks.RematerializesStage(
+                             remat, task.stage, num_stages) else 1)
   on = remat if isinstance(remat, bool) else remat == 'always'
   return {FORWARD: 1, BACKWARD: 2 if on else 1, WEIGHT: 1}
 

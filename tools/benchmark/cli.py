@@ -217,7 +217,7 @@ def _Parser():
                  '<commit>)')
   p.add_argument('--before_env', default='',
                  help="NAME=VALUE,... for the --before run, e.g. "
-                 "'PYTHONPATH=/tmp/pb3' (that commit's protobuf)")
+                 "'PYTHONPATH=DIR' to put another package set first")
   p.add_argument('--model', default='mt.T64Structure_Numbers',
                  help='the registered model the trainer starts')
   p.add_argument('--worker_processes', type=int, default=16,

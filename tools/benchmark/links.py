@@ -36,8 +36,9 @@ import statistics
 import sys
 import tempfile
 
-from gpipe import schedule
+from gpipe import pipeline_tasks
 from gpipe.runtime import cluster_spec as cluster_spec_lib
+from gpipe.schedules import registry
 from tools.benchmark import report
 from tools.benchmark import runner as runner_lib
 from tools.benchmark import throughput
@@ -61,12 +62,12 @@ def _Crossings(k, m):
 def _Inputs(task, k):
   """The tasks whose outputs `task` reads (the loss inside the pipeline)."""
   s, m, phase = task
-  if phase == schedule.FORWARD:
-    return [schedule.Task(s - 1, m, phase)] if s else []
-  if phase == schedule.WEIGHT:
-    return [schedule.Task(s, m, schedule.BACKWARD)]
-  later = [schedule.Task(s + 1, m, phase)] if s < k - 1 else []
-  return later + [schedule.Task(s, m, schedule.FORWARD)]
+  if phase == pipeline_tasks.FORWARD:
+    return [pipeline_tasks.Task(s - 1, m, phase)] if s else []
+  if phase == pipeline_tasks.WEIGHT:
+    return [pipeline_tasks.Task(s, m, pipeline_tasks.BACKWARD)]
+  later = [pipeline_tasks.Task(s + 1, m, phase)] if s < k - 1 else []
+  return later + [pipeline_tasks.Task(s, m, pipeline_tasks.FORWARD)]
 
 
 def SimulatedSpan(name, k, m, remat, latency):
@@ -86,9 +87,9 @@ def SimulatedSpan(name, k, m, remat, latency):
   Returns:
     The span in ticks.
   """
-  costs = schedule.CostsOf(name, forward=1, backward=2 if remat else 1,
-                           weight=1)
-  _, orders = schedule.Orders(name, k, m, costs)
+  costs = registry.Costs(name, forward=1, backward=2 if remat else 1,
+                         weight=1)
+  _, orders = registry.Orders(name, k, m, costs)
   device = {t: d for d, order in enumerate(orders) for t in order}
   finish = {}
   free = [latency if d else 0.0 for d in range(len(orders))]
@@ -126,7 +127,7 @@ def _Configs(args, shape):
         if shape['batch'] % m:
           continue
         try:
-          schedule.Orders(name, k, m)
+          registry.Orders(name, k, m)
         except ValueError:
           continue  # e.g. 1F1B needs M >= K.
         configs.append(runner_lib.Config(

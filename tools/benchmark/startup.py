@@ -15,8 +15,8 @@ share.
 
 Two runs, side by side: ``after`` is this checkout; ``before`` (with
 ``--before=DIR``) is the same command in another checkout (e.g. ``git worktree
-add /tmp/before <commit>``), with ``--before_env`` (e.g.
-``PYTHONPATH=/tmp/pb3`` for a package set of that commit). Every figure that
+add DIR <commit>``), with ``--before_env`` (e.g. ``PYTHONPATH=DIR`` to put
+another package set first). Every figure that
 an older trainer does not log is measured from outside: the time from the
 trainer's start to its step-1 progress line, the trainer's peak resident
 memory (``VmHWM``, read until it exits), the workers' peaks it prints and the

@@ -23,8 +23,8 @@ from gpipe.plan import choice
 from gpipe.plan import profile as profile_lib
 from gpipe.plan import search
 from gpipe.schedules import registry
-from gpipe import local_cluster
 from gpipe import precision
+from gpipe.runtime import local_cluster
 from lingvo import compat as tf
 
 # Threads of the measuring sessions: a pinned one-core worker's.

@@ -221,7 +221,7 @@ def SetPipelineShape(cfg, num_stages=None, num_micro_batches=None,
     cfg: model params (changed in place).
     num_stages: new K, or None to keep.
     num_micro_batches: new M, or None to keep (clears micro_batch_size).
-    schedule: a gpipe.schedule.SCHEDULES name, or None to keep.
+    schedule: a gpipe.schedules.registry.Names() name, or None to keep.
 
   Returns:
     The list of (path, pipeline params) found.
