@@ -2,7 +2,6 @@
 
 from gpipe.compat import lingvo_import  # pylint: disable=unused-import
 
-
 from absl.testing import parameterized
 from gpipe import pipeline
 from gpipe import schedules
