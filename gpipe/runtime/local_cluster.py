@@ -8,18 +8,28 @@ processes on free localhost ports, waits until they serve, gives the device
 strings of their devices and the session target, checks that they are alive,
 and stops them (also at interpreter exit). Its workers exit with the process
 that started them.
+
+With ``memory_cap_bytes`` each worker runs under that memory cap (its own
+cgroup, ``gpipe.runtime.memory_cap``): a stand-in for a device's memory. A
+worker the cap kills is reported as such (``WorkerMemoryCapError``: which
+worker, its cap, its peak, and to cut the model into more stages), and
+``Watch`` turns a session run that such a death would leave waiting into
+that error.
 """
 
 import atexit
+import contextlib
 import json
 import os
 import shutil
 import socket
 import subprocess
 import sys
+import threading
 import time
 
 from gpipe.runtime import cluster_spec
+from gpipe.runtime import memory_cap as memory_cap_lib
 
 JOB = cluster_spec.JOB
 
@@ -46,12 +56,20 @@ class WorkerDiedError(RuntimeError):
   """A worker process of the pipeline exited."""
 
 
+class WorkerMemoryCapError(WorkerDiedError):
+  """A worker process was killed by its memory cap."""
+
+
+def _MiB(num_bytes):
+  return '%.0f MiB' % (num_bytes / 2.0**20)
+
+
 class LocalCluster:
   """K local TensorFlow worker processes."""
 
   def __init__(self, num_workers, pin_cores=False, intra_op_threads=1,
                inter_op_threads=2, log_dir=None, start_timeout=None,
-               cpu_devices=1):
+               cpu_devices=1, memory_cap_bytes=None):
     """Starts the workers and waits until each one serves.
 
     Args:
@@ -67,6 +85,9 @@ class LocalCluster:
         a worker that exits is reported at once).
       cpu_devices: virtual CPU devices per worker (device:CPU:0..n-1), which
         share the worker's threads.
+      memory_cap_bytes: if set, each worker's memory cap (Linux cgroup v1,
+        see gpipe.runtime.memory_cap; raises its MemoryCapError where that
+        is not available).
     """
     if num_workers < 1:
       raise ValueError('a local cluster needs >= 1 worker, got %d' %
@@ -77,6 +98,8 @@ class LocalCluster:
     self.cluster_def = {JOB: ['localhost:%d' % p for p in self.ports]}
     self._procs = []
     self._logs = []
+    self.memory_cap_bytes = memory_cap_bytes
+    self._caps = []
     taskset = shutil.which('taskset') if pin_cores else None
     if pin_cores and taskset is None:
       raise RuntimeError('pin_cores needs the `taskset` command (util-linux)')
@@ -97,6 +120,16 @@ class LocalCluster:
       ]
       if taskset:
         cmd = [taskset, '-c', str(i % ncores)] + cmd
+      if memory_cap_bytes:
+        try:
+          cap = memory_cap_lib.MemoryCap(
+              'gpipe_worker_%d_%d_%d' % (os.getpid(), id(self), i),
+              memory_cap_bytes)
+        except memory_cap_lib.MemoryCapError:
+          self.Stop()
+          raise
+        self._caps.append(cap)
+        cmd = cap.Command(cmd)
       if log_dir:
         os.makedirs(log_dir, exist_ok=True)
         log = open(os.path.join(log_dir, 'worker_%d.log' % i), 'w')
@@ -115,7 +148,11 @@ class LocalCluster:
     deadline = time.time() + start_timeout
     for i, port in enumerate(self.ports):
       while not _Serving(port):
-        self.CheckAlive()
+        try:
+          self.CheckAlive()
+        except WorkerDiedError:
+          self.Stop()
+          raise
         if time.time() > deadline:
           self.Stop()
           raise RuntimeError('worker %d did not start serving on port %d '
@@ -146,13 +183,80 @@ class LocalCluster:
     return '%s=%s' % (JOB, ','.join(self.cluster_def[JOB]))
 
   def CheckAlive(self):
-    """Raises WorkerDiedError if any worker has exited."""
+    """Raises WorkerDiedError if any worker has exited.
+
+    WorkerMemoryCapError (a WorkerDiedError) if its memory cap killed it.
+    """
     for i, proc in enumerate(self._procs):
       code = proc.poll()
-      if code is not None:
-        raise WorkerDiedError(
-            'pipeline worker %d (pid %d, %s) exited with code %d' %
-            (i, proc.pid, self.cluster_def[JOB][i], code))
+      if code is None:
+        continue
+      where = 'pipeline worker %d (pid %d, %s)' % (i, proc.pid,
+                                                   self.cluster_def[JOB][i])
+      if self._caps and self._caps[i].OomKills():
+        raise WorkerMemoryCapError(
+            '%s was killed by its memory cap of %s (peak %s): the weights '
+            'and activations of its stages do not fit. Cut the model into '
+            'more stages on more workers (a larger K), or raise the cap' %
+            (where, _MiB(self.memory_cap_bytes),
+             _MiB(self._caps[i].PeakBytes() or self.memory_cap_bytes)))
+      raise WorkerDiedError('%s exited with code %d' % (where, code))
+
+  @contextlib.contextmanager
+  def Watch(self, poll_secs=0.2, grace_secs=2.0):
+    """Runs session work on the workers, failing at once if one dies.
+
+    A worker that exits while the body waits on it (e.g. killed by its
+    memory cap) stops the others, which fails the waiting run, and the body
+    raises the worker's WorkerDiedError (WorkerMemoryCapError) instead of
+    the RPC error or a hang.
+
+    Args:
+      poll_secs: how often the workers are checked.
+      grace_secs: after the body failed, how long to look for a worker's
+        exit (it can be seen a moment after the RPC to it failed).
+
+    Yields:
+      Nothing.
+    """
+    died = []
+    done = threading.Event()
+
+    def Poll():
+      while not done.wait(poll_secs):
+        try:
+          self.CheckAlive()
+        except WorkerDiedError as e:
+          died.append(e)
+          self._Kill()
+          return
+
+    thread = threading.Thread(target=Poll, daemon=True)
+    thread.start()
+    try:
+      yield
+    except Exception as e:
+      done.set()
+      thread.join()
+      deadline = time.time() + grace_secs
+      while not died and time.time() < deadline:
+        try:
+          self.CheckAlive()
+        except WorkerDiedError as lost:
+          died.append(lost)
+        time.sleep(poll_secs / 4)
+      if died:
+        raise died[0] from e
+      raise
+    finally:
+      done.set()
+      thread.join()
+
+  def MemoryPeakBytes(self):
+    """Each worker's peak memory as its cap counts it (None without cap)."""
+    if not self._caps:
+      return [None] * self.num_workers
+    return [cap.PeakBytes() for cap in self._caps]
 
   @property
   def pids(self):
@@ -170,16 +274,21 @@ class LocalCluster:
         peaks.append(None)
     return peaks
 
-  def Stop(self):
-    """Kills the workers (idempotent)."""
+  def _Kill(self):
     for proc in self._procs:
       if proc.poll() is None:
         proc.kill()
+
+  def Stop(self):
+    """Kills the workers and removes their memory caps (idempotent)."""
+    self._Kill()
     for proc in self._procs:
       try:
         proc.wait(timeout=10)
       except subprocess.TimeoutExpired:
         pass
+    for cap in self._caps:
+      cap.Remove()
     for log in self._logs:
       if hasattr(log, 'close'):
         log.close()

@@ -22,6 +22,7 @@ and a timeline picture of one pipelined decode.
 """
 
 import collections
+import contextlib
 import os
 import statistics
 import tempfile
@@ -63,7 +64,8 @@ class DecodeConfig(
     return 'K=%d %s %s' % (self.num_stages, how, search)
 
 
-def _Layers(shape):
+def Layers(shape):
+  """The flat layer list of the Transformer of sizes `shape`, no dropout."""
   return stack.EncoderDecoderLayers(
       vocab_size=shape['vocab_size'], model_dim=shape['model_dim'],
       hidden_dim=shape['hidden_dim'], num_heads=shape['num_heads'],
@@ -73,29 +75,41 @@ def _Layers(shape):
 class DecodeStep:
   """One configuration's graph, session and decode of its batch."""
 
-  def __init__(self, config, shape, target, devices, checkpoint):
+  def __init__(self, config, shape, target, devices, checkpoint,
+               cut='decode', cluster=None):
     """Builds the graph and restores (or first saves) the weights.
+
+    Only the restore writes the saved variables (no initializer runs
+    first), so a worker holds its stages' weights once.
 
     Args:
       config: a DecodeConfig.
       shape: the model sizes (DECODE_MODEL).
-      target: the session target of the worker processes.
+      target: the session target of the worker processes ('' in process).
       devices: K device strings, one per stage.
       checkpoint: the weights' path; saved there first if missing.
+      cut: 'decode' (``stack.DecodeStageSizes``: decoding work balanced)
+        or 'params' (weight bytes balanced: memory).
+      cluster: the LocalCluster of `target`, if any: its ``Watch`` guards
+        every run (a worker that dies fails it with the worker's error).
     """
     self.config = c = config
     self.times = []
     self.graph = tf.Graph()
+    self._cluster = cluster
     start = time.time()
-    layers = _Layers(shape)
+    layers = Layers(shape)
     with self.graph.as_default(), cluster_factory.SetEval(True):
       tf.random.set_seed(1)
       p = model.TransformerMTTask.Params().Set(
           name='mt', max_decode_len=shape['max_decode_len'], beam_size=c.beam)
       p.network = pipeline.PipeliningLayer.Params().Set(
           name='network', layers=layers, num_stages=c.num_stages,
-          stage_sizes=stack.DecodeStageSizes(layers, c.num_stages),
           num_micro_batches=1, stage_devices=list(devices))
+      if cut == 'decode':
+        p.network.stage_sizes = stack.DecodeStageSizes(layers, c.num_stages)
+      else:
+        p.network.partition_cost = cut
       task = p.Instantiate()
       self.stage_sizes = task.network.stage_sizes
       rng = np.random.RandomState(7)
@@ -112,19 +126,31 @@ class DecodeStep:
                                          beam_size=c.beam)[0]
       else:
         self.ids, _ = task.GreedyDecode(task.theta, src, paddings)
-      saver = tf.train.Saver(task.vars.Flatten())
-      init = tf.compat.v1.global_variables_initializer()
+      saved = task.vars.Flatten()
+      self.weight_bytes = sum(
+          v.shape.num_elements() * v.dtype.base_dtype.size for v in saved)
+      # One restore per device, each reading only its own variables.
+      saver = tf.train.Saver(saved, sharded=True)
+      init_all = tf.compat.v1.global_variables_initializer()
+      init_others = tf.compat.v1.variables_initializer(
+          [v for v in tf.compat.v1.global_variables()
+           if all(v is not w for w in saved)])
     self.build_seconds = time.time() - start
     # A lost worker fails the run instead of hanging it.
     self.session = tf.compat.v1.Session(
         target, graph=self.graph, config=tf.compat.v1.ConfigProto(
             operation_timeout_in_ms=600 * 1000))
-    self.session.run(init)
-    with self.graph.as_default():
+    with self._Guard(), self.graph.as_default():
       if os.path.exists(checkpoint + '.index'):
+        self.session.run(init_others)
         saver.restore(self.session, checkpoint)
       else:
-        saver.save(self.session, checkpoint)
+        self.session.run(init_all)
+        saver.save(self.session, checkpoint, write_meta_graph=False)
+
+  def _Guard(self):
+    return (self._cluster.Watch() if self._cluster is not None else
+            contextlib.nullcontext())
 
   def Run(self, trace=False):
     """Decodes the batch; returns seconds (and the ids and RunMetadata)."""
@@ -132,7 +158,8 @@ class DecodeStep:
     options = tf.compat.v1.RunOptions(
         trace_level=tf.compat.v1.RunOptions.FULL_TRACE) if trace else None
     start = time.time()
-    ids = self.session.run(self.ids, options=options, run_metadata=metadata)
+    with self._Guard():
+      ids = self.session.run(self.ids, options=options, run_metadata=metadata)
     seconds = time.time() - start
     return (seconds, ids, metadata) if trace else seconds
 

@@ -36,7 +36,8 @@ def Decode(run, dataset='Test', path=None, echo=print):
   os.makedirs(out_dir, exist_ok=True)
   max_batches = run.decode_max_batches
   batches = 0
-  with restored.RestoredModel(run, run.test, 'decode', path) as model:
+  with run.placement.Watch(), restored.RestoredModel(run, run.test, 'decode',
+                                                     path) as model:
     metrics = model.task.CreateDecoderMetrics()
     start = time.time()
     step = model.step

@@ -24,6 +24,7 @@ with a timeout, so a lost worker fails the step with an error instead of
 blocking forever.
 """
 
+import contextlib
 import os
 
 from gpipe.compat import lingvo_import  # pylint: disable=unused-import
@@ -78,7 +79,8 @@ class Placement:
                step_timeout_secs=300, log_dir=None, pin_cores=False,
                device_type='auto', devices_per_task=0,
                connect_timeout_secs=10.0, plan_only=False, environ=None,
-               worker_wait_secs=300, session_graph_optimizer=False):
+               worker_wait_secs=300, session_graph_optimizer=False,
+               memory_cap_bytes=None):
     """Sets up (and for worker_processes, starts) the devices.
 
     Args:
@@ -103,6 +105,8 @@ class Placement:
         running cluster to serve again.
       session_graph_optimizer: run Grappler over the session's graph (see
         SessionConfig).
+      memory_cap_bytes: each local worker's memory cap (LocalCluster's), or
+        None.
 
     Raises:
       ValueError: conflicting or impossible flags, named.
@@ -131,7 +135,8 @@ class Placement:
     self.description = None
     self.task_devices = None
     self._worker_args = dict(pin_cores=pin_cores, log_dir=log_dir,
-                             cpu_devices=max(1, devices_per_task))
+                             cpu_devices=max(1, devices_per_task),
+                             memory_cap_bytes=memory_cap_bytes)
     description = None if worker_processes else cluster_spec_lib.Resolve(
         cluster_spec, environ=environ, slurm=False)
     if worker_processes:
@@ -260,6 +265,17 @@ class Placement:
     """Raises local_cluster.WorkerDiedError if a local worker has exited."""
     if self.cluster is not None:
       self.cluster.CheckAlive()
+
+  def Watch(self):
+    """A context for session work: a local worker's death fails it at once.
+
+    With local workers, ``LocalCluster.Watch``: the work raises the worker's
+    WorkerDiedError (WorkerMemoryCapError if its memory cap killed it)
+    instead of an RPC error or a wait; otherwise nothing.
+    """
+    if self.cluster is None:
+      return contextlib.nullcontext()
+    return self.cluster.Watch()
 
   def Stop(self):
     if self.cluster is not None:
