@@ -15,6 +15,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import unittest
 
 from gpipe.runtime import local_cluster
 from gpipe.runtime import memory_cap
@@ -42,7 +43,7 @@ def _CgroupsMissing():
   return None
 
 
-@test_utils.unittest.skipIf(_CgroupsMissing(), _CgroupsMissing())
+@unittest.skipIf(_CgroupsMissing(), _CgroupsMissing())
 class DecodeMemoryCapTest(test_utils.TestCase):
 
   @classmethod

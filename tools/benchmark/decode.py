@@ -17,8 +17,11 @@ step (the latency of one token of a sentence), the speed-up over the best
 K=1 configuration, and for pipelined ones the measured idle fraction of
 each device over the decoding loop (from execution traces: the ``D`` tasks
 of ``gpipe.pipeline_tasks``) beside the lane schedule's formula
-``gpipe.schedules.decode_lanes.BubbleFraction``; the workers' peak memory;
-and a timeline picture of one pipelined decode.
+``gpipe.schedules.decode_lanes.BubbleFraction`` and beside the same lane
+schedule simulated with each stage's traced task time (its imbalance
+without hand-over time), and the traced spans of
+the encoder (its ``F`` tasks) and of the loop; the workers' peak memory;
+and a timeline picture of one pipelined decode (encoder and first steps).
 """
 
 import collections
@@ -34,6 +37,7 @@ from gpipe import pipeline
 from gpipe import pipeline_tasks
 from gpipe.measure import timeline
 from gpipe.schedules import decode_lanes
+from gpipe.schedules import simulate
 from lingvo import compat as tf
 from lingvo.core import cluster_factory
 from tasks.mt import model
@@ -167,19 +171,47 @@ class DecodeStep:
     self.session.close()
 
 
-def _DecodeTasks(metadata):
-  """The traced decoding-loop tasks (phase D) of a run."""
-  return [t for t in timeline.ParseStepStats(metadata.step_stats)
-          if t.phase == pipeline_tasks.DECODE]
+def _TracedTasks(metadata):
+  """(decoding-loop tasks (phase D), encoder tasks (phase F)) of a run."""
+  tasks = timeline.ParseStepStats(metadata.step_stats)
+  return ([t for t in tasks if t.phase == pipeline_tasks.DECODE],
+          [t for t in tasks if t.phase == pipeline_tasks.FORWARD])
+
+
+def _TimedModelBubbles(tasks, num_lanes, num_steps):
+  """Each device's idle fraction in the lane schedule with traced task times.
+
+  Every task of a stage costs the median traced time of that stage's
+  decoding tasks, and hand-overs are free: what the stages' imbalance alone
+  leaves idle, to set beside the unit-cost formula and the measurement.
+
+  Args:
+    tasks: the traced decoding tasks (one stage per device).
+    num_lanes: M.
+    num_steps: T.
+
+  Returns:
+    Per device, its idle fraction.
+  """
+  stages = sorted({t.stage for t in tasks})
+  cost = [statistics.median(t.end - t.start for t in tasks if t.stage == s)
+          for s in stages]
+  _, orders = decode_lanes.DeviceOrders(len(stages), num_lanes, num_steps)
+  times = simulate.TaskTimes(
+      orders, len(stages), num_lanes, costs=lambda task: cost[task.stage],
+      dependencies=lambda task: decode_lanes.Dependencies(task, len(stages)))
+  span = max(end for device in times for _, _, end in device)
+  return [1.0 - sum(end - start for _, start, end in device) / span
+          for device in times]
 
 
 def _FirstSteps(tasks, num_steps):
-  """The tasks of the first `num_steps` steps of each (stage, lane)."""
+  """The tasks of the first `num_steps` steps of each (stage, lane, phase)."""
   seen = collections.Counter()
   kept = []
   for t in sorted(tasks, key=lambda t: t.start):
-    seen[t.stage, t.micro_batch] += 1
-    if seen[t.stage, t.micro_batch] <= num_steps:
+    seen[t.stage, t.micro_batch, t.phase] += 1
+    if seen[t.stage, t.micro_batch, t.phase] <= num_steps:
       kept.append(t)
   return kept
 
@@ -228,9 +260,9 @@ def Decode(args):
       if c.lanes is not None:
         for _ in range(args.trace_steps):
           run_seconds, _, metadata = step.Run(trace=True)
-          tasks = _DecodeTasks(metadata)
+          tasks, encoder = _TracedTasks(metadata)
           traced.append((timeline.BubbleFractions(tasks, 'device'), tasks,
-                         run_seconds))
+                         encoder))
         traced.sort(key=lambda r: statistics.mean(r[0]))
       median = seconds[c.label]
       entry = dict(
@@ -239,13 +271,16 @@ def Decode(args):
           sentences_per_second=c.batch / median,
           ms_per_token=1e3 * median / length, same_tokens=step.same_tokens)
       if traced:
-        bubbles, tasks, _ = traced[len(traced) // 2]
+        bubbles, tasks, encoder = traced[len(traced) // 2]
         stages = len({t.stage for t in tasks})
         entry.update(measured_bubbles=bubbles,
                      formula_bubble=decode_lanes.BubbleFraction(
                          stages, c.lanes, length),
-                     loop_seconds=timeline.Span(tasks))
-        step.tasks = tasks
+                     timed_model_bubbles=_TimedModelBubbles(
+                         tasks, c.lanes, length),
+                     loop_seconds=timeline.Span(tasks),
+                     encoder_seconds=timeline.Span(encoder))
+        step.tasks = encoder + tasks
       result['configs'].append(entry)
     for beam in beams:
       mine = [e for e in result['configs'] if e['beam'] == beam]
@@ -261,6 +296,11 @@ def Decode(args):
                       for b in e.get('measured_bubbles', [])) or '-',
             '%.0f%%' % (100 * e['formula_bubble'])
             if 'formula_bubble' in e else '-',
+            ', '.join('%.0f%%' % (100 * b)
+                      for b in e.get('timed_model_bubbles', [])) or '-',
+            '%.0f / %.0f' % (1e3 * e['encoder_seconds'],
+                             1e3 * e['loop_seconds'])
+            if 'loop_seconds' in e else '-',
             'yes' if e['same_tokens'] else 'NO'])
     peaks = {}
     for k in (1, 2):
@@ -273,7 +313,8 @@ def Decode(args):
       s, e = max(pipelined, key=lambda x: x[1]['sentences_per_second'])
       timeline.RenderPNG(
           _FirstSteps(s.tasks, args.timeline_steps),
-          'pipelined greedy decode, K=2, M=%d (first %d steps)' % (
+          'pipelined greedy decode, K=2, M=%d: the encoder (F) and the '
+          'first %d steps (D)' % (
               e['M'], args.timeline_steps), args.timeline, by='device')
   finally:
     for step in steps:
@@ -282,7 +323,7 @@ def Decode(args):
   text = header + '\n' + report.Table(
       ['search', 'K', 'M', 'batch', 'sentences/s', 'ms per token',
        'vs best K=1', 'measured bubble per device', 'lane formula',
-       'tokens = unpipelined'], rows) + '\n\nWorker peak memory (VmHWM): ' + (
+       'lanes with traced task times', 'encoder / loop ms', 'tokens = unpipelined'], rows) + '\n\nWorker peak memory (VmHWM): ' + (
            '; '.join('K=%d: %s' % (k, ', '.join(
                '%.0f MiB' % (b / 2**20) if b else '?' for b in peaks[k]))
                      for k in sorted(peaks)))
