@@ -13,12 +13,11 @@ With ``memory_cap_bytes`` each worker runs under that memory cap (its own
 cgroup, ``gpipe.runtime.memory_cap``): a stand-in for a device's memory. A
 worker the cap kills is reported as such (``WorkerMemoryCapError``: which
 worker, its cap, its peak, and to cut the model into more stages), and
-``Watch`` turns a session run that such a death would leave waiting into
+``Call`` turns a session run that such a death would leave waiting into
 that error.
 """
 
 import atexit
-import contextlib
 import json
 import os
 import shutil
@@ -202,55 +201,58 @@ class LocalCluster:
              _MiB(self._caps[i].PeakBytes() or self.memory_cap_bytes)))
       raise WorkerDiedError('%s exited with code %d' % (where, code))
 
-  @contextlib.contextmanager
-  def Watch(self, poll_secs=0.2, grace_secs=2.0):
-    """Runs session work on the workers, failing at once if one dies.
+  def Call(self, fn, expected=(), poll_secs=0.2, grace_secs=2.0):
+    """Returns fn() (session work on the workers), failing at once if one dies.
 
-    A worker that exits while the body waits on it (e.g. killed by its
-    memory cap) stops the others, which fails the waiting run, and the body
-    raises the worker's WorkerDiedError (WorkerMemoryCapError) instead of
-    the RPC error or a hang.
+    fn runs in a thread of its own while the workers are checked. A worker
+    that exits before fn returns (e.g. killed by its memory cap) raises its
+    WorkerDiedError (WorkerMemoryCapError) here at once, even where fn would
+    wait forever: a session whose master (worker 0) died waits for it to
+    serve again. The other workers are stopped; the abandoned run's thread
+    ends with the process.
 
     Args:
+      fn: a function of no arguments.
+      expected: exception classes fn raises in the normal course (e.g. the
+        end of an input), re-raised at once.
       poll_secs: how often the workers are checked.
-      grace_secs: after the body failed, how long to look for a worker's
-        exit (it can be seen a moment after the RPC to it failed).
+      grace_secs: after fn raised, how long to look for a worker's exit (it
+        can be seen a moment after the RPC to it failed).
 
-    Yields:
-      Nothing.
+    Returns:
+      What fn returns.
     """
-    died = []
-    done = threading.Event()
+    outcome = {}
 
-    def Poll():
-      while not done.wait(poll_secs):
+    def Run():
+      try:
+        outcome['value'] = fn()
+      except BaseException as e:  # pylint: disable=broad-except
+        outcome['error'] = e
+
+    thread = threading.Thread(target=Run, daemon=True)
+    thread.start()
+    while thread.is_alive():
+      thread.join(poll_secs)
+      if thread.is_alive():
+        try:
+          self.CheckAlive()
+        except WorkerDiedError:
+          self._Kill()
+          raise
+    if 'error' in outcome:
+      if isinstance(outcome['error'], tuple(expected)):
+        raise outcome['error']
+      deadline = time.time() + grace_secs
+      while True:
         try:
           self.CheckAlive()
         except WorkerDiedError as e:
-          died.append(e)
-          self._Kill()
-          return
-
-    thread = threading.Thread(target=Poll, daemon=True)
-    thread.start()
-    try:
-      yield
-    except Exception as e:
-      done.set()
-      thread.join()
-      deadline = time.time() + grace_secs
-      while not died and time.time() < deadline:
-        try:
-          self.CheckAlive()
-        except WorkerDiedError as lost:
-          died.append(lost)
+          raise e from outcome['error']
+        if time.time() >= deadline:
+          raise outcome['error']
         time.sleep(poll_secs / 4)
-      if died:
-        raise died[0] from e
-      raise
-    finally:
-      done.set()
-      thread.join()
+    return outcome['value']
 
   def MemoryPeakBytes(self):
     """Each worker's peak memory as its cap counts it (None without cap)."""

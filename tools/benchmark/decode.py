@@ -25,7 +25,6 @@ and a timeline picture of one pipelined decode (encoder and first steps).
 """
 
 import collections
-import contextlib
 import os
 import statistics
 import tempfile
@@ -94,8 +93,8 @@ class DecodeStep:
       checkpoint: the weights' path; saved there first if missing.
       cut: 'decode' (``stack.DecodeStageSizes``: decoding work balanced)
         or 'params' (weight bytes balanced: memory).
-      cluster: the LocalCluster of `target`, if any: its ``Watch`` guards
-        every run (a worker that dies fails it with the worker's error).
+      cluster: the LocalCluster of `target`, if any: every run goes through
+        its ``Call`` (a worker that dies fails it with the worker's error).
     """
     self.config = c = config
     self.times = []
@@ -144,17 +143,16 @@ class DecodeStep:
     self.session = tf.compat.v1.Session(
         target, graph=self.graph, config=tf.compat.v1.ConfigProto(
             operation_timeout_in_ms=600 * 1000))
-    with self._Guard(), self.graph.as_default():
+    with self.graph.as_default():
       if os.path.exists(checkpoint + '.index'):
-        self.session.run(init_others)
-        saver.restore(self.session, checkpoint)
+        self._Call(lambda: self.session.run(init_others))
+        self._Call(lambda: saver.restore(self.session, checkpoint))
       else:
         self.session.run(init_all)
         saver.save(self.session, checkpoint, write_meta_graph=False)
 
-  def _Guard(self):
-    return (self._cluster.Watch() if self._cluster is not None else
-            contextlib.nullcontext())
+  def _Call(self, fn):
+    return self._cluster.Call(fn) if self._cluster is not None else fn()
 
   def Run(self, trace=False):
     """Decodes the batch; returns seconds (and the ids and RunMetadata)."""
@@ -162,8 +160,8 @@ class DecodeStep:
     options = tf.compat.v1.RunOptions(
         trace_level=tf.compat.v1.RunOptions.FULL_TRACE) if trace else None
     start = time.time()
-    with self._Guard():
-      ids = self.session.run(self.ids, options=options, run_metadata=metadata)
+    ids = self._Call(lambda: self.session.run(
+        self.ids, options=options, run_metadata=metadata))
     seconds = time.time() - start
     return (seconds, ids, metadata) if trace else seconds
 

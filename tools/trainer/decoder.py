@@ -36,8 +36,7 @@ def Decode(run, dataset='Test', path=None, echo=print):
   os.makedirs(out_dir, exist_ok=True)
   max_batches = run.decode_max_batches
   batches = 0
-  with run.placement.Watch(), restored.RestoredModel(run, run.test, 'decode',
-                                                     path) as model:
+  with restored.RestoredModel(run, run.test, 'decode', path) as model:
     metrics = model.task.CreateDecoderMetrics()
     start = time.time()
     step = model.step
@@ -46,8 +45,11 @@ def Decode(run, dataset='Test', path=None, echo=print):
       while max_batches is None or batches < max_batches:
         run.placement.CheckAlive()
         try:
-          out = model.sess.run(model.built.decode_out,
-                               options=run.placement.RunOptions())
+          # A worker that dies (e.g. killed by --worker_memory_cap) fails
+          # the batch with its error instead of a wait.
+          out = run.placement.Call(lambda: model.sess.run(
+              model.built.decode_out, options=run.placement.RunOptions()),
+                                   expected=(tf.errors.OutOfRangeError,))
         except tf.errors.OutOfRangeError:
           break
         batches += 1

@@ -24,7 +24,6 @@ with a timeout, so a lost worker fails the step with an error instead of
 blocking forever.
 """
 
-import contextlib
 import os
 
 from gpipe.compat import lingvo_import  # pylint: disable=unused-import
@@ -266,16 +265,17 @@ class Placement:
     if self.cluster is not None:
       self.cluster.CheckAlive()
 
-  def Watch(self):
-    """A context for session work: a local worker's death fails it at once.
+  def Call(self, fn, expected=()):
+    """fn() (session work); a local worker's death fails it at once.
 
-    With local workers, ``LocalCluster.Watch``: the work raises the worker's
+    With local workers, ``LocalCluster.Call``: raises the worker's
     WorkerDiedError (WorkerMemoryCapError if its memory cap killed it)
-    instead of an RPC error or a wait; otherwise nothing.
+    instead of an RPC error or a wait; otherwise just fn(). `expected`:
+    exception classes fn raises in the normal course (re-raised at once).
     """
     if self.cluster is None:
-      return contextlib.nullcontext()
-    return self.cluster.Watch()
+      return fn()
+    return self.cluster.Call(fn, expected)
 
   def Stop(self):
     if self.cluster is not None:
