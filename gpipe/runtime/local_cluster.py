@@ -254,6 +254,22 @@ class LocalCluster:
         time.sleep(poll_secs / 4)
     return outcome['value']
 
+  def CloseSession(self, session, wait_secs=10.0):
+    """Closes a session on the workers without waiting on a dead master.
+
+    A session whose master (worker 0) died would wait for it forever in
+    ``close()``, also when it is garbage-collected. The close runs in a
+    daemon thread that holds the session, so such a session is never
+    closed, nor collected, in the caller's thread.
+
+    Args:
+      session: a tf.compat.v1.Session on this cluster's target.
+      wait_secs: how long to wait for a live master to close it.
+    """
+    thread = threading.Thread(target=session.close, daemon=True)
+    thread.start()
+    thread.join(wait_secs)
+
   def MemoryPeakBytes(self):
     """Each worker's peak memory as its cap counts it (None without cap)."""
     if not self._caps:

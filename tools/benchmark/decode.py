@@ -145,8 +145,12 @@ class DecodeStep:
             operation_timeout_in_ms=600 * 1000))
     with self.graph.as_default():
       if os.path.exists(checkpoint + '.index'):
-        self._Call(lambda: self.session.run(init_others))
-        self._Call(lambda: saver.restore(self.session, checkpoint))
+        try:
+          self._Call(lambda: self.session.run(init_others))
+          self._Call(lambda: saver.restore(self.session, checkpoint))
+        except BaseException:
+          self.Close()
+          raise
       else:
         self.session.run(init_all)
         saver.save(self.session, checkpoint, write_meta_graph=False)
@@ -166,7 +170,11 @@ class DecodeStep:
     return (seconds, ids, metadata) if trace else seconds
 
   def Close(self):
-    self.session.close()
+    if self._cluster is not None:
+      # Also when a worker died: the close does not wait on it.
+      self._cluster.CloseSession(self.session)
+    else:
+      self.session.close()
 
 
 def _TracedTasks(metadata):

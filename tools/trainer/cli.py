@@ -87,12 +87,6 @@ flags.DEFINE_bool(
 flags.DEFINE_bool('pin_cores', False,
                   'With --worker_processes: pin worker i to core i.')
 flags.DEFINE_string(
-    'worker_memory_cap', '',
-    "With --worker_processes: each worker's memory cap, e.g. '2GiB' (a "
-    'cgroup of its own: the Linux cgroup v1 memory controller, as root). A '
-    'worker the cap kills stops the run with an error that names it and '
-    'its cap.')
-flags.DEFINE_string(
     'cluster_spec', '',
     "Running workers (python -m gpipe.worker): 'worker=host:port,host:port', "
     'a JSON cluster dict or TF_CONFIG JSON (default: $TF_CONFIG, if set). '
@@ -220,7 +214,6 @@ def SettleFromFlags():
       input_seed=FLAGS.seed if FLAGS['seed'].present else None,
       worker_processes=FLAGS.worker_processes,
       cluster_spec=FLAGS.cluster_spec, pin_cores=FLAGS.pin_cores,
-      worker_memory_cap=FLAGS.worker_memory_cap,
       loop_stages=decided.get('loop_stages', FLAGS.loop_stages),
       fprop_dtype=decided.get('fprop_dtype', FLAGS.fprop_dtype),
       step_timeout_secs=FLAGS.step_timeout_secs, plan=plan,

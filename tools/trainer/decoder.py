@@ -45,11 +45,8 @@ def Decode(run, dataset='Test', path=None, echo=print):
       while max_batches is None or batches < max_batches:
         run.placement.CheckAlive()
         try:
-          # A worker that dies (e.g. killed by --worker_memory_cap) fails
-          # the batch with its error instead of a wait.
-          out = run.placement.Call(lambda: model.sess.run(
-              model.built.decode_out, options=run.placement.RunOptions()),
-                                   expected=(tf.errors.OutOfRangeError,))
+          out = model.sess.run(model.built.decode_out,
+                               options=run.placement.RunOptions())
         except tf.errors.OutOfRangeError:
           break
         batches += 1

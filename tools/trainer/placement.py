@@ -78,8 +78,7 @@ class Placement:
                step_timeout_secs=300, log_dir=None, pin_cores=False,
                device_type='auto', devices_per_task=0,
                connect_timeout_secs=10.0, plan_only=False, environ=None,
-               worker_wait_secs=300, session_graph_optimizer=False,
-               memory_cap_bytes=None):
+               worker_wait_secs=300, session_graph_optimizer=False):
     """Sets up (and for worker_processes, starts) the devices.
 
     Args:
@@ -104,8 +103,6 @@ class Placement:
         running cluster to serve again.
       session_graph_optimizer: run Grappler over the session's graph (see
         SessionConfig).
-      memory_cap_bytes: each local worker's memory cap (LocalCluster's), or
-        None.
 
     Raises:
       ValueError: conflicting or impossible flags, named.
@@ -134,8 +131,7 @@ class Placement:
     self.description = None
     self.task_devices = None
     self._worker_args = dict(pin_cores=pin_cores, log_dir=log_dir,
-                             cpu_devices=max(1, devices_per_task),
-                             memory_cap_bytes=memory_cap_bytes)
+                             cpu_devices=max(1, devices_per_task))
     description = None if worker_processes else cluster_spec_lib.Resolve(
         cluster_spec, environ=environ, slurm=False)
     if worker_processes:
@@ -264,18 +260,6 @@ class Placement:
     """Raises local_cluster.WorkerDiedError if a local worker has exited."""
     if self.cluster is not None:
       self.cluster.CheckAlive()
-
-  def Call(self, fn, expected=()):
-    """fn() (session work); a local worker's death fails it at once.
-
-    With local workers, ``LocalCluster.Call``: raises the worker's
-    WorkerDiedError (WorkerMemoryCapError if its memory cap killed it)
-    instead of an RPC error or a wait; otherwise just fn(). `expected`:
-    exception classes fn raises in the normal course (re-raised at once).
-    """
-    if self.cluster is None:
-      return fn()
-    return self.cluster.Call(fn, expected)
 
   def Stop(self):
     if self.cluster is not None:

@@ -19,7 +19,6 @@ from typing import Optional
 
 from gpipe.compat import lingvo_import  # pylint: disable=unused-import
 from gpipe import precision
-from gpipe.plan import search
 from gpipe.runtime import cluster_spec as cluster_spec_lib
 from lingvo.core import hyperparams
 from tools.trainer import model_select
@@ -152,7 +151,7 @@ def Settle(model, mode, logdir=None, override='', num_stages=None,
            max_worker_restarts=0, device_type='auto', devices_per_task=0,
            connect_timeout_secs=10.0, environ=None, worker_wait_secs=300,
            decode_micro_batches=None, pipelined_decode=None, plan=None,
-           session_graph_optimizer=False, worker_memory_cap='', **settings):
+           session_graph_optimizer=False, **settings):
   """Decides the run: params, placement, stage devices (see module doc).
 
   Args:
@@ -193,8 +192,6 @@ def Settle(model, mode, logdir=None, override='', num_stages=None,
     plan: a gpipe.plan.choice.Plan applied to the pipeline (--plan), or
       None.
     session_graph_optimizer: run Grappler over the session's graph.
-    worker_memory_cap: each local worker's memory cap, e.g. '2GiB' ('': none;
-      needs worker_processes).
     **settings: the other RunConfig fields (seed, max_steps, periods...).
 
   Returns:
@@ -221,16 +218,6 @@ def Settle(model, mode, logdir=None, override='', num_stages=None,
         '(restarted by the trainer) or a running cluster (--cluster_spec or '
         'TF_CONFIG: servers restarted by their supervisor, waited for up to '
         '--worker_wait_secs)' % max_worker_restarts)
-  memory_cap_bytes = None
-  if worker_memory_cap:
-    if not worker_processes:
-      raise ValueError(
-          '--worker_memory_cap=%s caps the local worker processes the trainer '
-          'starts: add --worker_processes=K' % worker_memory_cap)
-    try:
-      memory_cap_bytes = search.ParseBytes(worker_memory_cap)
-    except ValueError as e:
-      raise ValueError('--worker_memory_cap: %s' % e) from None
   if worker_wait_secs < 0:
     raise ValueError('--worker_wait_secs=%g: give seconds >= 0' %
                      worker_wait_secs)
@@ -240,8 +227,7 @@ def Settle(model, mode, logdir=None, override='', num_stages=None,
                step_timeout_secs=step_timeout_secs, pin_cores=pin_cores,
                device_type=device_type, devices_per_task=devices_per_task,
                connect_timeout_secs=connect_timeout_secs, environ=environ,
-               session_graph_optimizer=session_graph_optimizer,
-               memory_cap_bytes=memory_cap_bytes)
+               session_graph_optimizer=session_graph_optimizer)
   if mode == 'inspect_model':
     _PlanLayout(train, where, data_parallel, loop_stages)
     return RunConfig(model=model, mode=mode, logdir=None, placement=None,
