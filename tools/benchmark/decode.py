@@ -156,7 +156,16 @@ class DecodeStep:
         saver.save(self.session, checkpoint, write_meta_graph=False)
 
   def _Call(self, fn):
-    return self._cluster.Call(fn) if self._cluster is not None else fn()
+    """fn(), through the cluster's Call if any, in this step's graph."""
+    if self._cluster is None:
+      return fn()
+
+    def InGraph():
+      # Call runs fn in a thread of its own: the default graph is per thread.
+      with self.graph.as_default():
+        return fn()
+
+    return self._cluster.Call(InGraph)
 
   def Run(self, trace=False):
     """Decodes the batch; returns seconds (and the ids and RunMetadata)."""
