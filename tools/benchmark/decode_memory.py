@@ -29,10 +29,10 @@ from gpipe.schedules import decode_lanes
 from tools.benchmark import decode
 from tools.benchmark import report
 
-# A Transformer-big-shaped T(6, 4096, 16): d_model 1024, vocabulary 32000;
-# about 242M float32 parameters (0.97 GB).
+# A Transformer-big-shaped T(8, 4096, 16): d_model 1024, vocabulary 32000;
+# about 301M float32 parameters (1.2 GB).
 MEMORY_MODEL = dict(vocab_size=32000, model_dim=1024, hidden_dim=4096,
-                    num_heads=16, num_layers=6, src_len=16, max_decode_len=16)
+                    num_heads=16, num_layers=8, src_len=16, max_decode_len=16)
 QUICK_MEMORY_MODEL = dict(vocab_size=4000, model_dim=256, hidden_dim=1024,
                           num_heads=4, num_layers=2, src_len=6,
                           max_decode_len=4)
