@@ -201,7 +201,7 @@ class LocalCluster:
              _MiB(self._caps[i].PeakBytes() or self.memory_cap_bytes)))
       raise WorkerDiedError('%s exited with code %d' % (where, code))
 
-  def Call(self, fn, expected=(), poll_secs=0.2, grace_secs=2.0):
+  def Call(self, fn, poll_secs=0.2, grace_secs=2.0):
     """Returns fn() (session work on the workers), failing at once if one dies.
 
     fn runs in a thread of its own while the workers are checked. A worker
@@ -213,8 +213,6 @@ class LocalCluster:
 
     Args:
       fn: a function of no arguments.
-      expected: exception classes fn raises in the normal course (e.g. the
-        end of an input), re-raised at once.
       poll_secs: how often the workers are checked.
       grace_secs: after fn raised, how long to look for a worker's exit (it
         can be seen a moment after the RPC to it failed).
@@ -241,8 +239,6 @@ class LocalCluster:
           self._Kill()
           raise
     if 'error' in outcome:
-      if isinstance(outcome['error'], tuple(expected)):
-        raise outcome['error']
       deadline = time.time() + grace_secs
       while True:
         try:
