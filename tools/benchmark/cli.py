@@ -189,7 +189,7 @@ def _Parser():
   p.add_argument('--timeline_steps', type=int, default=4,
                  help='decoding steps the timeline shows')
   p.add_argument('--memory_cap',
-                 help="e.g. '1.25GiB': instead, decode a model too big for "
+                 help="e.g. '1.5GiB': instead, decode a model too big for "
                  'one worker under this memory cap per worker process (a '
                  'cgroup each; Linux cgroup v1, root) with K = '
                  '--memory_stages')
