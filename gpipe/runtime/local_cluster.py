@@ -8,6 +8,13 @@ processes on free localhost ports, waits until they serve, gives the device
 strings of their devices and the session target, checks that they are alive,
 and stops them (also at interpreter exit). Its workers exit with the process
 that started them.
+
+With ``memory_cap_bytes`` each worker runs under that memory cap (its own
+cgroup, ``gpipe.runtime.memory_cap``): a stand-in for a device's memory. A
+worker the cap kills is reported as such (``WorkerMemoryCapError``: which
+worker, its cap, its peak, and to cut the model into more stages), and
+``Call`` turns a session run that such a death would leave waiting into
+that error.
 """
 
 import atexit
@@ -17,9 +24,11 @@ import shutil
 import socket
 import subprocess
 import sys
+import threading
 import time
 
 from gpipe.runtime import cluster_spec
+from gpipe.runtime import memory_cap as memory_cap_lib
 
 JOB = cluster_spec.JOB
 
@@ -46,12 +55,20 @@ class WorkerDiedError(RuntimeError):
   """A worker process of the pipeline exited."""
 
 
+class WorkerMemoryCapError(WorkerDiedError):
+  """A worker process was killed by its memory cap."""
+
+
+def _MiB(num_bytes):
+  return '%.0f MiB' % (num_bytes / 2.0**20)
+
+
 class LocalCluster:
   """K local TensorFlow worker processes."""
 
   def __init__(self, num_workers, pin_cores=False, intra_op_threads=1,
                inter_op_threads=2, log_dir=None, start_timeout=None,
-               cpu_devices=1):
+               cpu_devices=1, memory_cap_bytes=None):
     """Starts the workers and waits until each one serves.
 
     Args:
@@ -67,6 +84,9 @@ class LocalCluster:
         a worker that exits is reported at once).
       cpu_devices: virtual CPU devices per worker (device:CPU:0..n-1), which
         share the worker's threads.
+      memory_cap_bytes: if set, each worker's memory cap (Linux cgroup v1,
+        see gpipe.runtime.memory_cap; raises its MemoryCapError where that
+        is not available).
     """
     if num_workers < 1:
       raise ValueError('a local cluster needs >= 1 worker, got %d' %
@@ -77,6 +97,8 @@ class LocalCluster:
     self.cluster_def = {JOB: ['localhost:%d' % p for p in self.ports]}
     self._procs = []
     self._logs = []
+    self.memory_cap_bytes = memory_cap_bytes
+    self._caps = []
     taskset = shutil.which('taskset') if pin_cores else None
     if pin_cores and taskset is None:
       raise RuntimeError('pin_cores needs the `taskset` command (util-linux)')
@@ -97,6 +119,16 @@ class LocalCluster:
       ]
       if taskset:
         cmd = [taskset, '-c', str(i % ncores)] + cmd
+      if memory_cap_bytes:
+        try:
+          cap = memory_cap_lib.MemoryCap(
+              'gpipe_worker_%d_%d_%d' % (os.getpid(), id(self), i),
+              memory_cap_bytes)
+        except memory_cap_lib.MemoryCapError:
+          self.Stop()
+          raise
+        self._caps.append(cap)
+        cmd = cap.Command(cmd)
       if log_dir:
         os.makedirs(log_dir, exist_ok=True)
         log = open(os.path.join(log_dir, 'worker_%d.log' % i), 'w')
@@ -115,7 +147,11 @@ class LocalCluster:
     deadline = time.time() + start_timeout
     for i, port in enumerate(self.ports):
       while not _Serving(port):
-        self.CheckAlive()
+        try:
+          self.CheckAlive()
+        except WorkerDiedError:
+          self.Stop()
+          raise
         if time.time() > deadline:
           self.Stop()
           raise RuntimeError('worker %d did not start serving on port %d '
@@ -146,13 +182,95 @@ class LocalCluster:
     return '%s=%s' % (JOB, ','.join(self.cluster_def[JOB]))
 
   def CheckAlive(self):
-    """Raises WorkerDiedError if any worker has exited."""
+    """Raises WorkerDiedError if any worker has exited.
+
+    WorkerMemoryCapError (a WorkerDiedError) if its memory cap killed it.
+    """
     for i, proc in enumerate(self._procs):
       code = proc.poll()
-      if code is not None:
-        raise WorkerDiedError(
-            'pipeline worker %d (pid %d, %s) exited with code %d' %
-            (i, proc.pid, self.cluster_def[JOB][i], code))
+      if code is None:
+        continue
+      where = 'pipeline worker %d (pid %d, %s)' % (i, proc.pid,
+                                                   self.cluster_def[JOB][i])
+      if self._caps and self._caps[i].OomKills():
+        raise WorkerMemoryCapError(
+            '%s was killed by its memory cap of %s (peak %s): the weights '
+            'and activations of its stages do not fit. Cut the model into '
+            'more stages on more workers (a larger K), or raise the cap' %
+            (where, _MiB(self.memory_cap_bytes),
+             _MiB(self._caps[i].PeakBytes() or self.memory_cap_bytes)))
+      raise WorkerDiedError('%s exited with code %d' % (where, code))
+
+  def Call(self, fn, poll_secs=0.2, grace_secs=2.0):
+    """Returns fn() (session work on the workers), failing at once if one dies.
+
+    fn runs in a thread of its own while the workers are checked. A worker
+    that exits before fn returns (e.g. killed by its memory cap) raises its
+    WorkerDiedError (WorkerMemoryCapError) here at once, even where fn would
+    wait forever: a session whose master (worker 0) died waits for it to
+    serve again. The other workers are stopped; the abandoned run's thread
+    ends with the process.
+
+    Args:
+      fn: a function of no arguments.
+      poll_secs: how often the workers are checked.
+      grace_secs: after fn raised, how long to look for a worker's exit (it
+        can be seen a moment after the RPC to it failed).
+
+    Returns:
+      What fn returns.
+    """
+    outcome = {}
+
+    def Run():
+      try:
+        outcome['value'] = fn()
+      except BaseException as e:  # pylint: disable=broad-except
+        outcome['error'] = e
+
+    thread = threading.Thread(target=Run, daemon=True)
+    thread.start()
+    while thread.is_alive():
+      thread.join(poll_secs)
+      if thread.is_alive():
+        try:
+          self.CheckAlive()
+        except WorkerDiedError:
+          self._Kill()
+          raise
+    if 'error' in outcome:
+      deadline = time.time() + grace_secs
+      while True:
+        try:
+          self.CheckAlive()
+        except WorkerDiedError as e:
+          raise e from outcome['error']
+        if time.time() >= deadline:
+          raise outcome['error']
+        time.sleep(poll_secs / 4)
+    return outcome['value']
+
+  def CloseSession(self, session, wait_secs=10.0):
+    """Closes a session on the workers without waiting on a dead master.
+
+    A session whose master (worker 0) died would wait for it forever in
+    ``close()``, also when it is garbage-collected. The close runs in a
+    daemon thread that holds the session, so such a session is never
+    closed, nor collected, in the caller's thread.
+
+    Args:
+      session: a tf.compat.v1.Session on this cluster's target.
+      wait_secs: how long to wait for a live master to close it.
+    """
+    thread = threading.Thread(target=session.close, daemon=True)
+    thread.start()
+    thread.join(wait_secs)
+
+  def MemoryPeakBytes(self):
+    """Each worker's peak memory as its cap counts it (None without cap)."""
+    if not self._caps:
+      return [None] * self.num_workers
+    return [cap.PeakBytes() for cap in self._caps]
 
   @property
   def pids(self):
@@ -170,16 +288,21 @@ class LocalCluster:
         peaks.append(None)
     return peaks
 
-  def Stop(self):
-    """Kills the workers (idempotent)."""
+  def _Kill(self):
     for proc in self._procs:
       if proc.poll() is None:
         proc.kill()
+
+  def Stop(self):
+    """Kills the workers and removes their memory caps (idempotent)."""
+    self._Kill()
     for proc in self._procs:
       try:
         proc.wait(timeout=10)
       except subprocess.TimeoutExpired:
         pass
+    for cap in self._caps:
+      cap.Remove()
     for log in self._logs:
       if hasattr(log, 'close'):
         log.close()

@@ -40,7 +40,9 @@ Subcommands:
   decode      Pipelined decoding of a Transformer (greedy and beam search):
               sentences/s and per-token latency for K in {1, 2} pinned
               one-core workers and M lanes, beside the unpipelined decoder;
-              measured bubble beside the lane schedule's formula.
+              measured bubble beside the lane schedule's formula. With
+              --memory_cap: a model too big for one worker under that cap
+              decoded on K capped workers (peak memory per worker).
   plan        The planner (gpipe.plan) checked: each stack profiled on one
               pinned core, its top configurations for the two workers
               under a memory cap run beside K=1, M=1 and the zero-bubble

@@ -4,7 +4,8 @@
 the defaults for ``--quick`` and runs one of ``throughput.Throughput``,
 ``memory.Memory``, ``bubble.Bubble``, ``schedules.Schedules``,
 ``data_parallel.DataParallel``, ``graph.Graph``, ``links.Links``,
-``decode.Decode``, ``plan.Plan`` or ``startup.Startup``.
+``decode.Decode`` (``decode_memory.MemoryCap`` with ``--memory_cap``),
+``plan.Plan`` or ``startup.Startup``.
 """
 
 import argparse
@@ -16,6 +17,7 @@ from tools.benchmark import bubble
 from tools.benchmark import cost
 from tools.benchmark import data_parallel
 from tools.benchmark import decode
+from tools.benchmark import decode_memory
 from tools.benchmark import graph
 from tools.benchmark import links
 from tools.benchmark import memory
@@ -186,6 +188,15 @@ def _Parser():
                  'decode here')
   p.add_argument('--timeline_steps', type=int, default=4,
                  help='decoding steps the timeline shows')
+  p.add_argument('--memory_cap',
+                 help="e.g. '1.5GiB': instead, decode a model too big for "
+                 'one worker under this memory cap per worker process (a '
+                 'cgroup each; Linux cgroup v1, root) with K = '
+                 '--memory_stages')
+  p.add_argument('--memory_stages', default='1,2',
+                 help='with --memory_cap: the K values tried')
+  p.add_argument('--memory_batch', type=int, default=16,
+                 help='with --memory_cap: sentences decoded together, greedy')
   p = sub.add_parser('plan', help=plan.Plan.__doc__)
   Common(p)
   p.add_argument('--models', default='',
@@ -296,7 +307,8 @@ def main(argv=None):
                   bubble=bubble.Bubble, graph=graph.Graph,
                   schedules=schedules.Schedules, cost=cost.Cost,
                   data_parallel=data_parallel.DataParallel, links=links.Links,
-                  decode=decode.Decode, plan=plan.Plan,
+                  decode=lambda a: (decode_memory.MemoryCap if a.memory_cap
+                                    else decode.Decode)(a), plan=plan.Plan,
                   startup=startup.Startup)
   commands[args.command](args)
   return 0

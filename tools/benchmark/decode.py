@@ -17,8 +17,11 @@ step (the latency of one token of a sentence), the speed-up over the best
 K=1 configuration, and for pipelined ones the measured idle fraction of
 each device over the decoding loop (from execution traces: the ``D`` tasks
 of ``gpipe.pipeline_tasks``) beside the lane schedule's formula
-``gpipe.schedules.decode_lanes.BubbleFraction``; the workers' peak memory;
-and a timeline picture of one pipelined decode.
+``gpipe.schedules.decode_lanes.BubbleFraction`` and beside the same lane
+schedule simulated with each stage's traced task time (its imbalance
+without hand-over time), and the traced spans of
+the encoder (its ``F`` tasks) and of the loop; the workers' peak memory;
+and a timeline picture of one pipelined decode (encoder and first steps).
 """
 
 import collections
@@ -33,6 +36,7 @@ from gpipe import pipeline
 from gpipe import pipeline_tasks
 from gpipe.measure import timeline
 from gpipe.schedules import decode_lanes
+from gpipe.schedules import simulate
 from lingvo import compat as tf
 from lingvo.core import cluster_factory
 from tasks.mt import model
@@ -63,7 +67,8 @@ class DecodeConfig(
     return 'K=%d %s %s' % (self.num_stages, how, search)
 
 
-def _Layers(shape):
+def Layers(shape):
+  """The flat layer list of the Transformer of sizes `shape`, no dropout."""
   return stack.EncoderDecoderLayers(
       vocab_size=shape['vocab_size'], model_dim=shape['model_dim'],
       hidden_dim=shape['hidden_dim'], num_heads=shape['num_heads'],
@@ -73,29 +78,41 @@ def _Layers(shape):
 class DecodeStep:
   """One configuration's graph, session and decode of its batch."""
 
-  def __init__(self, config, shape, target, devices, checkpoint):
+  def __init__(self, config, shape, target, devices, checkpoint,
+               cut='decode', cluster=None):
     """Builds the graph and restores (or first saves) the weights.
+
+    Only the restore writes the saved variables (no initializer runs
+    first), so a worker holds its stages' weights once.
 
     Args:
       config: a DecodeConfig.
       shape: the model sizes (DECODE_MODEL).
-      target: the session target of the worker processes.
+      target: the session target of the worker processes ('' in process).
       devices: K device strings, one per stage.
       checkpoint: the weights' path; saved there first if missing.
+      cut: 'decode' (``stack.DecodeStageSizes``: decoding work balanced)
+        or 'params' (weight bytes balanced: memory).
+      cluster: the LocalCluster of `target`, if any: every run goes through
+        its ``Call`` (a worker that dies fails it with the worker's error).
     """
     self.config = c = config
     self.times = []
     self.graph = tf.Graph()
+    self._cluster = cluster
     start = time.time()
-    layers = _Layers(shape)
+    layers = Layers(shape)
     with self.graph.as_default(), cluster_factory.SetEval(True):
       tf.random.set_seed(1)
       p = model.TransformerMTTask.Params().Set(
           name='mt', max_decode_len=shape['max_decode_len'], beam_size=c.beam)
       p.network = pipeline.PipeliningLayer.Params().Set(
           name='network', layers=layers, num_stages=c.num_stages,
-          stage_sizes=stack.DecodeStageSizes(layers, c.num_stages),
           num_micro_batches=1, stage_devices=list(devices))
+      if cut == 'decode':
+        p.network.stage_sizes = stack.DecodeStageSizes(layers, c.num_stages)
+      else:
+        p.network.partition_cost = cut
       task = p.Instantiate()
       self.stage_sizes = task.network.stage_sizes
       rng = np.random.RandomState(7)
@@ -112,19 +129,43 @@ class DecodeStep:
                                          beam_size=c.beam)[0]
       else:
         self.ids, _ = task.GreedyDecode(task.theta, src, paddings)
-      saver = tf.train.Saver(task.vars.Flatten())
-      init = tf.compat.v1.global_variables_initializer()
+      saved = task.vars.Flatten()
+      self.weight_bytes = sum(
+          v.shape.num_elements() * v.dtype.base_dtype.size for v in saved)
+      # One restore per device, each reading only its own variables.
+      saver = tf.train.Saver(saved, sharded=True)
+      init_all = tf.compat.v1.global_variables_initializer()
+      init_others = tf.compat.v1.variables_initializer(
+          [v for v in tf.compat.v1.global_variables()
+           if all(v is not w for w in saved)])
     self.build_seconds = time.time() - start
     # A lost worker fails the run instead of hanging it.
     self.session = tf.compat.v1.Session(
         target, graph=self.graph, config=tf.compat.v1.ConfigProto(
             operation_timeout_in_ms=600 * 1000))
-    self.session.run(init)
     with self.graph.as_default():
       if os.path.exists(checkpoint + '.index'):
-        saver.restore(self.session, checkpoint)
+        try:
+          self._Call(lambda: self.session.run(init_others))
+          self._Call(lambda: saver.restore(self.session, checkpoint))
+        except BaseException:
+          self.Close()
+          raise
       else:
-        saver.save(self.session, checkpoint)
+        self.session.run(init_all)
+        saver.save(self.session, checkpoint, write_meta_graph=False)
+
+  def _Call(self, fn):
+    """fn(), through the cluster's Call if any, in this step's graph."""
+    if self._cluster is None:
+      return fn()
+
+    def InGraph():
+      # Call runs fn in a thread of its own: the default graph is per thread.
+      with self.graph.as_default():
+        return fn()
+
+    return self._cluster.Call(InGraph)
 
   def Run(self, trace=False):
     """Decodes the batch; returns seconds (and the ids and RunMetadata)."""
@@ -132,27 +173,60 @@ class DecodeStep:
     options = tf.compat.v1.RunOptions(
         trace_level=tf.compat.v1.RunOptions.FULL_TRACE) if trace else None
     start = time.time()
-    ids = self.session.run(self.ids, options=options, run_metadata=metadata)
+    ids = self._Call(lambda: self.session.run(
+        self.ids, options=options, run_metadata=metadata))
     seconds = time.time() - start
     return (seconds, ids, metadata) if trace else seconds
 
   def Close(self):
-    self.session.close()
+    if self._cluster is not None:
+      # Also when a worker died: the close does not wait on it.
+      self._cluster.CloseSession(self.session)
+    else:
+      self.session.close()
 
 
-def _DecodeTasks(metadata):
-  """The traced decoding-loop tasks (phase D) of a run."""
-  return [t for t in timeline.ParseStepStats(metadata.step_stats)
-          if t.phase == pipeline_tasks.DECODE]
+def _TracedTasks(metadata):
+  """(decoding-loop tasks (phase D), encoder tasks (phase F)) of a run."""
+  tasks = timeline.ParseStepStats(metadata.step_stats)
+  return ([t for t in tasks if t.phase == pipeline_tasks.DECODE],
+          [t for t in tasks if t.phase == pipeline_tasks.FORWARD])
+
+
+def _TimedModelBubbles(tasks, num_lanes, num_steps):
+  """Each device's idle fraction in the lane schedule with traced task times.
+
+  Every task of a stage costs the median traced time of that stage's
+  decoding tasks, and hand-overs are free: what the stages' imbalance alone
+  leaves idle, to set beside the unit-cost formula and the measurement.
+
+  Args:
+    tasks: the traced decoding tasks (one stage per device).
+    num_lanes: M.
+    num_steps: T.
+
+  Returns:
+    Per device, its idle fraction.
+  """
+  stages = sorted({t.stage for t in tasks})
+  cost = [statistics.median(t.end - t.start for t in tasks if t.stage == s)
+          for s in stages]
+  _, orders = decode_lanes.DeviceOrders(len(stages), num_lanes, num_steps)
+  times = simulate.TaskTimes(
+      orders, len(stages), num_lanes, costs=lambda task: cost[task.stage],
+      dependencies=lambda task: decode_lanes.Dependencies(task, len(stages)))
+  span = max(end for device in times for _, _, end in device)
+  return [1.0 - sum(end - start for _, start, end in device) / span
+          for device in times]
 
 
 def _FirstSteps(tasks, num_steps):
-  """The tasks of the first `num_steps` steps of each (stage, lane)."""
+  """The tasks of the first `num_steps` steps of each (stage, lane, phase)."""
   seen = collections.Counter()
   kept = []
   for t in sorted(tasks, key=lambda t: t.start):
-    seen[t.stage, t.micro_batch] += 1
-    if seen[t.stage, t.micro_batch] <= num_steps:
+    seen[t.stage, t.micro_batch, t.phase] += 1
+    if seen[t.stage, t.micro_batch, t.phase] <= num_steps:
       kept.append(t)
   return kept
 
@@ -201,9 +275,9 @@ def Decode(args):
       if c.lanes is not None:
         for _ in range(args.trace_steps):
           run_seconds, _, metadata = step.Run(trace=True)
-          tasks = _DecodeTasks(metadata)
+          tasks, encoder = _TracedTasks(metadata)
           traced.append((timeline.BubbleFractions(tasks, 'device'), tasks,
-                         run_seconds))
+                         encoder))
         traced.sort(key=lambda r: statistics.mean(r[0]))
       median = seconds[c.label]
       entry = dict(
@@ -212,13 +286,16 @@ def Decode(args):
           sentences_per_second=c.batch / median,
           ms_per_token=1e3 * median / length, same_tokens=step.same_tokens)
       if traced:
-        bubbles, tasks, _ = traced[len(traced) // 2]
+        bubbles, tasks, encoder = traced[len(traced) // 2]
         stages = len({t.stage for t in tasks})
         entry.update(measured_bubbles=bubbles,
                      formula_bubble=decode_lanes.BubbleFraction(
                          stages, c.lanes, length),
-                     loop_seconds=timeline.Span(tasks))
-        step.tasks = tasks
+                     timed_model_bubbles=_TimedModelBubbles(
+                         tasks, c.lanes, length),
+                     loop_seconds=timeline.Span(tasks),
+                     encoder_seconds=timeline.Span(encoder))
+        step.tasks = encoder + tasks
       result['configs'].append(entry)
     for beam in beams:
       mine = [e for e in result['configs'] if e['beam'] == beam]
@@ -234,6 +311,11 @@ def Decode(args):
                       for b in e.get('measured_bubbles', [])) or '-',
             '%.0f%%' % (100 * e['formula_bubble'])
             if 'formula_bubble' in e else '-',
+            ', '.join('%.0f%%' % (100 * b)
+                      for b in e.get('timed_model_bubbles', [])) or '-',
+            '%.0f / %.0f' % (1e3 * e['encoder_seconds'],
+                             1e3 * e['loop_seconds'])
+            if 'loop_seconds' in e else '-',
             'yes' if e['same_tokens'] else 'NO'])
     peaks = {}
     for k in (1, 2):
@@ -246,7 +328,8 @@ def Decode(args):
       s, e = max(pipelined, key=lambda x: x[1]['sentences_per_second'])
       timeline.RenderPNG(
           _FirstSteps(s.tasks, args.timeline_steps),
-          'pipelined greedy decode, K=2, M=%d (first %d steps)' % (
+          'pipelined greedy decode, K=2, M=%d: the encoder (F) and the '
+          'first %d steps (D)' % (
               e['M'], args.timeline_steps), args.timeline, by='device')
   finally:
     for step in steps:
@@ -255,7 +338,7 @@ def Decode(args):
   text = header + '\n' + report.Table(
       ['search', 'K', 'M', 'batch', 'sentences/s', 'ms per token',
        'vs best K=1', 'measured bubble per device', 'lane formula',
-       'tokens = unpipelined'], rows) + '\n\nWorker peak memory (VmHWM): ' + (
+       'lanes with traced task times', 'encoder / loop ms', 'tokens = unpipelined'], rows) + '\n\nWorker peak memory (VmHWM): ' + (
            '; '.join('K=%d: %s' % (k, ', '.join(
                '%.0f MiB' % (b / 2**20) if b else '?' for b in peaks[k]))
                      for k in sorted(peaks)))
