@@ -166,10 +166,49 @@ def Rows(rows):
   return sorted({rows[0], rows[len(rows) // 2], rows[-1]})
 
 
+# A sample's batch: this many micro-batches of the largest calibrated size.
+SAMPLE_MICRO_BATCHES = 4
+
+
 def CalibrateProfile(profile, target, devices, layer_params, input_specs,
-                     rows, loss=None, batch_dim=0, log=None):
-  """`profile` with its Factors and contention measured (``Calibrate``)."""
+                     rows, loss=None, batch_dim=0, num_layers=None, log=None):
+  """`profile` with its Factors and contention measured (``Calibrate``).
+
+  Args:
+    profile: the profile.Profile of `layer_params`.
+    target: the session target of the worker processes.
+    devices: their devices (see ``Calibrate``).
+    layer_params: the pipeline's layer params.
+    input_specs: TensorSpecs (a tuple nest) of the first layer's inputs.
+    rows: micro-batch sizes to calibrate at.
+    loss: optional (loss layer params, target specs).
+    batch_dim: the batch dimension.
+    num_layers: calibrate on a sample of the model, for one that does not
+      fit a worker or would take hours a step there: its first
+      `num_layers` layers (without the loss unless they are all of them)
+      on a batch of ``SAMPLE_MICRO_BATCHES`` micro-batches of the largest
+      size. The factors are ratios of the executor's tasks to the layers'
+      sums, so they carry over to the whole model. None: the whole model
+      on its batch.
+    log: a print-like function, or None.
+
+  Returns:
+    The profile with its factors and contention.
+
+  Raises:
+    ValueError: `num_layers` is not a positive number.
+  """
+  sample = profile
+  if num_layers is not None:
+    if num_layers < 1:
+      raise ValueError('calibrate on at least one layer, not %d' %
+                       num_layers)
+    if num_layers < profile.num_layers:
+      layer_params, loss = layer_params[:num_layers], None
+    sample = profile.Replace(
+        layers=profile.layers[:num_layers],
+        batch=min(profile.batch, SAMPLE_MICRO_BATCHES * max(rows)))
   factors, contention = Calibrate(
-      target, devices, profile, layer_params, input_specs, rows, loss=loss,
+      target, devices, sample, layer_params, input_specs, rows, loss=loss,
       batch_dim=batch_dim, log=log)
   return profile.Replace(factors=tuple(factors), contention=contention)
