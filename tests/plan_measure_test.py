@@ -77,6 +77,11 @@ class MeasureTest(test_utils.TestCase):
       self.assertEqual(f.F, f.B)  # One factor for a split backward's tasks.
       self.assertGreaterEqual(min(f.BW, f.R), 0.0)
     self.assertGreaterEqual(calibrated.contention, 1.0)
+    # The hand-over: the measured latency, a bandwidth no higher.
+    self.assertEqual(calibrated.handover.latency, profile.handover.latency)
+    self.assertGreater(calibrated.handover.bandwidth, 0.0)
+    self.assertLessEqual(calibrated.handover.bandwidth,
+                         profile.handover.bandwidth)
     prediction = simulator.Predict(calibrated, simulator.Configuration(
         1, 2, (1, 1), 2, 'zb_auto', 'always'))
     self.assertGreater(prediction.step_seconds, 0.0)

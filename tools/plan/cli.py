@@ -149,7 +149,8 @@ def MeasureProfile(args, log):
           profile, cluster.target, cluster.devices, described.params.layers,
           described.input_specs, calibrate.Rows(rows), loss=described.loss,
           batch_dim=described.params.batch_dim,
-          num_layers=args.calibrate_layers, log=log)
+          num_layers=args.calibrate_layers,
+          handover=args.handover_latency is None, log=log)
   return profile
 
 
