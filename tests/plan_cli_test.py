@@ -1,4 +1,5 @@
-"""python -m tools.plan on a saved profile: the table, the plan, errors."""
+"""python -m tools.plan: on a saved profile (the table, the plan, errors), and
+measuring a registered model calibrated on its first layer."""
 
 import contextlib
 import io
@@ -52,6 +53,20 @@ class PlanCliTest(absltest.TestCase):
     self.assertLen(result['candidates'], 3)
     self.assertEqual(result['candidates'][0]['label'], plan.config.label)
     self.assertIn('does not fit the memory cap', result['dropped_by_reason'])
+
+  def testMeasuresAModelCalibratingOnItsFirstLayer(self):
+    path = os.path.join(self.dir, 'measured.json')
+    code, out, err = _Main('--model', 'toy.PipelinedDigitsMlp', '--rows', '8',
+                           '--repeats', '1', '--calibrate_layers', '1',
+                           '--profile_out', path, '--devices', '2',
+                           '--max_micro_batches', '4')
+    self.assertEqual(code, 0, err)
+    self.assertIn('Best: ', out)
+    profile = profile_lib.Load(path)
+    self.assertGreater(profile.num_layers, 1)
+    # Calibrated on the sample: its factors at the measured size.
+    self.assertEqual([f.rows for f in profile.factors], [8])
+    self.assertIn('calibrated at 8 rows', err)
 
   def testErrorsSayWhatToDo(self):
     code, _, err = _Main('--devices', '2')

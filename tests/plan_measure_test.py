@@ -77,9 +77,31 @@ class MeasureTest(test_utils.TestCase):
       self.assertEqual(f.F, f.B)  # One factor for a split backward's tasks.
       self.assertGreaterEqual(min(f.BW, f.R), 0.0)
     self.assertGreaterEqual(calibrated.contention, 1.0)
+    # The hand-over: the measured latency, a bandwidth no higher.
+    self.assertEqual(calibrated.handover.latency, profile.handover.latency)
+    self.assertGreater(calibrated.handover.bandwidth, 0.0)
+    self.assertLessEqual(calibrated.handover.bandwidth,
+                         profile.handover.bandwidth)
     prediction = simulator.Predict(calibrated, simulator.Configuration(
         1, 2, (1, 1), 2, 'zb_auto', 'always'))
     self.assertGreater(prediction.step_seconds, 0.0)
+
+  def testCalibrationOnASampleOfTheLayers(self):
+    layers = [_Dense('a'), _Dense('b')]
+    specs = (tf.TensorSpec([64, 16], tf.float32),)
+    profile = measure.MeasureModel('toy', layers, specs, 64, [2, 4],
+                                   repeats=1, warmup=0)
+    # A second layer that cannot be built on the first one's output: only
+    # the sample of the first layer may be calibrated.
+    unbuildable = [layers[0], _Dense('b', width=8)]
+    calibrated = calibrate.CalibrateProfile(
+        profile, '', DEVICES, unbuildable, specs, [2, 4], num_layers=1)
+    self.assertEqual([f.rows for f in calibrated.factors], [2, 4])
+    self.assertEqual(calibrated.batch, 64)
+    self.assertEqual(calibrated.layers, profile.layers)
+    with self.assertRaisesRegex(ValueError, 'at least one layer'):
+      calibrate.CalibrateProfile(profile, '', DEVICES, layers, specs, [2],
+                                 num_layers=0)
 
 
 class ModelProfileTest(test_utils.TestCase):

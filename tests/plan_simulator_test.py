@@ -58,11 +58,11 @@ class MemoryTest(absltest.TestCase):
     config = Configuration(1, 2, (2, 2), 8, 'gpipe', 'never')
     p = simulator.Predict(profile, config)
     # After the first backward: 7 x 20 kept and the gradient sum (200);
-    # the second backward adds its temporaries (5) and its new gradient
-    # (200) before it joins the sum.
-    self.assertEqual(p.step_peak_bytes, [7 * 20 + 200 + 5 + 200] * 2)
+    # the second backward adds its temporaries (5), its new gradient (200)
+    # and the new sum it writes (200) beside the old one.
+    self.assertEqual(p.step_peak_bytes, [7 * 20 + 200 + 5 + 2 * 200] * 2)
     self.assertEqual(p.static_bytes, [200 * 3] * 2)
-    self.assertEqual(p.peak_bytes, [545 + 600] * 2)
+    self.assertEqual(p.peak_bytes, [745 + 600] * 2)
 
   def testRematPerStage(self):
     profile = UniformProfile(4, batch=8, activation=10.0, boundary=2.0)

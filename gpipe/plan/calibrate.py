@@ -20,6 +20,11 @@ difference once per model:
 2. The same stage on both workers at once, against one alone: the slowdown
    of a device while the other computes too (``contention``).
 
+3. The model cut in two on both workers, one micro-batch (``gpipe``):
+   what its step takes beyond the calibrated prediction is put on its two
+   hand-overs (``CalibrateHandover``), a lower bandwidth than tensor reads
+   between the workers show.
+
 The simulator multiplies each task's profile time by its factor
 (``profile.FactorsAt``: interpolated in the rows) and, when more than one
 device computes, by the contention.
@@ -30,6 +35,7 @@ from gpipe import pipeline
 from gpipe.measure import param_count
 from gpipe.plan import measure
 from gpipe.plan import profile as profile_lib
+from gpipe.plan import search
 from gpipe.plan import simulator
 from lingvo import compat as tf
 from lingvo.core import py_utils
@@ -42,25 +48,31 @@ _CALIBRATION = (_SPLIT, _REMAT, _UNSPLIT)
 
 
 def _Build(layer_params, input_specs, loss, batch_dim, rows, m, schedule,
-           remat, device, name):
-  """One K=1 pipeline on `device`: returns the loss and gradient ops."""
+           remat, devices, name, stage_sizes=None):
+  """A pipeline with a stage on each of `devices`: its loss and gradient ops.
+
+  One device: the whole model as one stage (K=1). The inputs live on the
+  first device, the loss's targets on the last.
+  """
   inputs, _ = measure.Variables(
       tuple(measure.WithRows(input_specs, rows * m, batch_dim)), name,
-      tf.float32, device)
+      tf.float32, devices[0])
   p = pipeline.PipeliningLayer.Params().Set(
-      name=name, layers=[lp.Copy() for lp in layer_params], num_stages=1,
-      num_micro_batches=m, schedule=schedule, remat=remat,
-      stage_devices=[device], batch_dim=batch_dim)
+      name=name, layers=[lp.Copy() for lp in layer_params],
+      num_stages=len(devices), num_micro_batches=m, schedule=schedule,
+      remat=remat, stage_devices=list(devices), batch_dim=batch_dim)
+  if stage_sizes:
+    p.stage_sizes = list(stage_sizes)
   targets = None
   if loss is not None:
     p.loss_tpl = loss[0].Copy()
     targets, _ = measure.Variables(
         measure.WithRows(loss[1], rows * m, batch_dim), name + '_targets',
-        tf.float32, device)
+        tf.float32, devices[-1])
   net = p.Instantiate()
   out = (net.FProp(net.theta, *inputs, targets=targets) if loss is not None
          else net.FProp(net.theta, *inputs))
-  with tf.device(device):
+  with tf.device(devices[-1]):
     floats = [tf.reduce_sum(tf.cast(t, tf.float32))
               for t in tf.nest.flatten(out)
               if t is not None and t.dtype.is_floating]
@@ -113,7 +125,7 @@ def Calibrate(target, devices, profile, layer_params, input_specs, rows,
       with tf.Graph().as_default(), tf.compat.v1.Session(target) as sess:
         py_utils.GetOrCreateGlobalStepVar()
         fetches = {key: _Build(layer_params, input_specs, loss, batch_dim, r,
-                               m, key[0], key[1], devices[0],
+                               m, key[0], key[1], devices[:1],
                                'calib_%s_%s' % key) for key in _CALIBRATION}
         sess.run(tf.compat.v1.global_variables_initializer())
         timer = measure.Timer(sess, repeats, warmup)
@@ -151,7 +163,7 @@ def _Contention(target, devices, layer_params, input_specs, loss, batch_dim,
   with tf.Graph().as_default(), tf.compat.v1.Session(target) as sess:
     py_utils.GetOrCreateGlobalStepVar()
     fetches = [_Build(layer_params, input_specs, loss, batch_dim, rows, m,
-                      'zb_h1', 'never', d, 'contention%d' % i)
+                      'zb_h1', 'never', [d], 'contention%d' % i)
                for i, d in enumerate(devices)]
     sess.run(tf.compat.v1.global_variables_initializer())
     timer = measure.Timer(sess, repeats, warmup)
@@ -160,16 +172,124 @@ def _Contention(target, devices, layer_params, input_specs, loss, batch_dim,
   return max(both / max(alone, 1e-9), 1.0)
 
 
+def CalibrateHandover(target, devices, profile, layer_params, input_specs,
+                      loss=None, batch_dim=0, repeats=7, warmup=2):
+  """The hand-over between two devices as the executor's stages pay it.
+
+  A stage boundary between worker processes costs more than a tensor read
+  across them (``measure.MeasureHandover``): the executor's calls send
+  their outputs and gradients between the workers' functions. The model cut
+  in two on the two devices, one micro-batch of the whole batch, runs F,
+  a hand-over, F, B, a hand-over, B in turn; what its measured step takes
+  beyond the calibrated simulator's (whose two hand-overs are the
+  profile's) is put on those two hand-overs of the boundary's bytes, as a
+  lower bandwidth (the latency stays as measured).
+
+  Args:
+    target: the session target of the worker processes.
+    devices: their devices (the first two are used).
+    profile: the profile.Profile of `layer_params`, with its factors.
+    layer_params: the pipeline's layer params.
+    input_specs: TensorSpecs (a tuple nest) of the first layer's inputs.
+    loss: optional (loss layer params, target specs).
+    batch_dim: the batch dimension.
+    repeats: timed steps (the median).
+    warmup: untimed steps first.
+
+  Returns:
+    A profile.Handover (the profile's, when the step takes no longer than
+    predicted).
+  """
+  config = simulator.Configuration(
+      1, 2, search.Cut(profile, 2, profile.batch), 1, 'gpipe', 'never')
+  # The devices compute in turn: no contention; no update is run.
+  bare = profile.Replace(contention=1.0, update_traffic=0.0,
+                         step_seconds=0.0)
+  predicted = simulator.Predict(bare, config).step_seconds
+  boundary = simulator.StageModels(bare, config)[0].output_bytes
+
+  def Run():
+    with tf.Graph().as_default(), tf.compat.v1.Session(target) as sess:
+      py_utils.GetOrCreateGlobalStepVar()
+      fetch = _Build(layer_params, input_specs, loss, batch_dim,
+                     profile.batch, 1, 'gpipe', 'never', devices[:2],
+                     'handover', stage_sizes=config.stage_sizes)
+      sess.run(tf.compat.v1.global_variables_initializer())
+      return measure.Timer(sess, repeats, warmup).Seconds(fetch)
+
+  measured = param_count.RunIsolated(Run)
+  handover = profile.handover
+  each = handover.Seconds(boundary) + (measured - predicted) / 2
+  if not boundary or each <= handover.Seconds(boundary):
+    return handover
+  return profile_lib.Handover(handover.latency,
+                              boundary / (each - handover.latency))
+
+
 def Rows(rows):
   """The sizes to calibrate at: the largest, a middle and the smallest."""
   rows = sorted(set(rows))
   return sorted({rows[0], rows[len(rows) // 2], rows[-1]})
 
 
+# A sample's batch: this many micro-batches of the largest calibrated size.
+SAMPLE_MICRO_BATCHES = 4
+
+
 def CalibrateProfile(profile, target, devices, layer_params, input_specs,
-                     rows, loss=None, batch_dim=0, log=None):
-  """`profile` with its Factors and contention measured (``Calibrate``)."""
+                     rows, loss=None, batch_dim=0, num_layers=None,
+                     handover=True, log=None):
+  """`profile` with its Factors, contention and hand-over calibrated.
+
+  Args:
+    profile: the profile.Profile of `layer_params`.
+    target: the session target of the worker processes.
+    devices: their devices (see ``Calibrate``).
+    layer_params: the pipeline's layer params.
+    input_specs: TensorSpecs (a tuple nest) of the first layer's inputs.
+    rows: micro-batch sizes to calibrate at.
+    loss: optional (loss layer params, target specs).
+    batch_dim: the batch dimension.
+    num_layers: calibrate on a sample of the model, for one that does not
+      fit a worker or would take hours a step there: its first
+      `num_layers` layers (without the loss unless they are all of them)
+      on a batch of ``SAMPLE_MICRO_BATCHES`` micro-batches of the largest
+      size. The factors are ratios of the executor's tasks to the layers'
+      sums, so they carry over to the whole model. None: the whole model
+      on its batch.
+    handover: with two devices or more (and two layers to cut between),
+      also calibrate the hand-over between them (``CalibrateHandover``);
+      False keeps the profile's (one given for a cluster that is not
+      here).
+    log: a print-like function, or None.
+
+  Returns:
+    The profile with its factors, contention and hand-over.
+
+  Raises:
+    ValueError: `num_layers` is not a positive number.
+  """
+  sample = profile
+  if num_layers is not None:
+    if num_layers < 1:
+      raise ValueError('calibrate on at least one layer, not %d' %
+                       num_layers)
+    if num_layers < profile.num_layers:
+      layer_params, loss = layer_params[:num_layers], None
+    sample = profile.Replace(
+        layers=profile.layers[:num_layers],
+        batch=min(profile.batch, SAMPLE_MICRO_BATCHES * max(rows)))
   factors, contention = Calibrate(
-      target, devices, profile, layer_params, input_specs, rows, loss=loss,
+      target, devices, sample, layer_params, input_specs, rows, loss=loss,
       batch_dim=batch_dim, log=log)
-  return profile.Replace(factors=tuple(factors), contention=contention)
+  changes = dict(factors=tuple(factors), contention=contention)
+  if handover and len(devices) > 1 and sample.num_layers > 1:
+    changes['handover'] = CalibrateHandover(
+        target, devices, sample.Replace(**changes), layer_params,
+        input_specs, loss=loss, batch_dim=batch_dim)
+    if log:
+      log('hand-over between the stages: %.2f ms + %.0f MB/s (tensor reads: '
+          '%.0f MB/s)' % (1e3 * changes['handover'].latency,
+                          changes['handover'].bandwidth / 1e6,
+                          profile.handover.bandwidth / 1e6))
+  return profile.Replace(**changes)

@@ -3,9 +3,9 @@
 ``MeasureLayers`` builds each layer per micro-batch size and dtype in a
 graph of its own, on random inputs of the shapes the previous layer hands
 it, held in variables (so a run reads nothing from the client), and times
-four session runs of it: the forward (F), the forward and the input
-gradient, the forward and the weight gradient, and the forward and both
-gradients. B and W are differences of them (each run's fastest of the
+three session runs of it: the forward (F), the forward and the input
+gradient, and the forward and both gradients. B and W are differences of
+them as a split backward divides the work (each run's fastest of the
 repeats, less an empty run's).
 Bytes come from the graph, not from timing: the forward tensors the
 gradient ops read (what ``remat='never'`` keeps), the tensors the weight
@@ -228,11 +228,6 @@ class _LayerGraph:
         target, float_inputs,
         unconnected_gradients=tf.UnconnectedGradients.ZERO)) if (
             float_inputs) else self.forward
-    # The weight gradient alone.
-    self.weight_grad = _Ops(tf.gradients(
-        target, weights,
-        unconnected_gradients=tf.UnconnectedGradients.ZERO)) if (
-            weights) else self.forward
     self.both = _Ops(grads) if grads else self.forward
     # What the gradient ops read of the forward's tensors computed from the
     # inputs, and the inputs (not the weights, their reads or casts).
@@ -261,13 +256,14 @@ class _LayerGraph:
 def _Measure(layer_graph, timer, sess):
   """(forward, backward, weight) seconds and temporary bytes of one layer.
 
-  B and W are each the mean of two differences: F+B less F and F+B+W less
-  F+W for B, F+W less F and F+B+W less F+B for W (the two disagree where
-  the gradients share work, and each is noisy on its own).
+  As a split backward divides the work: B is F+B less F, everything the
+  input gradient needs, which includes the gradients flowing through the
+  layer that W reads too; W is F+B+W less F+B, what is left (the weight
+  gradients' own products). F+W less F would count that shared chain in W
+  as well: for a Transformer layer it is most of the backward.
   """
   forward = timer.Seconds(layer_graph.forward)
   forward_input = timer.Seconds(layer_graph.input_grad)
-  forward_weight = timer.Seconds(layer_graph.weight_grad)
   both = timer.Seconds(layer_graph.both)
   metadata = tf.compat.v1.RunMetadata()
   sess.run(layer_graph.both, options=tf.compat.v1.RunOptions(
@@ -276,8 +272,8 @@ def _Measure(layer_graph, timer, sess):
     peak = memory.MaxOverDevices(memory.PeakBytesPerDevice(metadata))
   except ValueError:
     peak = 0
-  backward = (forward_input - forward + both - forward_weight) / 2
-  weight = (forward_weight - forward + both - forward_input) / 2
+  backward = forward_input - forward
+  weight = both - forward_input
   return (forward, max(backward, 0.0), max(weight, 0.0),
           max(peak - layer_graph.activation_bytes, 0))
 

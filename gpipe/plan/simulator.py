@@ -28,7 +28,9 @@ How (pure Python, no TensorFlow):
    reads without), a backward holds its temporaries (with remat the
    recomputed activations) while it runs and frees the forward's; with a
    split backward what W reads stays from B to W; a stage's gradient sum
-   lives from its first weight gradient to the end of the step. The peak of
+   lives from its first weight gradient to the end of the step, and the
+   task adding a micro-batch's gradients into it holds them and the new
+   sum beside the old one. The peak of
    that replay is the step's memory (what ``gpipe.measure.memory``
    measures); the variables and optimizer slots come on top.
 4. After its last task each device (replica 0's) receives the other
@@ -252,6 +254,11 @@ def StageModels(profile, config):
         min(b.input_read_bytes, a.output_read_bytes)
         for a, b in zip(at, at[1:]))
     temporaries = max(m.temporary_bytes for m in at)
+    # The task giving the weight gradients adds them into the stage's
+    # running sum in one call: the new sum is written while the gradients
+    # and the old sum live (one batched W gives the whole sum at once).
+    adding = param_bytes * (2.0 if config.micro_batches > 1 and
+                            not config.batched_weights else 1.0)
     batched_weight = 0.0
     weight_task = 0.0
     if split:
@@ -275,11 +282,11 @@ def StageModels(profile, config):
         temporary_bytes={
             FORWARD: max(m.output_bytes for m in at),
             # Recomputed activations (freed layer by layer as the weight
-            # gradients, without a split, take their place), and the
-            # backward's temporaries.
+            # gradients, without a split, take their place, then are added
+            # into the sum), and the backward's temporaries.
             BACKWARD: max(activations if remat else 0.0,
-                          0.0 if split else param_bytes) + temporaries,
-            WEIGHT: temporaries + param_bytes,
+                          0.0 if split else adding) + temporaries,
+            WEIGHT: temporaries + adding,
         },
         gradient_bytes=param_bytes,
         param_bytes=param_bytes,

@@ -17,6 +17,17 @@ stages K and their cut, micro-batches M, schedule, remat, batched weight
 gradients, compute dtype) for the devices and memory given, and prints the
 best ones with their predicted examples/s, step time, bubble and peak
 memory per device, and why the others were dropped. The library is
-``gpipe.plan``; modules here: ``cli`` (flags, the run), ``model_profile``
+``gpipe.plan``.
+
+A model too large to run here whole (``mt.T64_16384_32``: 6B parameters)
+is planned from one measurement of each distinct layer (equal layers are
+measured once) at small micro-batch sizes, extrapolated in the rows, and a
+calibration on its first few layers::
+
+  .venv/bin/python -m tools.plan --model=mt.T64_16384_32 --rows=1,2 \
+      --calibrate_layers=2 --profile_out=/tmp/t64.json --devices=16 \
+      --memory_per_device=16GiB
+
+Modules here: ``cli`` (flags, the run), ``model_profile``
 (a registered model's pipeline inputs and optimizer).
 """

@@ -84,6 +84,10 @@ def _Parser():
                       'executor and both workers computing at once '
                       '(gpipe/plan/calibrate.py); --no-calibrate: the '
                       "layers' figures as measured")
+  parser.add_argument('--calibrate_layers', type=int, default=None,
+                      help='calibrate on the first N layers on a small '
+                      'batch instead of the whole model (one too large '
+                      'for a worker here; gpipe/plan/calibrate.py)')
   return parser
 
 
@@ -144,7 +148,9 @@ def MeasureProfile(args, log):
       profile = calibrate.CalibrateProfile(
           profile, cluster.target, cluster.devices, described.params.layers,
           described.input_specs, calibrate.Rows(rows), loss=described.loss,
-          batch_dim=described.params.batch_dim, log=log)
+          batch_dim=described.params.batch_dim,
+          num_layers=args.calibrate_layers,
+          handover=args.handover_latency is None, log=log)
   return profile
 
 
