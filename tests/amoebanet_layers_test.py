@@ -13,6 +13,9 @@ from lingvo.core import tshape
 from tasks.image import cells
 from tasks.image import genotypes
 from tasks.image import ops
+from tests import graph_rewrites
+
+graph_rewrites.Off()
 
 C = 8  # Channels of the op tests.
 

@@ -10,6 +10,9 @@ from lingvo.core import test_utils
 import params  # pylint: disable=unused-import  # registers params/image.py
 from params import image as image_params
 from tasks.image import network
+from tests import graph_rewrites
+
+graph_rewrites.Off()
 
 # (config class, paper's parameter count). Table 1 (AmoebaNet-D, 224x224,
 # 1000 classes) and the ImageNet AmoebaNet-B (18, 512).

@@ -9,6 +9,9 @@ from lingvo.core import py_utils
 from lingvo.core import test_utils
 from tasks.image import network
 from tasks.image import task
+from tests import graph_rewrites
+
+graph_rewrites.Off()
 
 BATCH = 8
 NUM_CLASSES = 5
@@ -37,7 +40,7 @@ class AmoebaNetPipelineTest(test_utils.TestCase):
              - 1]
     with self.session(
         graph=tf.Graph(),
-        config=tf.compat.v1.ConfigProto(device_count={'CPU': 2})) as sess:
+        config=graph_rewrites.SessionConfig(device_count={'CPU': 2})) as sess:
       py_utils.GetOrCreateGlobalStepVar()
       net = pipeline.PipeliningLayer.Params().Set(
           name='pipe', layers=layers, num_stages=2, stage_sizes=sizes,

@@ -19,11 +19,12 @@ from tasks.mt import model
 from tasks.mt import pipelined_decode
 from tasks.mt import stack
 from tasks.mt import vocab
+from tests import graph_rewrites
 
 BATCH, LEN, VOCAB = 8, 5, 16  # Copy 5 tokens drawn from ids 4..15.
 NUM_LAYERS = 3
 BEAM = 3
-CONFIG = tf.compat.v1.ConfigProto(device_count={'CPU': 4})
+CONFIG = graph_rewrites.SessionConfig(device_count={'CPU': 4})
 
 
 def CopyBatch(rng, batch=BATCH):

@@ -6,7 +6,8 @@ def gpipe_py_test(name, size = "medium", deps = [], data = [], **kwargs):
     Args:
       name: the test file's name without ".py".
       size: Bazel test size (sets the timeout).
-      deps: extra Python dependencies besides the library.
+      deps: extra Python dependencies besides the library and
+        graph_rewrites (every test may turn Grappler off).
       data: extra data files.
       **kwargs: passed to py_test.
     """
@@ -17,7 +18,7 @@ def gpipe_py_test(name, size = "medium", deps = [], data = [], **kwargs):
         size = size,
         python_version = "PY3",
         srcs_version = "PY3",
-        deps = ["//gpipe"] + deps,
+        deps = ["//gpipe", "//tests:graph_rewrites"] + deps,
         data = data,
         **kwargs
     )

@@ -9,6 +9,9 @@ from lingvo.core import cluster_factory
 from lingvo.core import py_utils
 from lingvo.core import test_utils
 from tasks import dense
+from tests import graph_rewrites
+
+graph_rewrites.Off()
 
 
 def _Params(**kwargs):

@@ -16,6 +16,9 @@ from lingvo.core import py_utils
 from lingvo.core import test_utils
 from tests import polling
 from tests import toy_layers
+from tests import graph_rewrites
+
+graph_rewrites.Off()
 
 
 def _Layers():

@@ -20,6 +20,9 @@ from lingvo import compat as tf
 from lingvo.core import cluster_factory
 from lingvo.core import test_utils
 from tests import schedule_testlib as spt
+from tests import graph_rewrites
+
+graph_rewrites.Off()
 
 K = 2
 M = 4

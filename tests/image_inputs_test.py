@@ -10,6 +10,9 @@ from lingvo import compat as tf
 from lingvo.core import test_utils
 from tasks.image import inputs
 import tensorflow_datasets as tfds
+from tests import graph_rewrites
+
+graph_rewrites.Off()
 
 
 def _Batches(p, n=1):

@@ -11,6 +11,9 @@ from lingvo.core import test_utils
 from tasks.image import inputs
 from tasks.image import network
 from tasks.image import task
+from tests import graph_rewrites
+
+graph_rewrites.Off()
 
 
 def _ModelParams():
@@ -35,7 +38,7 @@ class ImageTaskTest(test_utils.TestCase):
   def testTrainStepUpdatesWeightsAndBatchNormAverages(self):
     with self.session(
         graph=tf.Graph(),
-        config=tf.compat.v1.ConfigProto(device_count={'CPU': 2})) as sess:
+        config=graph_rewrites.SessionConfig(device_count={'CPU': 2})) as sess:
       with cluster_factory.ForTestingWorker(cpus=2, split_size=2):
         model = _ModelParams().Instantiate()
         model.ConstructFPropBPropGraph()

@@ -13,8 +13,11 @@ from gpipe import lanes
 from lingvo import compat as tf
 from lingvo.core import py_utils
 from lingvo.core import test_utils
+from tests import graph_rewrites
 
-CONFIG = tf.compat.v1.ConfigProto(device_count={'CPU': 2})
+graph_rewrites.Off()
+
+CONFIG = graph_rewrites.SessionConfig(device_count={'CPU': 2})
 DEVICES = ['/device:CPU:0', '/device:CPU:1']
 
 

@@ -18,9 +18,12 @@ from lingvo.core import layers_with_gpipe
 from lingvo.core import py_utils
 from lingvo.core import test_utils
 from lingvo.tasks.lm import layers as lm_layers
+from tests import graph_rewrites
+
+graph_rewrites.Off()
 
 K = 2
-CONFIG = tf.compat.v1.ConfigProto(device_count={'CPU': K})
+CONFIG = graph_rewrites.SessionConfig(device_count={'CPU': K})
 DIM, VOCAB, T, B = 8, 12, 5, 4
 
 

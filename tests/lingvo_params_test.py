@@ -17,9 +17,12 @@ from lingvo.core import cluster_factory
 from lingvo.core import gpipe as lingvo_gpipe_lib
 from lingvo.core import py_utils
 from lingvo.core import test_utils
+from tests import graph_rewrites
+
+graph_rewrites.Off()
 
 K, DIM, BATCH = 2, 4, 4
-CONFIG = tf.compat.v1.ConfigProto(device_count={'CPU': K})
+CONFIG = graph_rewrites.SessionConfig(device_count={'CPU': K})
 
 
 class _SumAccumulator(base_layer.Accumulator):

@@ -13,6 +13,9 @@ from tasks.mt import stack
 from tasks.mt import vocab
 
 from tests import decode_testlib
+from tests import graph_rewrites
+
+graph_rewrites.Off()
 
 _B, _LEN, _V = 32, decode_testlib.LEN, decode_testlib.VOCAB  # copy 5 tokens
 

@@ -16,6 +16,9 @@ from lingvo.core import cluster_factory
 from lingvo.core import py_utils
 from lingvo.core import test_utils
 from tests import toy_layers
+from tests import graph_rewrites
+
+graph_rewrites.Off()
 
 
 def _StageCalls(graph):
@@ -26,7 +29,7 @@ def _StageCalls(graph):
 
 NUM_LAYERS = 7
 UNEVEN_SIZES = {1: [7], 2: [2, 5], 4: [1, 3, 2, 1]}
-CONFIG = tf.compat.v1.ConfigProto(device_count={'CPU': 4})
+CONFIG = graph_rewrites.SessionConfig(device_count={'CPU': 4})
 
 
 def _Devices(k):

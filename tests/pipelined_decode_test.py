@@ -21,6 +21,9 @@ from tasks.mt import pipelined_decode
 from tasks.mt import stack
 from tasks.mt import vocab
 from tests import decode_testlib as dt
+from tests import graph_rewrites
+
+graph_rewrites.Off()
 
 LANES = (1, 2, 4)
 

@@ -12,6 +12,9 @@ from gpipe.runtime import local_cluster
 from lingvo import compat as tf
 from lingvo.core import test_utils
 from tests import decode_testlib as dt
+from tests import graph_rewrites
+
+graph_rewrites.Off()
 
 
 class PipelinedDecodeWorkersTest(test_utils.TestCase):

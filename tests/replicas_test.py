@@ -12,6 +12,9 @@ from lingvo import compat as tf
 from lingvo.core import py_utils
 from lingvo.core import test_utils
 from tests import toy_layers
+from tests import graph_rewrites
+
+graph_rewrites.Off()
 
 
 def _Layers(use_bn=True):
@@ -120,7 +123,7 @@ class ReplicasTest(test_utils.TestCase, parameterized.TestCase):
   def testSchedulesEqualOnePipeline(self, schedule):
     rng = np.random.RandomState(1)
     x_np, y_np = rng.randn(16, 8), rng.randn(16, 8)
-    config = tf.compat.v1.ConfigProto(device_count={'CPU': 4})
+    config = graph_rewrites.SessionConfig(device_count={'CPU': 4})
     d = ['/device:CPU:%d' % i for i in range(4)]
     _, _, _, got = _Step([d[0:2], d[2:4]], 2, x_np, y_np, config=config,
                          schedule=schedule, use_bn=False)

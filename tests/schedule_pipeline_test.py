@@ -11,6 +11,9 @@ from lingvo.core import py_utils
 from lingvo.core import test_utils
 from tests import schedule_testlib
 from tests import toy_layers
+from tests import graph_rewrites
+
+graph_rewrites.Off()
 
 CONFIG = schedule_testlib.CONFIG
 NUM_LAYERS = schedule_testlib.NUM_LAYERS

@@ -9,8 +9,9 @@ import numpy as np
 from lingvo import compat as tf
 from lingvo.core import py_utils
 from tests import toy_layers
+from tests import graph_rewrites
 
-CONFIG = tf.compat.v1.ConfigProto(device_count={'CPU': 4})
+CONFIG = graph_rewrites.SessionConfig(device_count={'CPU': 4})
 NUM_LAYERS = 6
 # Layers per stage: uneven wherever the stage count allows it.
 UNEVEN_SIZES = {1: [6], 2: [2, 4], 4: [1, 2, 2, 1]}

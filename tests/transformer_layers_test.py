@@ -10,6 +10,9 @@ from lingvo.core import tshape
 from tasks.mt import blocks
 from tasks.mt import stack
 from tasks.mt import sublayers
+from tests import graph_rewrites
+
+graph_rewrites.Off()
 
 _B, _S, _T, _V, _D = 3, 5, 6, 17, 16
 

@@ -8,6 +8,9 @@ from lingvo import compat as tf
 from lingvo.core import py_utils
 from lingvo.core import test_utils
 from tasks.mt import stack
+from tests import graph_rewrites
+
+graph_rewrites.Off()
 
 _B, _S, _T, _V = 8, 5, 6, 23
 _DEVICES = ['/device:CPU:0', '/device:CPU:1']
@@ -49,7 +52,7 @@ class TransformerPipelineTest(test_utils.TestCase, parameterized.TestCase):
         name='net', layers=layer_list, num_stages=2, num_micro_batches=4,
         stage_devices=_DEVICES, partition_cost='flops', input_shapes=shapes,
         stage_sizes=stage_sizes)
-    config = tf.compat.v1.ConfigProto(device_count={'CPU': 2})
+    config = graph_rewrites.SessionConfig(device_count={'CPU': 2})
     with self.session(graph=tf.Graph(), config=config) as sess:
       tf.random.set_seed(5)
       py_utils.GetOrCreateGlobalStepVar()

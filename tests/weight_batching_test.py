@@ -15,6 +15,9 @@ from lingvo.core import py_utils
 from lingvo.core import test_utils
 from tests import schedule_testlib as spt
 from tests import toy_layers
+from tests import graph_rewrites
+
+graph_rewrites.Off()
 
 CONFIG = spt.CONFIG
 
