@@ -21,6 +21,7 @@ from lingvo.core import py_utils
 from tests import toy_layers
 
 K, M, ROWS, WIDTH, LAYERS = 2, 8, 4096, 256, 8
+STEPS = 3  # traced steps; the least peak is reported
 
 
 def Measure(name):
@@ -46,12 +47,19 @@ def Measure(name):
     grads = tf.gradients(loss, net.vars.Flatten(),
                          colocate_gradients_with_ops=True)
     sess.run(tf.compat.v1.global_variables_initializer())
-    metadata = tf.compat.v1.RunMetadata()
-    sess.run([grads, loss], options=tf.compat.v1.RunOptions(
-        trace_level=tf.compat.v1.RunOptions.FULL_TRACE),
-             run_metadata=metadata)
-    step = memory.PeakBytesPerDevice(metadata)
-  return max(v for d, v in step.items() if d.endswith('device:CPU:0'))
+    peaks = []
+    for _ in range(STEPS):
+      metadata = tf.compat.v1.RunMetadata()
+      sess.run([grads, loss], options=tf.compat.v1.RunOptions(
+          trace_level=tf.compat.v1.RunOptions.FULL_TRACE),
+               run_metadata=metadata)
+      step = memory.PeakBytesPerDevice(metadata)
+      peaks.append(
+          max(v for d, v in step.items() if d.endswith('device:CPU:0')))
+  # The schedule bounds what a step must hold; a busy machine can delay a
+  # free past the next task's allocations and add a temporary on top. The
+  # least of a few steps is the schedule's own figure.
+  return min(peaks)
 
 
 if __name__ == '__main__':

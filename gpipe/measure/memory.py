@@ -112,3 +112,16 @@ def PeakBytesPerDevice(run_metadata):
 def MaxOverDevices(per_device):
   """The largest value of a {device: bytes} dict (0 if empty)."""
   return max(per_device.values()) if per_device else 0
+
+
+def FormatMiB(num_bytes, missing='?', unit=' MiB'):
+  """Bytes in whole MiB for tables and messages, e.g. '123 MiB'.
+
+  Args:
+    num_bytes: a byte count; None or 0 when it is not known.
+    missing: the text for an unknown count.
+    unit: the text after the number ('' for a column titled in MiB).
+  """
+  if not num_bytes:
+    return missing
+  return '%.0f%s' % (num_bytes / 2.0**20, unit)

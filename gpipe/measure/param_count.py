@@ -7,9 +7,8 @@ layer hundreds of times) are built once and counted from a cache, so even the
 83.9B-parameter Transformer-L 1663 config is counted in seconds.
 """
 
-import threading
-
 from gpipe.compat import lingvo_import  # pylint: disable=unused-import
+from gpipe.runtime import background
 import numpy as np
 from lingvo import compat as tf
 
@@ -28,20 +27,7 @@ def RunIsolated(fn):
   layer built while another layer's __init__ runs would become its child.
   Scratch layers (for counting or timing) are built in their own thread.
   """
-  result = {}
-
-  def Target():
-    try:
-      result['value'] = fn()
-    except BaseException as e:  # pylint: disable=broad-except
-      result['error'] = e
-
-  thread = threading.Thread(target=Target)
-  thread.start()
-  thread.join()
-  if 'error' in result:
-    raise result['error']
-  return result['value']
+  return background.BackgroundCall(fn, daemon=False).Result()
 
 
 def _BuildShapes(layer_params):

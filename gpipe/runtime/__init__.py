@@ -5,5 +5,8 @@
 * ``worker``: the worker binary (``python -m gpipe.worker``);
 * ``local_cluster``: K worker processes on this host (``LocalCluster``);
 * ``devices``: asking a running cluster for its devices;
-* ``layout``: R replicas x K stages on the tasks' devices.
+* ``layout``: R replicas x K stages on the tasks' devices;
+* ``memory_cap``: a memory cap per worker process;
+* ``background``: work in a thread of its own (a session run watched
+  while it runs), its value or error kept.
 """

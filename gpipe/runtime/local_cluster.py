@@ -27,6 +27,8 @@ import sys
 import threading
 import time
 
+from gpipe.measure import memory
+from gpipe.runtime import background
 from gpipe.runtime import cluster_spec
 from gpipe.runtime import memory_cap as memory_cap_lib
 
@@ -57,10 +59,6 @@ class WorkerDiedError(RuntimeError):
 
 class WorkerMemoryCapError(WorkerDiedError):
   """A worker process was killed by its memory cap."""
-
-
-def _MiB(num_bytes):
-  return '%.0f MiB' % (num_bytes / 2.0**20)
 
 
 class LocalCluster:
@@ -197,8 +195,9 @@ class LocalCluster:
             '%s was killed by its memory cap of %s (peak %s): the weights '
             'and activations of its stages do not fit. Cut the model into '
             'more stages on more workers (a larger K), or raise the cap' %
-            (where, _MiB(self.memory_cap_bytes),
-             _MiB(self._caps[i].PeakBytes() or self.memory_cap_bytes)))
+            (where, memory.FormatMiB(self.memory_cap_bytes),
+             memory.FormatMiB(self._caps[i].PeakBytes() or
+                              self.memory_cap_bytes)))
       raise WorkerDiedError('%s exited with code %d' % (where, code))
 
   def Call(self, fn, poll_secs=0.2, grace_secs=2.0):
@@ -220,35 +219,24 @@ class LocalCluster:
     Returns:
       What fn returns.
     """
-    outcome = {}
-
-    def Run():
+    call = background.BackgroundCall(fn)
+    while not call.Wait(poll_secs):
       try:
-        outcome['value'] = fn()
-      except BaseException as e:  # pylint: disable=broad-except
-        outcome['error'] = e
-
-    thread = threading.Thread(target=Run, daemon=True)
-    thread.start()
-    while thread.is_alive():
-      thread.join(poll_secs)
-      if thread.is_alive():
-        try:
-          self.CheckAlive()
-        except WorkerDiedError:
-          self._Kill()
-          raise
-    if 'error' in outcome:
+        self.CheckAlive()
+      except WorkerDiedError:
+        self._Kill()
+        raise
+    if call.error is not None:
       deadline = time.time() + grace_secs
       while True:
         try:
           self.CheckAlive()
         except WorkerDiedError as e:
-          raise e from outcome['error']
+          raise e from call.error
         if time.time() >= deadline:
-          raise outcome['error']
+          raise call.error
         time.sleep(poll_secs / 4)
-    return outcome['value']
+    return call.Result()
 
   def CloseSession(self, session, wait_secs=10.0):
     """Closes a session on the workers without waiting on a dead master.

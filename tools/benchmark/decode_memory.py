@@ -23,6 +23,7 @@ import tempfile
 from gpipe.compat import lingvo_import  # pylint: disable=unused-import
 import numpy as np
 from gpipe import partition
+from gpipe.measure import memory
 from gpipe.plan import search
 from gpipe.runtime import local_cluster
 from gpipe.schedules import decode_lanes
@@ -116,10 +117,6 @@ def CappedDecode(shape, num_stages, cap_bytes, batch, checkpoint, steps=1,
     cluster.Stop()
 
 
-def _MiB(n):
-  return '%.0f MiB' % (n / 2.0**20) if n else '?'
-
-
 def MemoryCap(args):
   """A model over one worker's memory cap, decoded on K capped workers."""
   shape = QUICK_MEMORY_MODEL if args.quick else MEMORY_MODEL
@@ -132,8 +129,8 @@ def MemoryCap(args):
       'Pipelined decoding of a model too big for one worker', settings)
   checkpoint = os.path.join(tempfile.mkdtemp(), 'decode_model')
   reference, weight_bytes = ReferenceDecode(shape, batch, checkpoint)
-  report.Log('weights %s, cap %s per worker' % (_MiB(weight_bytes),
-                                                _MiB(cap)))
+  report.Log('weights %s, cap %s per worker' % (
+      memory.FormatMiB(weight_bytes), memory.FormatMiB(cap)))
   result = dict(machine=info, settings=settings, weight_bytes=weight_bytes,
                 runs=[])
   rows = []
@@ -149,11 +146,12 @@ def MemoryCap(args):
     run['fits'] = True
     result['runs'].append(run)
     rows.append([
-        k, run['M'], ', '.join(_MiB(b) for b in run['stage_weight_bytes']),
-        'yes', ', '.join(_MiB(b) for b in run['peak_bytes']),
+        k, run['M'],
+        ', '.join(memory.FormatMiB(b) for b in run['stage_weight_bytes']),
+        'yes', ', '.join(memory.FormatMiB(b) for b in run['peak_bytes']),
         run['sentences_per_second'], 'yes' if run['same_tokens'] else 'NO'])
   text = header + '\n' + ('Weights: %s in total; cap: %s per worker.\n\n' % (
-      _MiB(weight_bytes), _MiB(cap))) + report.Table(
+      memory.FormatMiB(weight_bytes), memory.FormatMiB(cap))) + report.Table(
           ['K', 'M', 'weights per stage', 'fits', 'peak per worker (cgroup)',
            'sentences/s', 'tokens = unpipelined'], rows)
   failures = [r['error'] for r in result['runs'] if not r['fits']]

@@ -32,12 +32,18 @@ import tempfile
 import threading
 import time
 
+from gpipe.measure import memory
 from tools.benchmark import report
 
 PEAKS = re.compile(r'worker peak memory \(VmHWM\): (.*)')
 PEAK_ITEM = re.compile(r'(\d+): ([\d.]+) MiB')
 # The trainer's progress line of a step: "step 1/2 ...".
 STEP_LINE = re.compile(r'^step (\d+)/')
+
+
+def _MiB(num_bytes):
+  """A cell of a column titled in MiB."""
+  return memory.FormatMiB(num_bytes, missing='-', unit='')
 
 
 def _PeakOf(pid):
@@ -136,10 +142,6 @@ def _ParseEnv(text):
       raise ValueError('--before_env item %r: give NAME=VALUE' % item)
     env[key] = value
   return env
-
-
-def _MiB(b):
-  return '%.0f' % (b / 2**20) if b else '-'
 
 
 def Startup(args):

@@ -25,6 +25,8 @@ import json
 import os
 import time
 
+from gpipe.measure import memory
+
 PROC_STATUS = '/proc/self/status'
 
 
@@ -99,8 +101,8 @@ class StartupLog:
         self._stack[-1][2] += wall
       if self._echo and not self._stack:
         self._echo('start-up: %s took %.1f s (trainer %s resident, peak %s)' %
-                   (name, wall, _MiB(row['rss_bytes']),
-                    _MiB(row['peak_bytes'])))
+                   (name, wall, memory.FormatMiB(row['rss_bytes']),
+                    memory.FormatMiB(row['peak_bytes'])))
 
   def Mark(self, name, seconds):
     """Adds a phase measured elsewhere (e.g. before the log existed)."""
@@ -157,10 +159,6 @@ class StartupLog:
     with open(path, 'w') as f:
       json.dump(result, f, indent=1)
     return result
-
-
-def _MiB(b):
-  return '%.0f MiB' % (b / 2**20) if b else '?'
 
 
 def GraphBuildHooks():

@@ -28,6 +28,7 @@ import threading
 import time
 
 from gpipe.compat import lingvo_import  # pylint: disable=unused-import
+from gpipe.runtime import background
 from gpipe.runtime import local_cluster
 from gpipe.measure import timeline
 from lingvo import compat as tf
@@ -474,31 +475,23 @@ class TrainLoop:
     Returns:
       What run() returns (what it raises is raised here).
     """
-    outcome = []
-    done = threading.Event()
     # The default graph is per thread: the run's thread uses this one's.
     graph = tf.compat.v1.get_default_graph()
 
     def Run():
-      try:
-        with graph.as_default():
-          outcome.append((True, run()))
-      except BaseException as e:  # pylint: disable=broad-except
-        outcome.append((False, e))
-      finally:
-        done.set()
+      with graph.as_default():
+        return run()
 
-    thread = threading.Thread(target=Run, daemon=True)
-    thread.start()
+    call = background.BackgroundCall(Run)
     remote = self._placement.remote
     misses = 0
     try:
-      while not done.wait(MASTER_PROBE_SECS):
+      while not call.Wait(MASTER_PROBE_SECS):
         reason = remote_tasks.Probe(remote.addresses[0],
                                     remote.probe_timeout_secs)
         misses = misses + 1 if reason else 0
-        if misses >= MASTER_PROBE_MISSES and not done.is_set():
-          _PENDING_RUNS.append(thread)
+        if misses >= MASTER_PROBE_MISSES and not call.done:
+          _PENDING_RUNS.append(call.thread)
           summary = "%s, the session's master, does not answer (%s) %s" % (
               remote.Describe(0), reason, doing)
           raise WorkerLostError(
@@ -506,12 +499,9 @@ class TrainLoop:
               'the task again and run the same command to resume.' %
               (summary, last_ckpt or 'none yet'), summary=summary)
     except (KeyboardInterrupt, _Interrupted):
-      done.wait()
+      call.Wait()
       raise
-    ok, value = outcome[0]
-    if ok:
-      return value
-    raise value
+    return call.Result()
 
   def _LocalWaitSecs(self):
     """Seconds to watch local workers after a failed run (none without).

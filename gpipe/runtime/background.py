@@ -1,0 +1,70 @@
+"""A function running in a thread of its own, its value or error kept.
+
+Three callers need the same thing: run work in another thread and, while it
+runs or after, get exactly what it returned or raised.
+
+* ``LocalCluster.Call`` runs session work while it checks that the worker
+  processes are alive (a dead master would make the run wait forever);
+* the trainer runs each step while it probes the session's master;
+* ``measure.param_count.RunIsolated`` builds scratch layers outside the
+  thread-local stack of layers that Lingvo is constructing.
+"""
+
+import threading
+
+
+class BackgroundCall:
+  """fn() started in a new thread at construction.
+
+  Example::
+
+    call = BackgroundCall(lambda: sess.run(fetches))
+    while not call.Wait(0.5):
+      CheckWorkers()
+    values = call.Result()
+  """
+
+  def __init__(self, fn, daemon=True, name=None):
+    """Starts fn() in a new thread.
+
+    Args:
+      fn: a function of no arguments.
+      daemon: whether the thread may be abandoned when the process exits
+        (a run that waits on a dead worker never returns).
+      name: the thread's name, for stack dumps.
+    """
+    self._fn = fn
+    self._value = None
+    self._error = None
+    self._done = threading.Event()
+    self.thread = threading.Thread(target=self._Run, daemon=daemon,
+                                   name=name)
+    self.thread.start()
+
+  def _Run(self):
+    try:
+      self._value = self._fn()
+    except BaseException as e:  # pylint: disable=broad-except
+      self._error = e
+    finally:
+      self._done.set()
+
+  def Wait(self, timeout=None):
+    """Waits up to `timeout` seconds (None: until it ends); True if ended."""
+    return self._done.wait(timeout)
+
+  @property
+  def done(self):
+    return self._done.is_set()
+
+  @property
+  def error(self):
+    """What fn raised (None while it runs or if it returned)."""
+    return self._error
+
+  def Result(self):
+    """Waits for fn to end; returns its value or raises its error."""
+    self._done.wait()
+    if self._error is not None:
+      raise self._error
+    return self._value
