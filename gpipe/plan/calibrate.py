@@ -9,10 +9,11 @@ difference once per model:
 
 1. On one pinned worker, the whole model as one stage (K=1) of a real
    ``gpipe.PipeliningLayer`` at a few micro-batch sizes, the whole batch
-   in micro-batches of that size, its loss and gradients timed (untraced: tracing slows small ops down far
-   more than large ones) under a split backward ('zb_h1': F, B, W tasks)
-   without and with re-materialization, and an unsplit one ('gpipe': B
-   does W's work). Against the simulator's prediction of the same step from
+   in micro-batches of that size, its loss and gradients timed (untraced:
+   tracing slows small ops down far more than large ones; a traced step
+   only shares the time out over the tasks) under a split backward
+   ('zb_h1': F, B, W tasks) without and with re-materialization, and an
+   unsplit one ('gpipe': B does W's work). Against the simulator's prediction of the same step from
    the layers' figures alone this gives factors per size
    (``profile.Factors``): one for the tasks of a split backward, shared out
    over F, B and W as a traced step of it shares out its time
@@ -29,9 +30,10 @@ difference once per model:
    between the workers show. Then the same cut, pipelined in small
    micro-batches and traced: a task waiting for another worker's output
    starts a hand-over after that output's task ends
-   (``traced.HandoverDelays``); with the sending worker's core busy in its
-   next task that takes longer than an idle worker's tensor read, and the
-   median, less the bytes over the bandwidth, is the hand-over's latency.
+   (``traced.HandoverDelays``), later than an idle worker's tensor read
+   would arrive, the sending worker's core being busy in its next task; the
+   median delay, less the bytes over the bandwidth, is the hand-over's
+   latency.
 
 The simulator multiplies each task's profile time by its factor
 (``profile.FactorsAt``: interpolated in the rows) and, when more than one
@@ -162,12 +164,13 @@ def Calibrate(target, devices, profile, layer_params, input_specs, rows,
       forward = profiled[simulator.FORWARD]
       split = traced.PhaseFactors(
           measured[_SPLIT] / max(predicted[_SPLIT], 1e-9), phases, profiled)
-      unsplit = max(measured[_UNSPLIT] - split[simulator.FORWARD] * forward, 0.0) / max(
+      f, b, w = (split[p] for p in (simulator.FORWARD, simulator.BACKWARD,
+                                    simulator.WEIGHT))
+      unsplit = max(measured[_UNSPLIT] - f * forward, 0.0) / max(
           predicted[_UNSPLIT] - forward, 1e-9)
       recompute = max(measured[_REMAT] - measured[_SPLIT], 0.0) / max(
           forward, 1e-9)
-      factors.append(profile_lib.Factors(rows=r, F=split[simulator.FORWARD], B=split[simulator.BACKWARD],
-                                         W=split[simulator.WEIGHT], BW=unsplit,
+      factors.append(profile_lib.Factors(rows=r, F=f, B=b, W=w, BW=unsplit,
                                          R=recompute))
       if log:
         log('calibrated at %d rows: %s' % (r, ', '.join(
