@@ -73,12 +73,13 @@ class MeasureTest(test_utils.TestCase):
         profile, '', DEVICES, layers, specs, [2, 4], loss=loss)
     self.assertLen(calibrated.factors, 2)
     for f in calibrated.factors:
-      self.assertGreater(f.F, 0.0)
-      self.assertEqual(f.F, f.B)  # One factor for a split backward's tasks.
+      # A split backward's factor shared out over its tasks as traced.
+      self.assertGreater(min(f.F, f.B, f.W), 0.0)
       self.assertGreaterEqual(min(f.BW, f.R), 0.0)
     self.assertGreaterEqual(calibrated.contention, 1.0)
-    # The hand-over: the measured latency, a bandwidth no higher.
-    self.assertEqual(calibrated.handover.latency, profile.handover.latency)
+    # The hand-over: a latency no lower, a bandwidth no higher.
+    self.assertGreaterEqual(calibrated.handover.latency,
+                            profile.handover.latency)
     self.assertGreater(calibrated.handover.bandwidth, 0.0)
     self.assertLessEqual(calibrated.handover.bandwidth,
                          profile.handover.bandwidth)

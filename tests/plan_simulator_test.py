@@ -64,6 +64,21 @@ class MemoryTest(absltest.TestCase):
     self.assertEqual(p.static_bytes, [200 * 3] * 2)
     self.assertEqual(p.peak_bytes, [745 + 600] * 2)
 
+  def testAStagesGradientSumIsFreedAfterItsLastWeightGradient(self):
+    # Looped fill-drain, M=1: device 0 runs F0 F2 B2 B0. The update applies
+    # stage 2's gradients (100) as B2 ends, so B0 (its gradients, 100,
+    # beside stage 0's kept activations, 10) does not hold them too.
+    profile = UniformProfile(4, batch=2, param_bytes=100.0)
+    config = Configuration(1, 4, (1,) * 4, 1, 'gpipe', 'never',
+                           stages_per_device=2)
+    # B2 holds its gradients (100) beside both stages' activations (20).
+    self.assertEqual(simulator.Predict(profile, config).step_peak_bytes,
+                     [120.0] * 2)
+    # Two replicas: the sums wait for the other replica's; replica 0's
+    # devices also receive its two stages' sums (200).
+    two = simulator.Predict(profile, config._replace(replicas=2))
+    self.assertEqual(two.step_peak_bytes[:2], [10 + 100 + 100 + 200.0] * 2)
+
   def testRematPerStage(self):
     profile = UniformProfile(4, batch=8, activation=10.0, boundary=2.0)
     got = {}

@@ -9,34 +9,48 @@ difference once per model:
 
 1. On one pinned worker, the whole model as one stage (K=1) of a real
    ``gpipe.PipeliningLayer`` at a few micro-batch sizes, the whole batch
-   in micro-batches of that size, its loss and gradients timed (untraced: tracing slows small ops down far
-   more than large ones) under a split backward ('zb_h1': F, B, W tasks)
-   without and with re-materialization, and an unsplit one ('gpipe': B
-   does W's work). Against the simulator's prediction of the same step from
+   in micro-batches of that size, its loss and gradients timed (untraced:
+   tracing slows small ops down far more than large ones; a traced step
+   only shares the time out over the tasks) under a split backward
+   ('zb_h1': F, B, W tasks) without and with re-materialization, and an
+   unsplit one ('gpipe': B does W's work). Against the simulator's prediction of the same step from
    the layers' figures alone this gives factors per size
-   (``profile.Factors``): one for the tasks of a split backward (F, B, W),
-   one for the unsplit backward, and the recomputed forward of a
-   re-materializing B over the forward's profile time.
+   (``profile.Factors``): one for the tasks of a split backward, shared out
+   over F, B and W as a traced step of it shares out its time
+   (``traced.PhaseFactors``: the executor's B carries more of the gradient
+   chain than the layers' B), one for the unsplit backward, and the
+   recomputed forward of a re-materializing B over the forward's profile
+   time.
 2. The same stage on both workers at once, against one alone: the slowdown
    of a device while the other computes too (``contention``).
 
 3. The model cut in two on both workers, one micro-batch (``gpipe``):
    what its step takes beyond the calibrated prediction is put on its two
    hand-overs (``CalibrateHandover``), a lower bandwidth than tensor reads
-   between the workers show.
+   between the workers show. Then the same cut, pipelined in small
+   micro-batches and traced: a task waiting for another worker's output
+   starts a hand-over after that output's task ends
+   (``traced.HandoverDelays``), later than an idle worker's tensor read
+   would arrive, the sending worker's core being busy in its next task; the
+   median delay, less the bytes over the bandwidth, is the hand-over's
+   latency.
 
 The simulator multiplies each task's profile time by its factor
 (``profile.FactorsAt``: interpolated in the rows) and, when more than one
 device computes, by the contention.
 """
 
+import statistics
+
 from gpipe.compat import lingvo_import  # pylint: disable=unused-import
 from gpipe import pipeline
 from gpipe.measure import param_count
+from gpipe.measure import timeline
 from gpipe.plan import measure
 from gpipe.plan import profile as profile_lib
 from gpipe.plan import search
 from gpipe.plan import simulator
+from gpipe.plan import traced
 from lingvo import compat as tf
 from lingvo.core import py_utils
 
@@ -82,6 +96,15 @@ def _Build(layer_params, input_specs, loss, batch_dim, rows, m, schedule,
   # The loss with the gradients, as a training step fetches it: gradients
   # alone need no forward task when every backward recomputes it.
   return [total.op] + [g.op for g in grads if g is not None]
+
+
+def _TracedTasks(sess, fetch):
+  """The task times of one traced run of `fetch` (timeline.TaskTime)."""
+  metadata = tf.compat.v1.RunMetadata()
+  sess.run(fetch, options=tf.compat.v1.RunOptions(
+      trace_level=tf.compat.v1.RunOptions.FULL_TRACE),
+           run_metadata=metadata)
+  return timeline.ParseStepStats(metadata.step_stats)
 
 
 def _Predicted(profile, rows, m, schedule, remat):
@@ -130,17 +153,25 @@ def Calibrate(target, devices, profile, layer_params, input_specs, rows,
         sess.run(tf.compat.v1.global_variables_initializer())
         timer = measure.Timer(sess, repeats, warmup)
         measured = {key: timer.Seconds(f) for key, f in fetches.items()}
+        phases = traced.PhaseSeconds(_TracedTasks(sess, fetches[_SPLIT]))
       predicted = {key: _Predicted(profile, r, m, *key)
                    for key in _CALIBRATION}
-      forward = m * sum(layer.At(r, dtype).forward for layer in
-                        profile.layers)
-      split = measured[_SPLIT] / max(predicted[_SPLIT], 1e-9)
-      unsplit = max(measured[_UNSPLIT] - split * forward, 0.0) / max(
+      at = [layer.At(r, dtype) for layer in profile.layers]
+      # The split graph's tasks as the layers' figures give them.
+      profiled = {simulator.FORWARD: m * sum(a.forward for a in at),
+                  simulator.BACKWARD: m * sum(a.backward for a in at),
+                  simulator.WEIGHT: m * sum(a.weight for a in at)}
+      forward = profiled[simulator.FORWARD]
+      split = traced.PhaseFactors(
+          measured[_SPLIT] / max(predicted[_SPLIT], 1e-9), phases, profiled)
+      f, b, w = (split[p] for p in (simulator.FORWARD, simulator.BACKWARD,
+                                    simulator.WEIGHT))
+      unsplit = max(measured[_UNSPLIT] - f * forward, 0.0) / max(
           predicted[_UNSPLIT] - forward, 1e-9)
       recompute = max(measured[_REMAT] - measured[_SPLIT], 0.0) / max(
           forward, 1e-9)
-      factors.append(profile_lib.Factors(rows=r, F=split, B=split, W=split,
-                                         BW=unsplit, R=recompute))
+      factors.append(profile_lib.Factors(rows=r, F=f, B=b, W=w, BW=unsplit,
+                                         R=recompute))
       if log:
         log('calibrated at %d rows: %s' % (r, ', '.join(
             '%s %.2f' % (k, getattr(factors[-1], k))
@@ -172,18 +203,31 @@ def _Contention(target, devices, layer_params, input_specs, loss, batch_dim,
   return max(both / max(alone, 1e-9), 1.0)
 
 
+# The pipelined hand-over run: this many micro-batches, 1F1B, traced steps.
+HANDOVER_MICRO_BATCHES = 8
+HANDOVER_TRACES = 3
+
+
 def CalibrateHandover(target, devices, profile, layer_params, input_specs,
-                      loss=None, batch_dim=0, repeats=7, warmup=2):
+                      loss=None, batch_dim=0, rows=None, repeats=7,
+                      warmup=2):
   """The hand-over between two devices as the executor's stages pay it.
 
   A stage boundary between worker processes costs more than a tensor read
   across them (``measure.MeasureHandover``): the executor's calls send
-  their outputs and gradients between the workers' functions. The model cut
-  in two on the two devices, one micro-batch of the whole batch, runs F,
-  a hand-over, F, B, a hand-over, B in turn; what its measured step takes
-  beyond the calibrated simulator's (whose two hand-overs are the
-  profile's) is put on those two hand-overs of the boundary's bytes, as a
-  lower bandwidth (the latency stays as measured).
+  their outputs and gradients between the workers' functions.
+
+  1. Bandwidth: the model cut in two on the two devices, one micro-batch of
+     the whole batch, runs F, a hand-over, F, B, a hand-over, B in turn;
+     what its measured step takes beyond the calibrated simulator's (whose
+     two hand-overs are the profile's) is put on those two hand-overs of
+     the boundary's bytes, as a lower bandwidth.
+  2. Latency: the same cut in ``HANDOVER_MICRO_BATCHES`` micro-batches of
+     `rows` under 1F1B, traced: each sender is already in its next task
+     when its output leaves. The median delay from a task's end to the
+     start of its waiting reader on the other device
+     (``traced.HandoverDelays``), less the boundary's bytes over the
+     bandwidth, is the latency (never below the profile's).
 
   Args:
     target: the session target of the worker processes.
@@ -193,12 +237,13 @@ def CalibrateHandover(target, devices, profile, layer_params, input_specs,
     input_specs: TensorSpecs (a tuple nest) of the first layer's inputs.
     loss: optional (loss layer params, target specs).
     batch_dim: the batch dimension.
+    rows: the pipelined run's micro-batch size; default the batch over
+      ``HANDOVER_MICRO_BATCHES``.
     repeats: timed steps (the median).
     warmup: untimed steps first.
 
   Returns:
-    A profile.Handover (the profile's, when the step takes no longer than
-    predicted).
+    A profile.Handover.
   """
   config = simulator.Configuration(
       1, 2, search.Cut(profile, 2, profile.batch), 1, 'gpipe', 'never')
@@ -207,6 +252,12 @@ def CalibrateHandover(target, devices, profile, layer_params, input_specs,
                          step_seconds=0.0)
   predicted = simulator.Predict(bare, config).step_seconds
   boundary = simulator.StageModels(bare, config)[0].output_bytes
+  m = HANDOVER_MICRO_BATCHES
+  rows = rows or max(1, profile.batch // m)
+  small = profile.Replace(batch=rows * m)
+  cut = search.Cut(small, 2, rows)
+  small_boundary = simulator.StageModels(small, simulator.Configuration(
+      1, 2, cut, m, '1f1b', 'never'))[0].output_bytes
 
   def Run():
     with tf.Graph().as_default(), tf.compat.v1.Session(target) as sess:
@@ -214,16 +265,28 @@ def CalibrateHandover(target, devices, profile, layer_params, input_specs,
       fetch = _Build(layer_params, input_specs, loss, batch_dim,
                      profile.batch, 1, 'gpipe', 'never', devices[:2],
                      'handover', stage_sizes=config.stage_sizes)
+      pipelined = _Build(layer_params, input_specs, loss, batch_dim, rows,
+                         m, '1f1b', 'never', devices[:2],
+                         'handover_pipelined', stage_sizes=cut)
       sess.run(tf.compat.v1.global_variables_initializer())
-      return measure.Timer(sess, repeats, warmup).Seconds(fetch)
+      seconds = measure.Timer(sess, repeats, warmup).Seconds(fetch)
+      for _ in range(warmup):
+        sess.run(pipelined)
+      delays = []
+      for _ in range(HANDOVER_TRACES):
+        delays += traced.HandoverDelays(_TracedTasks(sess, pipelined))
+      return seconds, delays
 
-  measured = param_count.RunIsolated(Run)
+  measured, delays = param_count.RunIsolated(Run)
   handover = profile.handover
   each = handover.Seconds(boundary) + (measured - predicted) / 2
-  if not boundary or each <= handover.Seconds(boundary):
-    return handover
-  return profile_lib.Handover(handover.latency,
-                              boundary / (each - handover.latency))
+  if boundary and each > handover.Seconds(boundary):
+    handover = profile_lib.Handover(handover.latency,
+                                    boundary / (each - handover.latency))
+  if delays:
+    latency = statistics.median(delays) - small_boundary / handover.bandwidth
+    handover = handover._replace(latency=max(latency, handover.latency))
+  return handover
 
 
 def Rows(rows):
@@ -286,7 +349,7 @@ def CalibrateProfile(profile, target, devices, layer_params, input_specs,
   if handover and len(devices) > 1 and sample.num_layers > 1:
     changes['handover'] = CalibrateHandover(
         target, devices, sample.Replace(**changes), layer_params,
-        input_specs, loss=loss, batch_dim=batch_dim)
+        input_specs, loss=loss, batch_dim=batch_dim, rows=min(rows))
     if log:
       log('hand-over between the stages: %.2f ms + %.0f MB/s (tensor reads: '
           '%.0f MB/s)' % (1e3 * changes['handover'].latency,

@@ -15,7 +15,8 @@ Measured once per model and device type (``gpipe.plan.measure``, or
   bandwidth (gradient sums and the update read and write each parameter),
   a step's fixed seconds;
 * the hand-over between two devices: latency and bandwidth, measured
-  between two worker processes or given for a cluster that is not here;
+  between two worker processes (calibrated against the executor's stages:
+  ``calibrate``) or given for a cluster that is not here;
 * the model: its batch, whether its loss is computed per micro-batch in
   the pipeline (every schedule) or after it (fill-drain only), whether its
   weight gradients can be batched, its optimizer's slots per parameter.

@@ -28,7 +28,9 @@ How (pure Python, no TensorFlow):
    reads without), a backward holds its temporaries (with remat the
    recomputed activations) while it runs and frees the forward's; with a
    split backward what W reads stays from B to W; a stage's gradient sum
-   lives from its first weight gradient to the end of the step, and the
+   lives from its first weight gradient to its last (the update applies
+   each variable's gradient as soon as it is complete and frees it; with
+   R > 1 replicas it waits for theirs, to the end of the step), and the
    task adding a micro-batch's gradients into it holds them and the new
    sum beside the old one. The peak of
    that replay is the step's memory (what ``gpipe.measure.memory``
@@ -364,7 +366,8 @@ def Predict(profile, config, task_costs=None):
   span = max(end for lane in times for _, _, end in lane)
   d = config.devices_per_replica
   busy = [sum(end - start for _, start, end in lane) for lane in times]
-  step_peak = [_PeakBytes(lane, models) for lane in times]
+  step_peak = [_PeakBytes(lane, models, config.replicas == 1)
+               for lane in times]
   static = [0.0] * d
   for s, dev in enumerate(where):
     static[dev] += models[s].param_bytes * (1 + profile.optimizer_slots)
@@ -410,9 +413,25 @@ def _DeviceEnds(profile, config, models, where, times):
   return ends
 
 
-def _PeakBytes(lane, models):
-  """The most bytes a device's tasks hold at once (module docstring, 3)."""
+def _PeakBytes(lane, models, update_early=True):
+  """The most bytes a device's tasks hold at once (module docstring, 3).
+
+  Args:
+    lane: one device's list of (Task, start, end).
+    models: the StageModels.
+    update_early: whether a stage's gradient sum is applied and freed at
+      the end of its last weight-gradient task (one replica), not kept to
+      the end of the step.
+
+  Returns:
+    The peak bytes.
+  """
   events = []
+  last_gradient = {}
+  for task, _, end in lane:
+    if task.phase == (WEIGHT if models[task.stage].split_backward else
+                      BACKWARD):
+      last_gradient[task.stage] = max(end, last_gradient.get(task.stage, end))
   has_gradient = set()
   for task, start, end in lane:
     st = models[task.stage]
@@ -431,6 +450,8 @@ def _PeakBytes(lane, models):
     if gives_gradient and task.stage not in has_gradient:
       has_gradient.add(task.stage)
       events.append((end, st.gradient_bytes))
+      if update_early:
+        events.append((last_gradient[task.stage], -st.gradient_bytes))
   live = peak = 0.0
   # At equal times frees go first, as in gpipe.measure.memory.
   for _, delta in sorted(events):
