@@ -1,4 +1,10 @@
-"""A 2-stage pipeline across 2 local TensorFlow worker processes."""
+"""A 2-stage pipeline across 2 local TensorFlow worker processes.
+
+Unlike most tests (tests/graph_rewrites.py), these runs keep Grappler on, as
+a user's session has it: the order test below is the run-time check that
+the stage functions stay uninlined calls whose order the schedule's
+control edges fix.
+"""
 
 from gpipe.compat import lingvo_import  # pylint: disable=unused-import
 
@@ -16,9 +22,6 @@ from lingvo.core import py_utils
 from lingvo.core import test_utils
 from tests import polling
 from tests import toy_layers
-from tests import graph_rewrites
-
-graph_rewrites.Off()
 
 
 def _Layers():

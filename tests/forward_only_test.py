@@ -19,8 +19,8 @@ import numpy as np
 from lingvo import compat as tf
 from lingvo.core import cluster_factory
 from lingvo.core import test_utils
-from tests import schedule_testlib as spt
 from tests import graph_rewrites
+from tests import schedule_testlib as spt
 
 graph_rewrites.Off()
 

@@ -6,9 +6,13 @@ before its first run, and on these small graphs that rewrite costs more
 than the runs themselves: the Evolved Transformer case of
 ``lingvo_gpipe_test`` takes 155 s with it and 26 s without; the pipelined
 decode tests 78 s and 47 s. The values are the same either way, so the
-suite turns it off where a test builds graphs in its own process, and keeps
-it where users have it: the trainer and benchmark binaries the tests start
-as subprocesses run with TensorFlow's defaults.
+suite turns it off where a test builds graphs in its own process. It stays
+as users have it in the trainer and benchmark binaries the tests start as
+subprocesses (the trainer optimizes the stage functions on their workers,
+not its session graph: ``--session_graph_optimizer``), and in
+``distributed_test`` (the schedule's order of the stage calls on the
+workers, run with Grappler on) and ``memory_test`` (peak memory per
+schedule).
 
 ``Off()`` at a test module's top covers function calls (their
 ``config_proto``, which worker processes read when they run a stage) and

@@ -111,7 +111,7 @@ class MemoryTest(test_utils.TestCase):
     inputs = probe.ROWS * probe.WIDTH * 4
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env = dict(os.environ, PYTHONPATH=root, TF_CPP_MIN_LOG_LEVEL='2')
-    peaks = {}
+    peaks, largest = {}, {}
     for name in ('gpipe', '1f1b'):
       result = subprocess.run(
           [sys.executable, '-m', 'tests.schedule_memory_probe', name],
@@ -119,13 +119,19 @@ class MemoryTest(test_utils.TestCase):
           timeout=polling.TimeLimit(300)[0],
           check=False)
       self.assertEqual(0, result.returncode, result.stderr[-2000:])
-      peaks[name] = json.loads(result.stdout.strip().splitlines()[-1])[
-          'peak_bytes']
+      measured = json.loads(result.stdout.strip().splitlines()[-1])
+      peaks[name] = measured['peak_bytes']
+      largest[name] = measured['largest_peak_bytes']
     # GPipe: the input plus (nearly) all M micro-batches' activations.
     self.assertGreater(peaks['gpipe'],
                        inputs + (probe.M - 2) * per_micro_batch)
     # 1F1B: the input plus at most K (and one in-flight temporary).
     self.assertLess(peaks['1f1b'], inputs + (probe.K + 1) * per_micro_batch)
+    # Every step, also one whose frees a busy machine delayed, stays within
+    # one micro-batch more: a schedule that lost its order in some steps
+    # would hold up to M.
+    self.assertLess(largest['1f1b'],
+                    inputs + (probe.K + 2) * per_micro_batch)
     # About half: both hold the 4 MiB input; when in-flight temporaries
     # overlap, 1F1B has measured 0.41-0.52 of GPipe's 19-20 MiB here.
     self.assertLess(peaks['1f1b'], 0.6 * peaks['gpipe'])

@@ -15,8 +15,8 @@ from lingvo.core import builder_layers
 from lingvo.core import cluster_factory
 from lingvo.core import py_utils
 from lingvo.core import test_utils
-from tests import toy_layers
 from tests import graph_rewrites
+from tests import toy_layers
 
 graph_rewrites.Off()
 

@@ -18,8 +18,8 @@ import numpy as np
 from lingvo import compat as tf
 from lingvo.core import py_utils
 from lingvo.core import test_utils
-from tests import toy_layers
 from tests import graph_rewrites
+from tests import toy_layers
 
 graph_rewrites.Off()
 

@@ -58,9 +58,11 @@ def Measure(name):
           max(v for d, v in step.items() if d.endswith('device:CPU:0')))
   # The schedule bounds what a step must hold; a busy machine can delay a
   # free past the next task's allocations and add a temporary on top. The
-  # least of a few steps is the schedule's own figure.
-  return min(peaks)
+  # least of a few steps is the schedule's own figure, the largest what a
+  # delay added.
+  return min(peaks), max(peaks)
 
 
 if __name__ == '__main__':
-  print(json.dumps({'peak_bytes': Measure(sys.argv[1])}))
+  least, largest = Measure(sys.argv[1])
+  print(json.dumps({'peak_bytes': least, 'largest_peak_bytes': largest}))

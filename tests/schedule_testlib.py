@@ -8,8 +8,8 @@ from gpipe import schedules
 import numpy as np
 from lingvo import compat as tf
 from lingvo.core import py_utils
-from tests import toy_layers
 from tests import graph_rewrites
+from tests import toy_layers
 
 CONFIG = graph_rewrites.SessionConfig(device_count={'CPU': 4})
 NUM_LAYERS = 6

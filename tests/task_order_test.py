@@ -18,9 +18,9 @@ from gpipe import weight_batching
 import numpy as np
 from lingvo import compat as tf
 from lingvo.core import test_utils
+from tests import graph_rewrites
 from tests import schedule_testlib as spt
 from tests import toy_layers
-from tests import graph_rewrites
 
 graph_rewrites.Off()
 
