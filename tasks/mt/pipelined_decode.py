@@ -332,7 +332,12 @@ def Decode(task, theta, src_ids, src_paddings, beam_size=1, num_lanes=None):
           ids=tf.fill([rows], vocab_lib.BOS_ID), done=tf.constant(False))
       if k > 1:
         start.beam = tf.tile(tf.range(k)[tf.newaxis], [rows // k, 1])
-      feedback.append(start)
+      # The loop starts once the whole encoder has run: a lane's steps
+      # cannot run ahead of the others' (each device runs step t of every
+      # lane before step t+1), so an early lane would only take a device
+      # from the encoder.
+      with tf.control_dependencies([src for src, _ in encoded]):
+        feedback.append(start.Transform(tf.identity))
   _, states = lanes.Decode(lane_stages, feedback, states, constants, length,
                            lane_done=lambda f: f.done)
   with tf.device(decode_stages[-1].device):
