@@ -79,6 +79,17 @@ class DecodeLanesTest(test_utils.TestCase):
     self.assertEqual(lanes.DefaultNumLanes(2, 64), 4)
     self.assertEqual(lanes.DefaultNumLanes(4, 3), 3)
 
+  def testEncoderMicroBatches(self):
+    # Lanes split into whole micro-batches, at least 4 per device.
+    self.assertEqual(lanes.EncoderMicroBatches(2, 256, 2), 8)
+    self.assertEqual(lanes.EncoderMicroBatches(2, 256, 8), 8)
+    self.assertEqual(lanes.EncoderMicroBatches(2, 256, 16), 16)
+    self.assertEqual(lanes.EncoderMicroBatches(2, 12, 3), 12)
+    # No multiple of M reaches 4D: the largest dividing the batch.
+    self.assertEqual(lanes.EncoderMicroBatches(4, 8, 2), 8)
+    # One device: no pipeline to fill.
+    self.assertEqual(lanes.EncoderMicroBatches(1, 256, 4), 1)
+
   def testSizesAreChecked(self):
     with self.assertRaisesRegex(ValueError, '0 lanes'):
       lanes.StepOrders(2, 0)

@@ -40,17 +40,37 @@ def CopyBatch(rng, batch=BATCH):
       tgt_weights=np.ones([batch, LEN + 1], np.float32))
 
 
-def TaskParams(devices, max_decode_len=LEN + 1, layers=None):
-  """The copy task's params, its network cut into len(devices) stages."""
-  layer_list = layers or stack.EncoderDecoderLayers(
+def Layers():
+  """The copy model's flat layer list."""
+  return stack.EncoderDecoderLayers(
       vocab_size=VOCAB, model_dim=32, hidden_dim=64, num_heads=2,
       num_layers=NUM_LAYERS, dropout_prob=0.0, label_smoothing=0.0)
+
+
+def TaskParams(devices, max_decode_len=LEN + 1, layers=None, cut=None):
+  """The copy task's params, its network cut into len(devices) stages.
+
+  Args:
+    devices: the stage devices.
+    max_decode_len: decoding steps.
+    layers: the flat layer list (default: the copy model's).
+    cut: a ``decode_cut.Cut`` to use instead (its own devices), or None
+      for a uniform cut.
+
+  Returns:
+    TransformerMTTask params.
+  """
+  layer_list = layers or Layers()
   p = model.TransformerMTTask.Params().Set(
       name='copy', max_decode_len=max_decode_len, beam_size=1)
   p.network = pipeline.PipeliningLayer.Params().Set(
       name='network', layers=layer_list, num_stages=len(devices),
       num_micro_batches=2, stage_devices=list(devices),
       partition_cost='uniform')
+  if cut is not None:
+    p.network.Set(num_stages=len(cut.stage_sizes),
+                  stage_sizes=list(cut.stage_sizes),
+                  stage_devices=list(cut.stage_devices))
   return p
 
 
@@ -94,11 +114,12 @@ class DecodeGraph:
   ``with graph.graph.as_default()``, then ``Restore(sess)``.
   """
 
-  def __init__(self, devices, max_decode_len=LEN + 1, batch=BATCH, seed=123):
+  def __init__(self, devices, max_decode_len=LEN + 1, batch=BATCH, seed=123,
+               cut=None):
     self.graph = tf.Graph()
     self.test = CopyBatch(np.random.RandomState(seed), batch)
     with self.graph.as_default(), cluster_factory.SetEval(True):
-      self.task = TaskParams(devices, max_decode_len).Instantiate()
+      self.task = TaskParams(devices, max_decode_len, cut=cut).Instantiate()
       self.src_ids = tf.constant(self.test['src_ids'])
       self.src_paddings = tf.constant(self.test['src_paddings'])
       self._saver = tf.train.Saver(self.task.vars.Flatten())
@@ -133,7 +154,7 @@ def AssertSameDecodes(test, got, want, what):
 
 
 def AssertDecodesMatch(test, checkpoint, devices, lanes=(1, 2, 4),
-                       target='', config=None):
+                       target='', config=None, cut=None):
   """Pipelined decodes in `lanes` equal the unpipelined one, greedy and beam.
 
   Args:
@@ -143,8 +164,9 @@ def AssertDecodesMatch(test, checkpoint, devices, lanes=(1, 2, 4),
     lanes: the M values to decode with.
     target: the session target ('' in process).
     config: the session ConfigProto (default CONFIG in process).
+    cut: a ``decode_cut.Cut`` instead of a uniform cut on `devices`.
   """
-  graph = DecodeGraph(devices)
+  graph = DecodeGraph(devices, cut=cut)
   with graph.graph.as_default():
     fetches = {}
     for beam in (1, BEAM):

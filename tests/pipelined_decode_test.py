@@ -2,7 +2,9 @@
 
 A small Transformer trained with K=2 stages (``decode_testlib``) decodes
 with K = 1, 2 and 4 stages on virtual CPUs in M = 1, 2 and 4 lanes, greedily
-and with beam search, and gives the unpipelined decoder's tokens. Also: each
+and with beam search, and gives the unpipelined decoder's tokens, also with
+the decode cut (``decode_cut``: the encoder and the decoder each spread over
+the devices, checked in the trace). Also: each
 stage's key/value caches stay on its device (the partitioned graph), a lane
 whose sequences all ended stops computing, and bad inputs are refused.
 """
@@ -17,6 +19,7 @@ from gpipe.measure import timeline
 from lingvo import compat as tf
 from lingvo.core import cluster_factory
 from lingvo.core import test_utils
+from tasks.mt import decode_cut
 from tasks.mt import pipelined_decode
 from tasks.mt import stack
 from tasks.mt import vocab
@@ -63,8 +66,8 @@ class PipelinedDecodeTest(test_utils.TestCase):
     super().setUpClass()
     cls.checkpoint = dt.TrainedCheckpoint()
 
-  def _AssertDecodesMatch(self, devices, lanes=LANES):
-    dt.AssertDecodesMatch(self, self.checkpoint, devices, lanes)
+  def _AssertDecodesMatch(self, devices, lanes=LANES, cut=None):
+    dt.AssertDecodesMatch(self, self.checkpoint, devices, lanes, cut=cut)
 
   def testOneStage(self):
     self._AssertDecodesMatch(_Cpus(1))
@@ -81,6 +84,56 @@ class PipelinedDecodeTest(test_utils.TestCase):
   def testSeveralStagesPerDevice(self):
     self._AssertDecodesMatch(['/device:CPU:0', '/device:CPU:1'] * 2,
                              lanes=(2,))
+
+  def testDecodeCutSplitsTheEncoderAndTheDecoderOverTheDevices(self):
+    cut = decode_cut.DecodeCut(dt.Layers(), _Cpus(2))
+    # [emb, enc0, enc1] [enc2] [dec0, dec1] [dec2, softmax] on a loop of the
+    # two devices (the encoder by weights, the decoder by step weights).
+    self.assertEqual(cut.stage_devices, _Cpus(2) * 2)
+    self.assertEqual(cut.stage_sizes, [3, 1, 2, 2])
+    self._AssertDecodesMatch(_Cpus(2), lanes=(2,), cut=cut)
+    graph = dt.DecodeGraph(_Cpus(2), cut=cut)
+    with graph.graph.as_default():
+      ids = graph.Pipelined(2)
+      with tf.compat.v1.Session(config=dt.CONFIG) as sess:
+        graph.Restore(sess, self.checkpoint)
+        _, md = _Traced(sess, ids)
+    tasks = timeline.ParseStepStats(md.step_stats)
+    where = {(t.phase, t.stage, _Cpu(t.device)) for t in tasks}
+    # The encoder runs on both devices, in 8 micro-batches (at least 4 per
+    # device, decode_lanes.EncoderMicroBatches) ...
+    self.assertEqual({w for w in where if w[0] == pipeline_tasks.FORWARD},
+                     {(pipeline_tasks.FORWARD, 0, 'CPU:0'),
+                      (pipeline_tasks.FORWARD, 1, 'CPU:1')})
+    self.assertLen([t for t in tasks if t.phase == pipeline_tasks.FORWARD],
+                   2 * 8)
+    # ... and the loop makes one call per device and lane: the embedding's
+    # stage and the first decoder stage, both on CPU:0, are one.
+    self.assertEqual({w for w in where if w[0] == pipeline_tasks.DECODE},
+                     {(pipeline_tasks.DECODE, 0, 'CPU:0'),
+                      (pipeline_tasks.DECODE, 3, 'CPU:1')})
+
+  def testDecodeCutBalancesTheStepCosts(self):
+    layers = dt.Layers()
+    # Measured: a step of each decoder layer and of the softmax, in seconds.
+    costs = decode_cut.MeasuredStepCosts(layers[4:], rows=4, src_len=dt.LEN,
+                                         max_len=dt.LEN + 1, repeats=2)
+    self.assertLen(costs, 4)
+    self.assertTrue(all(c > 0 for c in costs), costs)
+    self.assertEqual(costs[0], costs[1])  # Identical layers: measured once.
+    # Given costs decide the decoder's cut, not the weights.
+    for step_costs, sizes in (([1, 1, 1, 3], [3, 1]), ([3, 1, 1, 1], [1, 3])):
+      cut = decode_cut.DecodeCut(layers, ['a', 'b'], step_costs)
+      self.assertEqual(cut.stage_sizes[2:], sizes)
+      self.assertEqual(cut.stage_sizes[:2], [3, 1])
+    self.assertEqual(decode_cut.DecodeCut(layers, ['a']),
+                     decode_cut.Cut([8], ['a']))
+    with self.assertRaisesRegex(ValueError, 'needs at least 4 encoder'):
+      decode_cut.DecodeCut(layers, _Cpus(4))
+    with self.assertRaisesRegex(ValueError, 'one per layer after the '):
+      decode_cut.DecodeCut(layers, _Cpus(2), [1.0])
+    with self.assertRaisesRegex(ValueError, r'needs \[embedding, encoder'):
+      decode_cut.DecodeCut(layers[::-1], _Cpus(2))
 
   def testCachesStayOnTheirStagesDevice(self):
     devices = _Cpus(4)

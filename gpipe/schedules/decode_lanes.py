@@ -191,6 +191,32 @@ def DefaultNumLanes(num_stages, batch):
   return max(1, min(batch, 2 * num_stages))
 
 
+def EncoderMicroBatches(num_devices, batch, num_lanes):
+  """How many micro-batches a decoder's encoder runs in, before the lanes.
+
+  The encoder runs once, forward-only, before the decoding loop; its own
+  pipeline over D devices leaves a bubble of (D-1)/(E+D-1) with E
+  micro-batches (``gpipe.schedules.inference``), so it gets more of them
+  than the loop has lanes: the fewest multiple of M dividing the batch that
+  is >= 4D (the largest dividing it if none), and each lane's rows are
+  whole micro-batches. One device: 1, as lanes there only cost calls.
+
+  Args:
+    num_devices: D, the devices the encoder's stages are on.
+    batch: examples decoded together.
+    num_lanes: M (dividing `batch`).
+
+  Returns:
+    E, a multiple of M dividing `batch` (1 for one device).
+  """
+  _CheckSizes(max(num_devices, 1), num_lanes)
+  if num_devices <= 1:
+    return 1
+  fits = [e for e in range(num_lanes, batch + 1, num_lanes) if batch % e == 0]
+  enough = [e for e in fits if e >= 4 * num_devices]
+  return enough[0] if enough else fits[-1]
+
+
 def Render(stage_devices, num_lanes, num_steps, costs=None):
   """The ASCII drawing (devices x ticks) of the lanes, e.g. ``a0 b0 .``."""
   devices, where = _Placement(stage_devices)

@@ -1,11 +1,15 @@
 """Pipelined decoding of the Transformer: its training stages, M lanes.
 
 The network's flat layer list [embedding, encoders, decoders, softmax] was cut
-into K stages for training, each on its device. Decoding keeps that cut:
+into stages for training, each on its device. Decoding keeps that cut; the
+cut that suits it is ``decode_cut.DecodeCut``, 2K stages on K devices in a
+loop (the encoder's share of each device, then its share of the decoder):
 
-1. The encoder runs forward-only over M lanes of the batch (each lane whole
-   examples), through the stages that hold the embedding and the encoder
-   layers (``gpipe.lanes.ForwardInLanes``).
+1. The encoder runs forward-only through the stages that hold the
+   embedding and the encoder layers (``gpipe.lanes.ForwardInLanes``), in
+   micro-batches of whole examples, at least one per lane
+   (``decode_lanes.EncoderMicroBatches``); each of the M lanes of the batch
+   takes its micro-batches' output.
 2. Every stage holding decoder layers takes each lane's encoder output and
    computes, on its own device, the cross-attention keys and values of its
    layers and their empty self-attention key/value caches (with beam search
@@ -16,7 +20,8 @@ into K stages for training, each on its device. Decoding keeps that cut:
    kept, with beam search), and the stage holding the softmax picks the
    tokens (``search.GreedyPick`` / ``BeamPick``: the unpipelined decoder's
    code) and sends them back to the first stage. Stages that hold none of
-   these (encoder layers only) are left out of the loop. A lane whose
+   these (encoder layers only) are left out of the loop, and consecutive
+   stages on one device are one stage of the loop. A lane whose
    sequences have all finished stops costing compute; the others go on.
 
 The caches of each stage live on its device as loop variables, never sent
@@ -29,6 +34,7 @@ from gpipe.compat import lingvo_import  # pylint: disable=unused-import
 from gpipe import lanes
 from gpipe import micro_batch
 from gpipe import partition
+from gpipe import replicas
 from gpipe import stage as stage_lib
 from gpipe.schedules import decode_lanes
 from lingvo import compat as tf
@@ -51,6 +57,7 @@ class _Stage:
     """
     self.index = index
     self.device = device
+    self.pairs = list(pairs)
     self.encoder = [(key, layer) for key, layer in pairs if isinstance(
         layer, (blocks.EmbeddingLayer, blocks.EncoderLayer))]
     self.embedding = [x for x in pairs
@@ -75,6 +82,33 @@ def _Stages(task):
                                       for key in keys]))
     start += size
   return stages
+
+
+def _LoopStages(stages):
+  """The stages of the decoding loop, first stage first.
+
+  Stages without decoding work sit out; consecutive ones on the same device
+  (e.g. the embedding's stage and the first decoder layers' of
+  ``decode_cut.DecodeCut``) become one, so each lane's step makes one call
+  per device there, not one per stage.
+
+  Args:
+    stages: every _Stage of the network, first stage first.
+
+  Returns:
+    A list of _Stage.
+  """
+  merged = []
+  for s in stages:
+    if not s.decodes:
+      continue
+    if merged and (replicas.Canonical(merged[-1].device) ==
+                   replicas.Canonical(s.device)):
+      first = merged[-1]
+      merged[-1] = _Stage(first.index, first.device, first.pairs + s.pairs)
+    else:
+      merged.append(s)
+  return merged
 
 
 def CheckDecodable(task):
@@ -149,8 +183,14 @@ def _EncoderInputs(src_ids, src_paddings):
       tgt_paddings=tf.zeros([batch, 1])),)
 
 
-def _Encode(stages, theta, lane_sources):
-  """The encoder output of each lane (forward-only over the lanes)."""
+def _Encode(stages, theta, src_ids, src_paddings, num_lanes):
+  """The encoder output of each lane, on the encoder's last device.
+
+  The encoder runs forward-only in ``decode_lanes.EncoderMicroBatches``
+  micro-batches (at least as many as lanes, so that its own pipeline over
+  the stages' devices idles little); each lane's output is its consecutive
+  micro-batches' outputs.
+  """
   encoder_stages = [s for s in stages if s.encoder]
   fns = [stage_lib.StageFunctions(s.index, [l for _, l in s.encoder],
                                   [key for key, _ in s.encoder], s.device,
@@ -158,9 +198,20 @@ def _Encode(stages, theta, lane_sources):
   thetas = [stage_lib.NestedTheta(theta.network,
                                   [key for key, _ in s.encoder])
             for s in encoder_stages]
-  inputs = [_EncoderInputs(ids, paddings) for ids, paddings in lane_sources]
-  outputs = lanes.ForwardInLanes(fns, thetas, inputs)
-  return [(out[0].src, out[0].src_paddings) for out in outputs]
+  devices = {replicas.Canonical(s.device) for s in encoder_stages}
+  batch = micro_batch.StaticBatchSize([src_ids], 0)
+  num_parts = decode_lanes.EncoderMicroBatches(len(devices), batch, num_lanes)
+  with tf.device(encoder_stages[0].device):
+    parts = micro_batch.Split((src_ids, src_paddings), num_parts, 0)
+  outputs = lanes.ForwardInLanes(
+      fns, thetas, [_EncoderInputs(ids, paddings) for ids, paddings in parts])
+  outputs = [(out[0].src, out[0].src_paddings) for out in outputs]
+  per_lane = max(num_parts // num_lanes, 1)
+  with tf.device(encoder_stages[-1].device):
+    if num_parts < num_lanes:
+      return micro_batch.Split(outputs[0], num_lanes, 0)
+    return [micro_batch.Merge(outputs[m * per_lane:(m + 1) * per_lane], 0)
+            for m in range(num_lanes)]
 
 
 def _StepFn(stage, beam_size, max_len):
@@ -245,11 +296,9 @@ def Decode(task, theta, src_ids, src_paddings, beam_size=1, num_lanes=None):
   m = NumLanes(task, batch, beam_size, num_lanes)
   stages = _Stages(task)
   k = beam_size
-  with tf.device(stages[0].device):
-    lane_sources = micro_batch.Split((src_ids, src_paddings), m, 0)
-  encoded = _Encode(stages, theta, lane_sources)
+  encoded = _Encode(stages, theta, src_ids, src_paddings, m)
   rows = batch // m * k
-  decode_stages = [s for s in stages if s.decodes]
+  decode_stages = _LoopStages(stages)
   lane_stages, states, constants = [], [], []
   for s in decode_stages:
     stage_states, stage_constants = [], []
@@ -283,7 +332,12 @@ def Decode(task, theta, src_ids, src_paddings, beam_size=1, num_lanes=None):
           ids=tf.fill([rows], vocab_lib.BOS_ID), done=tf.constant(False))
       if k > 1:
         start.beam = tf.tile(tf.range(k)[tf.newaxis], [rows // k, 1])
-      feedback.append(start)
+      # The loop starts once the whole encoder has run: a lane's steps
+      # cannot run ahead of the others' (each device runs step t of every
+      # lane before step t+1), so an early lane would only take a device
+      # from the encoder.
+      with tf.control_dependencies([src for src, _ in encoded]):
+        feedback.append(start.Transform(tf.identity))
   _, states = lanes.Decode(lane_stages, feedback, states, constants, length,
                            lane_done=lambda f: f.done)
   with tf.device(decode_stages[-1].device):

@@ -199,10 +199,10 @@ def DecodeStepCosts(layer_params):
 def DecodeStageSizes(layer_params, num_stages):
   """Stage sizes balancing the decoding steps (`DecodeStepCosts`).
 
-  A model trained to be decoded across K devices can use this cut for
-  training too (``PipeliningLayer`` param ``stage_sizes``): pipelined
-  decoding keeps the training cut, and the encoder layers then go with the
-  first decoder layers.
+  K consecutive stages: the encoder layers go with the first decoder
+  layers, so the first device runs the whole encoder alone.
+  ``decode_cut.DecodeCut`` cuts 2K stages on K devices instead, spreading
+  the encoder too, and balances the decoder by measured step times.
 
   Args:
     layer_params: a flat layer list.

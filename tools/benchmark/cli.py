@@ -174,10 +174,12 @@ def _Parser():
                  help='M values of the pipelined decoder (lanes)')
   p.add_argument('--beams', default='1,4',
                  help='beam sizes (1: greedy decoding)')
-  p.add_argument('--batch', type=int, default=64,
-                 help='sentences decoded together, greedy')
-  p.add_argument('--beam_batch', type=int, default=16,
-                 help='sentences decoded together with beam search')
+  p.add_argument('--batch', type=int, default=256,
+                 help='sentences decoded together, greedy (a serving '
+                 'batch: lanes of 32-256 rows)')
+  p.add_argument('--beam_batch', type=int, default=64,
+                 help='sentences decoded together with beam search (x beams '
+                 'rows: as many rows as --batch with beam 4)')
   p.add_argument('--steps', type=int, default=5, help='timed rounds')
   p.add_argument('--warmup', type=int, default=2)
   p.add_argument('--trace_steps', type=int, default=3,

@@ -5,8 +5,9 @@ Decodes one batch of a T(L, H, A) encoder-decoder Transformer
 processes: K=1 (one worker) with the unpipelined decoder and with the
 pipelined one in M lanes, and K=2 (two workers) pipelined in M lanes
 (``tasks/mt/pipelined_decode.py``, ``gpipe/lanes.py``). The network is cut
-by its decoding work (``stack.DecodeStageSizes``: the decoder layers and
-the softmax balanced, the encoder with the first stage). Every
+for decoding (``decode_cut.DecodeCut``: 2K stages, each device holding a
+share of the encoder layers and a share of the decoder layers and softmax,
+balanced by their decoding steps' times measured at the lanes' rows). Every
 configuration restores the same weights (random, saved once), checks that
 its tokens equal the K=1 unpipelined decoder's, and is timed interleaved
 with the others; with random weights no sequence ends early, so every
@@ -39,6 +40,8 @@ from gpipe.schedules import decode_lanes
 from gpipe.schedules import simulate
 from lingvo import compat as tf
 from lingvo.core import cluster_factory
+from tasks.mt import blocks
+from tasks.mt import decode_cut
 from tasks.mt import model
 from tasks.mt import pipelined_decode
 from tasks.mt import stack
@@ -75,6 +78,28 @@ def Layers(shape):
       num_layers=shape['num_layers'], dropout_prob=0.0)
 
 
+_MEASURED_COSTS = {}
+
+
+def _StepCosts(shape, config, num_devices):
+  """The measured step costs of the decoder layers and the softmax.
+
+  Measured once per lane size (``decode_cut.MeasuredStepCosts``); None for
+  one device, which needs no cut.
+  """
+  if num_devices == 1:
+    return None
+  rows = config.batch // (config.lanes or 1) * config.beam
+  key = tuple(sorted(shape.items())) + (rows,)
+  if key not in _MEASURED_COSTS:
+    layers = Layers(shape)
+    decoder = [p for p in layers if p.cls in (blocks.DecoderLayer,
+                                              blocks.SoftmaxLayer)]
+    _MEASURED_COSTS[key] = decode_cut.MeasuredStepCosts(
+        decoder, rows, shape['src_len'], shape['max_decode_len'])
+  return _MEASURED_COSTS[key]
+
+
 class DecodeStep:
   """One configuration's graph, session and decode of its batch."""
 
@@ -91,8 +116,9 @@ class DecodeStep:
       target: the session target of the worker processes ('' in process).
       devices: K device strings, one per stage.
       checkpoint: the weights' path; saved there first if missing.
-      cut: 'decode' (``stack.DecodeStageSizes``: decoding work balanced)
-        or 'params' (weight bytes balanced: memory).
+      cut: 'decode' (``decode_cut.DecodeCut``: 2K stages, the encoder and
+        the decoder balanced on their own, the decoder by measured step
+        times) or 'params' (weight bytes balanced: memory).
       cluster: the LocalCluster of `target`, if any: every run goes through
         its ``Call`` (a worker that dies fails it with the worker's error).
     """
@@ -110,7 +136,11 @@ class DecodeStep:
           name='network', layers=layers, num_stages=c.num_stages,
           num_micro_batches=1, stage_devices=list(devices))
       if cut == 'decode':
-        p.network.stage_sizes = stack.DecodeStageSizes(layers, c.num_stages)
+        decode = decode_cut.DecodeCut(
+            layers, devices, _StepCosts(shape, c, len(devices)))
+        p.network.Set(num_stages=len(decode.stage_sizes),
+                      stage_sizes=decode.stage_sizes,
+                      stage_devices=decode.stage_devices)
       else:
         p.network.partition_cost = cut
       task = p.Instantiate()
