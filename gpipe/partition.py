@@ -23,10 +23,10 @@ that does: the layer and the trainer's ``inspect_model`` both call it), and
 """
 
 import collections
-import time
 
 from gpipe.compat import lingvo_import  # pylint: disable=unused-import
 from gpipe.measure import param_count
+from gpipe.measure import run_time
 import numpy as np
 from lingvo import compat as tf
 from lingvo.core import py_utils
@@ -230,14 +230,8 @@ def _MeasureTimes(layer_params, input_specs, repeats, config):
             tf.constant(0.))
         grads = [g for g in tf.gradients(target, xs) if g is not None]
         fetch = grads or floats
-        feed_dict = dict(zip(feeds, values))
-        sess.run(fetch, feed_dict)
-        runs = []
-        for _ in range(repeats):
-          start = time.perf_counter()
-          sess.run(fetch, feed_dict)
-          runs.append(time.perf_counter() - start)
-        costs.append(float(np.median(runs)))
+        costs.append(run_time.RunSeconds(
+            sess, fetch, dict(zip(feeds, values)), repeats=repeats))
   return costs
 
 

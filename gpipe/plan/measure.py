@@ -37,6 +37,7 @@ from gpipe import randomness
 from gpipe import stage as stage_lib
 from gpipe.measure import memory
 from gpipe.measure import param_count
+from gpipe.measure import run_time
 from gpipe.plan import profile as profile_lib
 import numpy as np
 from lingvo import compat as tf
@@ -177,14 +178,8 @@ class Timer:
     return self._empty
 
   def Seconds(self, fetch):
-    for _ in range(self._warmup):
-      self._sess.run(fetch)
-    runs = []
-    for _ in range(self._repeats):
-      start = time.perf_counter()
-      self._sess.run(fetch)
-      runs.append(time.perf_counter() - start)
-    seconds = self._statistic(runs)
+    seconds = run_time.RunSeconds(self._sess, fetch, None, self._repeats,
+                                  self._warmup, self._statistic)
     return seconds if self._empty is None else max(seconds - self._empty,
                                                    0.0)
 

@@ -21,12 +21,12 @@ pipeline (``PipeliningLayer`` with ``stage_sizes`` and ``stage_devices``).
 """
 
 import collections
-import time
 
 from gpipe.compat import lingvo_import  # pylint: disable=unused-import
 import numpy as np
 from gpipe import partition
 from gpipe.measure import param_count
+from gpipe.measure import run_time
 from lingvo import compat as tf
 from tasks.mt import blocks
 from tasks.mt import search
@@ -166,12 +166,7 @@ def _MeasureSteps(layer_params, rows, src_len, max_len, repeats):
         with tf.compat.v1.Session(config=config) as sess:
           sess.run(tf.compat.v1.global_variables_initializer())
           fetch, feeds = _StepFetch(sess, layer, rows, src_len, max_len)
-          sess.run(fetch, feeds)
-          runs = []
-          for _ in range(repeats):
-            start = time.perf_counter()
-            sess.run(fetch, feeds)
-            runs.append(time.perf_counter() - start)
-      measured[key] = float(np.median(runs))
+          measured[key] = run_time.RunSeconds(sess, fetch, feeds,
+                                              repeats=repeats)
     costs.append(measured[key])
   return costs
