@@ -53,6 +53,11 @@ class PlanCliTest(absltest.TestCase):
     self.assertLen(result['candidates'], 3)
     self.assertEqual(result['candidates'][0]['label'], plan.config.label)
     self.assertIn('does not fit the memory cap', result['dropped_by_reason'])
+    # The trainer's update reads every gradient first: the conservative
+    # rule, said under the table.
+    self.assertEqual(result['update'], 'all_gradients')
+    self.assertIn("keeps each stage's gradient sum to the end of the step",
+                  out)
 
   def testMeasuresAModelCalibratingOnItsFirstLayer(self):
     path = os.path.join(self.dir, 'measured.json')

@@ -85,6 +85,33 @@ class SearchTest(absltest.TestCase):
                     best.config.schedule != 'gpipe', best.config.label)
     self.assertLessEqual(max(best.prediction.peak_bytes), max(need) / 2)
 
+  def testTheUpdatesTimingIsPassedOn(self):
+    # Looped fill-drain at M=1 with remat: freeing each stage's sum after
+    # its last weight gradient needs less than keeping every sum to the
+    # step's end.
+    profile = _Profile()
+    config = simulator.Configuration(1, 4, (2,) * 4, 1, 'gpipe', 'always',
+                                     stages_per_device=2)
+    kept = search.Evaluate(profile, config).prediction
+    freed = search.Evaluate(
+        profile, config,
+        update=simulator.UPDATE_EACH_VARIABLE).prediction
+    self.assertLess(max(freed.peak_bytes), max(kept.peak_bytes))
+    cap = (max(freed.peak_bytes) + max(kept.peak_bytes)) / 2
+    labels = {}
+    for update in simulator.UPDATES:
+      result = search.Search(profile, 2, cap, headroom=0.0, update=update,
+                             schedules=['gpipe'], max_micro_batches=1)
+      self.assertEqual(result.update, update)
+      self.assertEqual(search.ToJson(result)['update'], update)
+      labels[update] = {c.config.label for c in result.candidates}
+    self.assertIn(config.label, labels[simulator.UPDATE_EACH_VARIABLE])
+    self.assertNotIn(config.label, labels[simulator.UPDATE_ALL_GRADIENTS])
+    self.assertEqual(search.Search(profile, 2, cap).update,
+                     simulator.UPDATE_ALL_GRADIENTS)
+    with self.assertRaisesRegex(ValueError, 'unknown update'):
+      search.Search(profile, 2, cap, update='early')
+
   def testNothingFitsSaysWhatToDo(self):
     result = search.Search(_Profile(), 2, 1 * MIB)
     self.assertIsNone(result.best)

@@ -64,20 +64,41 @@ class MemoryTest(absltest.TestCase):
     self.assertEqual(p.static_bytes, [200 * 3] * 2)
     self.assertEqual(p.peak_bytes, [745 + 600] * 2)
 
-  def testAStagesGradientSumIsFreedAfterItsLastWeightGradient(self):
-    # Looped fill-drain, M=1: device 0 runs F0 F2 B2 B0. The update applies
-    # stage 2's gradients (100) as B2 ends, so B0 (its gradients, 100,
-    # beside stage 0's kept activations, 10) does not hold them too.
+  def testTheGradientSumsLifeFollowsTheUpdate(self):
+    # Looped fill-drain, M=1: device 0 runs F0 F2 B2 B0; each stage's
+    # gradients (and sum) are 100, its kept activations 10.
     profile = UniformProfile(4, batch=2, param_bytes=100.0)
     config = Configuration(1, 4, (1,) * 4, 1, 'gpipe', 'never',
                            stages_per_device=2)
-    # B2 holds its gradients (100) beside both stages' activations (20).
-    self.assertEqual(simulator.Predict(profile, config).step_peak_bytes,
-                     [120.0] * 2)
-    # Two replicas: the sums wait for the other replica's; replica 0's
-    # devices also receive its two stages' sums (200).
-    two = simulator.Predict(profile, config._replace(replicas=2))
-    self.assertEqual(two.step_peak_bytes[:2], [10 + 100 + 100 + 200.0] * 2)
+    # By default the update reads every gradient first: stage 2's sum is
+    # kept, so B0 holds it beside its own gradients and stage 0's kept
+    # activations.
+    default = simulator.Predict(profile, config)
+    self.assertEqual(default.step_peak_bytes, [10 + 100 + 100.0] * 2)
+    self.assertEqual(
+        simulator.Predict(profile, config,
+                          update=simulator.UPDATE_ALL_GRADIENTS),
+        default)
+    # Each variable's gradient applied as soon as it is complete: stage
+    # 2's sum is freed as B2 ends, so the peak is B2's gradients (100)
+    # beside both stages' activations (20).
+    early = simulator.Predict(profile, config,
+                              update=simulator.UPDATE_EACH_VARIABLE)
+    self.assertEqual(early.step_peak_bytes, [120.0] * 2)
+    # Two replicas: under either update the sums wait for the other
+    # replica's; replica 0's devices also receive its two stages' sums
+    # (200).
+    two = config._replace(replicas=2)
+    for update in simulator.UPDATES:
+      got = simulator.Predict(profile, two, update=update)
+      self.assertEqual(got.step_peak_bytes, [10 + 100 + 100 + 200.0] * 2 +
+                       [10 + 100 + 100 + 200.0] * 2)
+      # The update's timing changes memory, not time.
+      self.assertEqual(got.step_seconds,
+                       simulator.Predict(profile, two).step_seconds)
+    self.assertEqual(early.step_seconds, default.step_seconds)
+    with self.assertRaisesRegex(ValueError, 'unknown update .*each_variable'):
+      simulator.Predict(profile, config, update='early')
 
   def testRematPerStage(self):
     profile = UniformProfile(4, batch=8, activation=10.0, boundary=2.0)

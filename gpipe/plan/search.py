@@ -14,7 +14,11 @@ micro-batch has nothing to batch, looping needs two devices. Every
 configuration is simulated (``simulator.Predict``); those the schedule
 refuses, or whose predicted peak memory exceeds the cap (less a headroom,
 ``HEADROOM`` of it by default) on some device, are dropped with the reason.
-The rest are ranked by predicted examples/s.
+The rest are ranked by predicted examples/s. Peak memory assumes the
+update reads every gradient before it applies any (each stage's gradient
+sum kept to the end of the step, as Lingvo's learner needs) unless
+``update=simulator.UPDATE_EACH_VARIABLE`` says it applies each variable's
+gradient as soon as it is complete (``simulator.Predict``).
 
 For ``'zb_auto'`` the memory limit of each stage (micro-batches between F
 and B, and between F and W) is the most the cap leaves room for after the
@@ -63,8 +67,9 @@ class Candidate(
 
 class SearchResult(
     collections.namedtuple('SearchResult', [
-        'candidates', 'dropped', 'num_devices', 'memory_per_device', 'model'
-    ])):
+        'candidates', 'dropped', 'num_devices', 'memory_per_device', 'model',
+        'update'
+    ], defaults=(simulator.UPDATE_ALL_GRADIENTS,))):
   """Search's answer.
 
   Attributes:
@@ -73,6 +78,7 @@ class SearchResult(
     num_devices: the devices searched for.
     memory_per_device: the cap in bytes (None: no cap).
     model: the profile's model name.
+    update: the update's timing the peaks assume (``simulator.UPDATES``).
   """
 
   __slots__ = ()
@@ -206,10 +212,10 @@ def MemoryLimits(profile, config, memory_per_device):
 HEADROOM = 0.05
 
 
-def _Predict(profile, config, memory_per_device):
+def _Predict(profile, config, memory_per_device, update):
   """The Prediction of `config`; zb_auto with limits from the cap."""
   if config.schedule != 'zb_auto' or memory_per_device is None:
-    return simulator.Predict(profile, config)
+    return simulator.Predict(profile, config, update=update)
   models = simulator.StageModels(profile, config)
   costs = simulator.TaskCosts(models, config, profile)
   limits = MemoryLimits(profile, config, memory_per_device)
@@ -218,14 +224,15 @@ def _Predict(profile, config, memory_per_device):
   for _ in range(4):
     costs.max_in_flight = list(limits)
     costs.max_awaiting_weight = list(limits)
-    prediction = simulator.Predict(profile, config, costs)
+    prediction = simulator.Predict(profile, config, costs, update=update)
     if prediction.Fits(memory_per_device) or max(limits) == 1:
       break
     limits = [max(1, x - max(1, x // 4)) for x in limits]
   return prediction
 
 
-def Evaluate(profile, config, memory_per_device=None, headroom=0.0):
+def Evaluate(profile, config, memory_per_device=None, headroom=0.0,
+             update=simulator.UPDATE_ALL_GRADIENTS):
   """One configuration as a Candidate (never raises for a refusal).
 
   Args:
@@ -233,6 +240,7 @@ def Evaluate(profile, config, memory_per_device=None, headroom=0.0):
     config: a simulator.Configuration.
     memory_per_device: the cap in bytes, or None.
     headroom: the share of the cap to keep free.
+    update: when the update applies the gradients (``simulator.Predict``).
 
   Returns:
     A Candidate.
@@ -240,7 +248,7 @@ def Evaluate(profile, config, memory_per_device=None, headroom=0.0):
   if memory_per_device is not None:
     memory_per_device *= 1.0 - headroom
   try:
-    prediction = _Predict(profile, config, memory_per_device)
+    prediction = _Predict(profile, config, memory_per_device, update)
   except ValueError as e:
     kind = LOSS_AFTER if 'loss after it' in str(e) else NOT_ALLOWED
     return Candidate(config, None, (kind, str(e)))
@@ -257,7 +265,7 @@ def Evaluate(profile, config, memory_per_device=None, headroom=0.0):
 
 
 def Search(profile, num_devices, memory_per_device=None, headroom=HEADROOM,
-           **options):
+           update=simulator.UPDATE_ALL_GRADIENTS, **options):
   """Ranks every configuration (see the module docstring).
 
   Args:
@@ -265,6 +273,9 @@ def Search(profile, num_devices, memory_per_device=None, headroom=HEADROOM,
     num_devices: N devices (R x D <= N).
     memory_per_device: the cap in bytes, or None.
     headroom: the share of the cap a configuration must leave free.
+    update: when the update applies the gradients, one of
+      ``simulator.UPDATES`` (``simulator.Predict``); the default keeps each
+      stage's gradient sum to the end of the step.
     **options: passed to ``Configurations`` (schedules, remats,
       max_micro_batches, max_stages_per_device, batched_weights, dtypes).
 
@@ -273,19 +284,23 @@ def Search(profile, num_devices, memory_per_device=None, headroom=HEADROOM,
   """
   if num_devices < 1:
     raise ValueError('--devices must be >= 1, got %d' % num_devices)
+  if update not in simulator.UPDATES:
+    raise ValueError('unknown update %r; use one of %s' %
+                     (update, ', '.join(simulator.UPDATES)))
   if not 0 <= headroom < 1:
     raise ValueError('the memory headroom is a share of the cap in [0, 1), '
                      'got %r' % headroom)
   fits, dropped = [], []
   for config in Configurations(profile, num_devices, **options):
-    candidate = Evaluate(profile, config, memory_per_device, headroom)
+    candidate = Evaluate(profile, config, memory_per_device, headroom,
+                         update)
     (dropped if candidate.reason else fits).append(candidate)
   # Fastest first; ties: fewer devices, less memory.
   fits.sort(key=lambda c: (-c.prediction.examples_per_second,
                            c.config.num_devices,
                            max(c.prediction.peak_bytes)))
   return SearchResult(fits, dropped, num_devices, memory_per_device,
-                      profile.model)
+                      profile.model, update)
 
 
 def Bytes(n):
@@ -390,6 +405,7 @@ def ToJson(result, top=10):
   dropped = collections.Counter(c.reason[0] for c in result.dropped)
   return dict(model=result.model, num_devices=result.num_devices,
               memory_per_device=result.memory_per_device,
+              update=result.update,
               candidates=[Row(c) for c in result.candidates[:top]],
               num_fitting=len(result.candidates),
               dropped_by_reason=dict(dropped),

@@ -28,13 +28,20 @@ How (pure Python, no TensorFlow):
    reads without), a backward holds its temporaries (with remat the
    recomputed activations) while it runs and frees the forward's; with a
    split backward what W reads stays from B to W; a stage's gradient sum
-   lives from its first weight gradient to its last (the update applies
-   each variable's gradient as soon as it is complete and frees it; with
-   R > 1 replicas it waits for theirs, to the end of the step), and the
-   task adding a micro-batch's gradients into it holds them and the new
-   sum beside the old one. The peak of
-   that replay is the step's memory (what ``gpipe.measure.memory``
-   measures); the variables and optimizer slots come on top.
+   lives from its first weight gradient until the update frees it, and
+   the task adding a micro-batch's gradients into it holds them and the
+   new sum beside the old one. When the update frees it is ``Predict``'s
+   ``update``: with ``UPDATE_ALL_GRADIENTS`` (the default)
+   the update reads every gradient of the model before it applies any, as
+   Lingvo's learner does (one global gradient norm, a NaN/Inf check and a
+   scale over all of them), so every sum is kept to the end of the step;
+   with ``UPDATE_EACH_VARIABLE`` each variable's gradient is applied and
+   freed as soon as it is complete, so with one replica a stage's sum is
+   freed after its last weight gradient (with R > 1 replicas it still
+   waits for theirs, to the end of the step). Copies the update itself
+   makes (Lingvo's scaled gradients) are not counted. The peak of that
+   replay is the step's memory (what ``gpipe.measure.memory`` measures);
+   the variables and optimizer slots come on top.
 4. After its last task each device (replica 0's) receives the other
    replicas' gradient sums, adds them and applies the update; the step
    ends when the last device is done.
@@ -57,6 +64,13 @@ BACKWARD = pipeline_tasks.BACKWARD
 WEIGHT = pipeline_tasks.WEIGHT
 
 REMAT_MODES = pipeline_tasks.REMAT_MODES
+
+# When the update applies the gradients (``Predict``'s ``update``): after
+# the step's last gradient (conservative; Lingvo's learner), or each
+# variable's as soon as it is complete.
+UPDATE_ALL_GRADIENTS = 'all_gradients'
+UPDATE_EACH_VARIABLE = 'each_variable'
+UPDATES = (UPDATE_ALL_GRADIENTS, UPDATE_EACH_VARIABLE)
 
 # An uncalibrated profile: the layers' sums as they are; a B that
 # re-materializes runs the forward once more.
@@ -318,7 +332,7 @@ def StageDevices(config):
                             config.devices_per_replica)
 
 
-def Predict(profile, config, task_costs=None):
+def Predict(profile, config, task_costs=None, update=UPDATE_ALL_GRADIENTS):
   """The predicted step of `config` (see the module docstring).
 
   Args:
@@ -326,6 +340,12 @@ def Predict(profile, config, task_costs=None):
     config: a Configuration.
     task_costs: optional ``timed.StageCosts`` to order the tasks by (with
       memory limits); default ``TaskCosts``.
+    update: when the update applies the gradients, one of ``UPDATES``:
+      ``UPDATE_ALL_GRADIENTS`` (after the step's last gradient, as Lingvo's
+      learner does: each stage's gradient sum is kept to the end of the
+      step) or ``UPDATE_EACH_VARIABLE`` (each variable's gradient as soon
+      as it is complete: with one replica a stage's sum is freed after its
+      last weight gradient).
 
   Returns:
     A Prediction.
@@ -335,6 +355,9 @@ def Predict(profile, config, task_costs=None):
       saying why.
   """
   schedule = registry.Get(config.schedule)
+  if update not in UPDATES:
+    raise ValueError('unknown update %r; use one of %s' %
+                     (update, ', '.join(UPDATES)))
   if config.remat not in REMAT_MODES:
     raise ValueError('unknown remat %r; use one of %s' %
                      (config.remat, ', '.join(REMAT_MODES)))
@@ -366,8 +389,9 @@ def Predict(profile, config, task_costs=None):
   span = max(end for lane in times for _, _, end in lane)
   d = config.devices_per_replica
   busy = [sum(end - start for _, start, end in lane) for lane in times]
-  step_peak = [_PeakBytes(lane, models, config.replicas == 1)
-               for lane in times]
+  # With replicas each sum waits for theirs, whatever the update.
+  free_early = update == UPDATE_EACH_VARIABLE and config.replicas == 1
+  step_peak = [_PeakBytes(lane, models, free_early) for lane in times]
   static = [0.0] * d
   for s, dev in enumerate(where):
     static[dev] += models[s].param_bytes * (1 + profile.optimizer_slots)
@@ -413,15 +437,15 @@ def _DeviceEnds(profile, config, models, where, times):
   return ends
 
 
-def _PeakBytes(lane, models, update_early=True):
+def _PeakBytes(lane, models, free_early):
   """The most bytes a device's tasks hold at once (module docstring, 3).
 
   Args:
     lane: one device's list of (Task, start, end).
     models: the StageModels.
-    update_early: whether a stage's gradient sum is applied and freed at
-      the end of its last weight-gradient task (one replica), not kept to
-      the end of the step.
+    free_early: whether a stage's gradient sum is applied and freed at the
+      end of its last weight-gradient task, not kept to the end of the
+      step.
 
   Returns:
     The peak bytes.
@@ -450,7 +474,7 @@ def _PeakBytes(lane, models, update_early=True):
     if gives_gradient and task.stage not in has_gradient:
       has_gradient.add(task.stage)
       events.append((end, st.gradient_bytes))
-      if update_early:
+      if free_early:
         events.append((last_gradient[task.stage], -st.gradient_bytes))
   live = peak = 0.0
   # At equal times frees go first, as in gpipe.measure.memory.

@@ -11,6 +11,9 @@ dense stack of ``models``):
    (R and K in {1, 2}, v up to 2) under a memory cap of half of what
    fill-drain at K=2, M=8 without remat is predicted to need, so the
    configurations that keep every micro-batch's activations are dropped;
+   its runner's step applies each variable's gradient on its own, so the
+   predictions free a stage's gradient sum after its last weight gradient
+   (``simulator.UPDATE_EACH_VARIABLE``, not the planner's default);
 3. the top candidates run on the runner's pinned one-core workers (timed
    interleaved; one traced step each for its peak memory per device),
    beside K=1, M=1 and, at K=2, M=8 with remat, ZB-V, ZB-H1 and the
@@ -51,6 +54,9 @@ MAX_MICRO_BATCHES = 32
 # The training step of the benchmark's runner: SGD, assign_sub(v, lr * g):
 # read g, write lr * g, read both, write v.
 UPDATE_TRAFFIC = 5.0
+# That step applies each variable's gradient on its own as soon as it is
+# complete: a stage's gradient sum is freed after its last weight gradient.
+UPDATE = simulator.UPDATE_EACH_VARIABLE
 # Threads of the profiling process: those of a pinned worker.
 INTRA_OP_THREADS = 1
 INTER_OP_THREADS = 2
@@ -167,7 +173,8 @@ def _Cap(profile, cap_fraction):
   m = 8 if profile.batch % 8 == 0 else 1
   config = simulator.Configuration(
       1, 2, search.Cut(profile, 2, profile.batch // m), m, 'gpipe', 'never')
-  return cap_fraction * max(simulator.Predict(profile, config).peak_bytes)
+  return cap_fraction * max(
+      simulator.Predict(profile, config, update=UPDATE).peak_bytes)
 
 
 def _Comparison(profile):
@@ -175,7 +182,8 @@ def _Comparison(profile):
   out = []
   one = simulator.Configuration(1, 1, (profile.num_layers,), 1, 'gpipe',
                                 'always')
-  out.append(('K=1 M=1', one, simulator.Predict(profile, one)))
+  out.append(('K=1 M=1', one, simulator.Predict(profile, one,
+                                                 update=UPDATE)))
   if profile.batch % ZB_M:
     return out
   rows = profile.batch // ZB_M
@@ -184,7 +192,7 @@ def _Comparison(profile):
     config = simulator.Configuration(
         1, DEVICES * v, search.Cut(profile, DEVICES * v, rows), ZB_M, name,
         'always', stages_per_device=v)
-    candidate = search.Evaluate(profile, config, cap)
+    candidate = search.Evaluate(profile, config, cap, update=UPDATE)
     if candidate.prediction is not None:
       out.append((label, config, candidate.prediction))
       continue
@@ -194,7 +202,7 @@ def _Comparison(profile):
     unit = timed.StageCosts([1.0] * k, [2.0] * k, [1.0] * k)
     try:
       out.append(('%s (unit-cost orders)' % label, config,
-                  simulator.Predict(profile, config, unit)))
+                  simulator.Predict(profile, config, unit, update=UPDATE)))
     except ValueError as e:
       report.Log('%s: %s' % (label, e))
   return out
@@ -231,7 +239,7 @@ def _RunModel(args, name, shape):
       profile_lib.Save(profile, os.path.join(args.profile_dir,
                                              'profile_%s.json' % name))
     cap = _Cap(profile, args.cap_fraction)
-    result = search.Search(profile, DEVICES, cap,
+    result = search.Search(profile, DEVICES, cap, update=UPDATE,
                            max_micro_batches=args.max_micro_batches)
     if args.quick:
       # The simulated runner of the tests has no batched weight gradients.

@@ -4,7 +4,10 @@
 searches every configuration for ``--devices`` under
 ``--memory_per_device`` (``gpipe.plan.search``), prints the best ones and
 why the others were dropped, and writes the chosen plan (``--plan_out``),
-which the trainer runs with ``--plan=FILE``.
+which the trainer runs with ``--plan=FILE``. Peak memory is predicted for
+the trainer's update (Lingvo's learner reads every gradient before it
+applies any): each stage's gradient sum is kept to the end of the step
+(``gpipe.plan.simulator.UPDATE_ALL_GRADIENTS``).
 
 Measuring pins this process to one core (``--core``) with one intra-op
 thread, as the benchmark's and the trainer's pinned workers run a stage,
@@ -22,6 +25,7 @@ from gpipe.compat import lingvo_import  # pylint: disable=unused-import
 from gpipe.plan import choice
 from gpipe.plan import profile as profile_lib
 from gpipe.plan import search
+from gpipe.plan import simulator
 from gpipe.schedules import registry
 from gpipe import precision
 from gpipe.runtime import local_cluster
@@ -173,8 +177,13 @@ def Plan(args, log=print):
   if args.schedules:
     options['schedules'] = [registry.Get(s).name
                             for s in args.schedules.split(',')]
-  result = search.Search(profile, args.devices, cap, **options)
+  result = search.Search(profile, args.devices, cap,
+                         update=simulator.UPDATE_ALL_GRADIENTS, **options)
   print(search.Table(result, top=args.top), flush=True)
+  print('\nPeak memory keeps each stage\'s gradient sum to the end of the '
+        'step: the update reads every gradient before it applies any (as '
+        'Lingvo\'s learner does; its scaled copies are not counted).',
+        flush=True)
   plan = None
   if result.best:
     plan = choice.FromCandidate(result.best, args.devices, cap,

@@ -4,10 +4,11 @@
   process, which pins itself to one core while it measures) for this model
   on the run's devices (``--worker_processes``, or the servers of
   ``--cluster_spec``, else this machine's cores) under
-  ``--memory_per_device``; it prints its table and writes
-  ``<logdir>/plan.json`` (its profile goes to ``<logdir>/profile.json`` and
-  is reused by later runs). A logdir that already holds a plan (a resumed
-  run) keeps it.
+  ``--memory_per_device`` (its peaks keep every gradient sum to the end of
+  the step, as this trainer's Lingvo learner needs); it prints its table
+  and writes ``<logdir>/plan.json`` (its profile goes to
+  ``<logdir>/profile.json`` and is reused by later runs). A logdir that
+  already holds a plan (a resumed run) keeps it.
 * ``--plan=FILE``: a plan written by ``python -m tools.plan --plan_out``,
   copied to ``<logdir>/plan.json``.
 
