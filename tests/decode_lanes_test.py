@@ -83,6 +83,9 @@ class DecodeLanesTest(test_utils.TestCase):
     # Lanes split into whole micro-batches, at least 4 per device.
     self.assertEqual(lanes.EncoderMicroBatches(2, 256, 2), 8)
     self.assertEqual(lanes.EncoderMicroBatches(2, 256, 8), 8)
+    with self.assertRaisesRegex(ValueError,
+                                '3 lanes must divide the batch of 256'):
+      lanes.EncoderMicroBatches(2, 256, 3)
     self.assertEqual(lanes.EncoderMicroBatches(2, 256, 16), 16)
     self.assertEqual(lanes.EncoderMicroBatches(2, 12, 3), 12)
     # No multiple of M reaches 4D: the largest dividing the batch.

@@ -91,7 +91,7 @@ class PipelinedDecodeTest(test_utils.TestCase):
     # two devices (the encoder by weights, the decoder by step weights).
     self.assertEqual(cut.stage_devices, _Cpus(2) * 2)
     self.assertEqual(cut.stage_sizes, [3, 1, 2, 2])
-    self._AssertDecodesMatch(_Cpus(2), lanes=(2,), cut=cut)
+    self._AssertDecodesMatch(_Cpus(2), lanes=LANES, cut=cut)
     graph = dt.DecodeGraph(_Cpus(2), cut=cut)
     with graph.graph.as_default():
       ids = graph.Pipelined(2)
@@ -130,6 +130,8 @@ class PipelinedDecodeTest(test_utils.TestCase):
                      decode_cut.Cut([8], ['a']))
     with self.assertRaisesRegex(ValueError, 'needs at least 4 encoder'):
       decode_cut.DecodeCut(layers, _Cpus(4))
+    with self.assertRaisesRegex(ValueError, 'needs at least 5 decoder'):
+      decode_cut.DecodeCut(layers, _Cpus(5))
     with self.assertRaisesRegex(ValueError, 'one per layer after the '):
       decode_cut.DecodeCut(layers, _Cpus(2), [1.0])
     with self.assertRaisesRegex(ValueError, r'needs \[embedding, encoder'):

@@ -208,8 +208,14 @@ def EncoderMicroBatches(num_devices, batch, num_lanes):
 
   Returns:
     E, a multiple of M dividing `batch` (1 for one device).
+
+  Raises:
+    ValueError: M does not divide `batch`.
   """
   _CheckSizes(max(num_devices, 1), num_lanes)
+  if batch < 1 or batch % num_lanes:
+    raise ValueError('the encoder\'s micro-batches are whole lanes: %d lanes '
+                     'must divide the batch of %d' % (num_lanes, batch))
   if num_devices <= 1:
     return 1
   fits = [e for e in range(num_lanes, batch + 1, num_lanes) if batch % e == 0]

@@ -83,6 +83,11 @@ def DecodeCut(layer_params, devices, step_costs=None):
     return Cut([len(layer_params)], devices)
   num_encoder = _CheckLayout(layer_params)
   encoder, decoder = layer_params[:num_encoder], layer_params[num_encoder:]
+  if len(decoder) < len(devices):
+    raise ValueError('a decode cut on %d devices needs at least %d decoder '
+                     'layers and softmax; got %d' % (len(devices),
+                                                     len(devices),
+                                                     len(decoder)))
   if step_costs is None:
     step_costs = stack.DecodeStepCosts(decoder)
   if len(step_costs) != len(decoder):
@@ -107,7 +112,8 @@ def MeasuredStepCosts(layer_params, rows, src_len, max_len, repeats=5):
   and its step (``DecoderLayer.ExtendStep``; the softmax's logits and
   greedy pick) timed on `rows` rows at the middle position, in a session
   with one thread, as a one-core worker runs it. The median of `repeats`
-  runs after a warm-up.
+  runs after a warm-up. Beam search is balanced by these costs too: its
+  step's pick and cache reordering are not in them.
 
   Args:
     layer_params: the decoder layers and the softmax (the layers after the
