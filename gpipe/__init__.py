@@ -50,7 +50,8 @@ Before training, the planner chooses a configuration:
   plan/               measure a model once, simulate every configuration, pick:
                       profile.py (the measured profile, JSON), measure.py
                       (measuring it), calibrate.py (against the executor's own
-                      stage calls), simulator.py (a configuration's predicted
+                      stage calls, with traced.py: what a traced step says
+                      of its tasks), simulator.py (a configuration's predicted
                       step), search.py (every configuration under a memory
                       cap), choice.py (the chosen plan, JSON, applied)
 """
