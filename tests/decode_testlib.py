@@ -118,6 +118,7 @@ class DecodeGraph:
                cut=None):
     self.graph = tf.Graph()
     self.test = CopyBatch(np.random.RandomState(seed), batch)
+    self.lead_parts = cut.lead_parts if cut is not None else None
     with self.graph.as_default(), cluster_factory.SetEval(True):
       self.task = TaskParams(devices, max_decode_len, cut=cut).Instantiate()
       self.src_ids = tf.constant(self.test['src_ids'])
@@ -139,7 +140,8 @@ class DecodeGraph:
     with cluster_factory.SetEval(True):
       return pipelined_decode.Decode(self.task, self.task.theta, self.src_ids,
                                      self.src_paddings, beam_size=beam_size,
-                                     num_lanes=num_lanes)
+                                     num_lanes=num_lanes,
+                                     lead_parts=self.lead_parts)
 
   def Restore(self, sess, path):
     """Initializes the graph's variables, then restores the copy model's."""

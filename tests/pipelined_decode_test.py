@@ -9,6 +9,7 @@ stage's key/value caches stay on its device (the partitioned graph), a lane
 whose sequences all ended stops computing, and bad inputs are refused.
 """
 
+import collections
 import re
 
 from gpipe.compat import lingvo_import  # pylint: disable=unused-import
@@ -121,6 +122,13 @@ class PipelinedDecodeTest(test_utils.TestCase):
     self.assertLen(costs, 4)
     self.assertTrue(all(c > 0 for c in costs), costs)
     self.assertEqual(costs[0], costs[1])  # Identical layers: measured once.
+    # Per step part, with beam search's pick and cache reordering.
+    parts = decode_cut.MeasuredStepCosts(layers[4:], rows=6, src_len=dt.LEN,
+                                         max_len=dt.LEN + 1, repeats=2,
+                                         parts=True, beam_size=dt.BEAM)
+    self.assertEqual([len(c) for c in parts[:3]], [3, 3, 3])
+    self.assertIsInstance(parts[3], float)
+    self.assertTrue(all(c > 0 for c in parts[0] + [parts[3]]), parts)
     # Given costs decide the decoder's cut, not the weights.
     for step_costs, sizes in (([1, 1, 1, 3], [3, 1]), ([3, 1, 1, 1], [1, 3])):
       cut = decode_cut.DecodeCut(layers, ['a', 'b'], step_costs)
@@ -137,9 +145,16 @@ class PipelinedDecodeTest(test_utils.TestCase):
     with self.assertRaisesRegex(ValueError, r'needs \[embedding, encoder'):
       decode_cut.DecodeCut(layers[::-1], _Cpus(2))
 
-  def testCachesStayOnTheirStagesDevice(self):
-    devices = _Cpus(4)
-    graph = dt.DecodeGraph(devices)
+  def _AssertStateStaysOnItsDevice(self, devices, cut=None):
+    """The devices where the loop's caches and keys/values live.
+
+    Every [rows, heads, length, dim] tensor of the loop (the caches and the
+    cross-attention keys and values) enters it (as a loop variable or
+    constant) on the device where it was made, and inside the loop only a
+    decoding call's carry crosses devices: the hidden state and the beam
+    indices (outputs 0 and 1), never its state.
+    """
+    graph = dt.DecodeGraph(devices, cut=cut)
     with graph.graph.as_default():
       ids = graph.Pipelined(2, dt.BEAM)
       with tf.compat.v1.Session(config=dt.CONFIG) as sess:
@@ -152,27 +167,76 @@ class PipelinedDecodeTest(test_utils.TestCase):
           enters.append((node.input[0].split(':')[0], node.device))
         if node.op == '_Send':
           sends.append(node.input[0])
-    # Every [rows, heads, length, dim] tensor of the loop (the caches and
-    # the cross-attention keys and values) enters it (as a loop variable or
-    # constant) on the device where it was made: a decoder stage's.
-    where = set()
     for name, device in enters:
       try:
         op = graph.graph.get_operation_by_name(name)
       except KeyError:
-        continue
+        continue  # Made by the runtime (e.g. a folded constant).
       if op.outputs and op.outputs[0].shape.rank == 4:
         self.assertEqual(_Cpu(device), _Cpu(op.device), name)
-        where.add(_Cpu(op.device))
-    # The decoder layers are on stages 2 and 3.
-    self.assertEqual(where, {'CPU:2', 'CPU:3'})
-    # Inside the loop only a decoding call's carry crosses devices: the
-    # hidden state and the beam indices (outputs 0 and 1), never its state.
+    # What enters the loop, as built: per device, the caches (zeros) and the
+    # sources' keys and values.
+    where = collections.Counter()
+    for op in graph.graph.get_operations():
+      if op.type not in ('While', 'StatelessWhile'):
+        continue
+      for x in op.inputs:
+        if x.shape.rank == 4:
+          what = 'source' if x.op.type == 'Transpose' else 'cache'
+          where[_Cpu(x.op.device), what] += 1
     crossing = [s for s in sends if re.search(r'stage\d+_D\d+/', s)]
     self.assertNotEmpty(crossing)
     for name in crossing:
       output = int(name.split(':')[1]) if ':' in name else 0
       self.assertLess(output, 2, name)
+    return where
+
+  def testCachesStayOnTheirStagesDevice(self):
+    # The decoder layers are on stages 2 and 3: two and one, each with its
+    # keys and values (2 tensors) of its cache and of the source, per lane.
+    where = self._AssertStateStaysOnItsDevice(_Cpus(4))
+    self.assertEqual(where, {('CPU:2', 'cache'): 8, ('CPU:2', 'source'): 8,
+                             ('CPU:3', 'cache'): 4, ('CPU:3', 'source'): 4})
+
+  def testDecodeCutSplitsALayerBetweenTwoDevices(self):
+    layers = dt.Layers()
+    # Per step part costs (self-attention, cross-attention, feed-forward):
+    # whole layers cut 2 | 1 + softmax (10 | 6), parts 1 layer + layer 1's
+    # self-attention | the rest of layer 1, layer 2, softmax (8 | 8).
+    cut = decode_cut.DecodeCut(layers, _Cpus(2),
+                               [[3, 1, 1], [3, 1, 1], [3, 1, 1], 1])
+    self.assertEqual(cut.stage_sizes, [3, 1, 1, 3])
+    self.assertEqual(cut.lead_parts, [0, 0, 0, 1])
+    self._AssertDecodesMatch(_Cpus(2), lanes=LANES, cut=cut)
+    # Layer 1's cache is on CPU:0 (its self-attention), its source's keys
+    # and values on CPU:1 (its cross-attention); layer 0's on CPU:0, layer
+    # 2's on CPU:1.
+    where = self._AssertStateStaysOnItsDevice(_Cpus(2), cut=cut)
+    self.assertEqual(where, {('CPU:0', 'cache'): 8, ('CPU:0', 'source'): 4,
+                             ('CPU:1', 'cache'): 4, ('CPU:1', 'source'): 8})
+    # Whole layers when parts do not cut better.
+    self.assertEqual(
+        decode_cut.DecodeCut(layers, _Cpus(2),
+                             [[1, 1, 1], [1, 1, 1], [1, 1, 1], 3]).lead_parts,
+        [0] * 4)
+
+  def testBadLeadParts(self):
+    cut = decode_cut.Cut([3, 1, 1, 3], _Cpus(2) * 2, [0, 0, 0, 2])
+    graph = dt.DecodeGraph(_Cpus(2), cut=cut)
+    for lead, error in (([0, 0, 2], 'one count per stage'),
+                        ([0, 0, 0, 3], r'lead_parts\[3\]=3: .* more than 3'),
+                        ([0, 0, 1, 0], r'lead_parts\[2\]=1: .* after a stage'
+                                       r' with decoder layers'),
+                        ([0, 1, 0, 0], r'first layer \(EncoderLayer\)')):
+      graph.lead_parts = lead
+      with graph.graph.as_default(), self.assertRaisesRegex(ValueError,
+                                                            error):
+        graph.Pipelined(2)
+    with self.assertRaisesRegex(ValueError, r'one cost per step part'):
+      decode_cut.DecodeCut(dt.Layers(), _Cpus(2), [[1, 1], 1, 1, 1])
+    with self.assertRaisesRegex(ValueError, 'beam_size 3 must divide'):
+      decode_cut.MeasuredStepCosts(dt.Layers()[4:], rows=4, src_len=dt.LEN,
+                                   max_len=dt.LEN + 1, beam_size=3)
 
   def testADoneLaneStopsComputing(self):
     # 9 steps, but the trained model ends every copy with </s> at step 6:

@@ -198,9 +198,7 @@ class DecoderLayer(_TransformerBlock):
     return p
 
   def _AttentionNames(self):
-    if self.params.has_cross_attention:
-      return ['self_atten', 'cross_atten']
-    return ['self_atten']
+    return self.StepParts()[:-1]
 
   def FProp(self, theta, inputs):
     """Updates ``inputs.tgt``.
@@ -235,13 +233,17 @@ class DecoderLayer(_TransformerBlock):
         theta.cross_atten, src)
     return source
 
+  def _CrossAttention(self, theta, x, source):
+    """The cross-attention sub-block on `x`, attending to `source`."""
+    h = self.cross_atten_ln.FProp(theta.cross_atten_ln, x)
+    h = self.cross_atten.Attend(theta.cross_atten, h, source.key,
+                                source.value, source.bias)
+    return self._Residual(x, h, 'cross_atten')
+
   def _AfterSelfAttention(self, theta, x, source):
     """Cross-attention to `source` (if any), feed-forward, final norm."""
     if self.params.has_cross_attention:
-      h = self.cross_atten_ln.FProp(theta.cross_atten_ln, x)
-      h = self.cross_atten.Attend(theta.cross_atten, h, source.key,
-                                  source.value, source.bias)
-      x = self._Residual(x, h, 'cross_atten')
+      x = self._CrossAttention(theta, x, source)
     return self._FeedForwardAndFinalNorm(theta, x)
 
   # --- Incremental decoding ---------------------------------------------
@@ -287,6 +289,8 @@ class DecoderLayer(_TransformerBlock):
   def ExtendStep(self, theta, x, t, cache, source):
     """FProp of one target position `t`, attending to positions <= t.
 
+    The step's parts (``StepParts``) one after another.
+
     Args:
       theta: the layer's variables.
       x: [B, 1, D] the layer's input at position t.
@@ -299,6 +303,73 @@ class DecoderLayer(_TransformerBlock):
       ([B, 1, D] the layer's output at position t, the cache with position t
       added).
     """
+    for part in self.StepParts():
+      x, cache = self.ExtendStepPart(theta, part, x, t, cache, source)
+    return x, cache
+
+  # A decoding step in parts. A pipelined decoder may run a layer's first
+  # parts on one device and the rest on the next, to balance the devices
+  # more finely than whole layers (``decode_cut.DecodeCut``); the parts run
+  # the very ops `ExtendStep` runs, so the outputs are the same.
+
+  @classmethod
+  def StepPartsOf(cls, p):
+    """The parts of a decoding step of a layer of params `p`, in order.
+
+    Args:
+      p: DecoderLayer params.
+
+    Returns:
+      ['self_atten', 'cross_atten', 'ffn'] ('cross_atten' only with
+      cross-attention). Only 'self_atten' reads and extends the cache, only
+      'cross_atten' reads the source; 'ffn' includes the final norm.
+    """
+    return (['self_atten'] + (['cross_atten'] if p.has_cross_attention else [])
+            + ['ffn'])
+
+  def StepParts(self):
+    """This layer's ``StepPartsOf``."""
+    return self.StepPartsOf(self.params)
+
+  def _PartChildren(self, part):
+    """The names of the children that step part `part` reads."""
+    if part not in self.StepParts():
+      raise ValueError('%s: no step part %r; the parts are %s' %
+                       (self.params.name, part, self.StepParts()))
+    if part == 'ffn':
+      return ['ffn_ln', 'ffn'] + (['final_ln'] if self.params.final_layer_norm
+                                  else [])
+    return [part + '_ln', part]
+
+  def PartTheta(self, theta, parts):
+    """The variables of step parts `parts` only (a NestedMap of `theta`).
+
+    A device that runs some parts of the layer reads only their weights.
+    """
+    return py_utils.NestedMap(
+        {name: theta[name] for part in parts
+         for name in self._PartChildren(part)})
+
+  def ExtendStepPart(self, theta, part, x, t, cache, source):
+    """One part of `ExtendStep` (see ``StepParts``).
+
+    Args:
+      theta: the layer's variables (or those of the part: ``PartTheta``).
+      part: a name from ``StepParts``.
+      x: [B, 1, D] the part's input at position t.
+      t: a scalar int32 tensor, the position.
+      cache: as `ExtendStep`'s, read and returned extended by 'self_atten'
+        only (others return it as given: it may be anything there).
+      source: as `ExtendStep`'s, read by 'cross_atten' only.
+
+    Returns:
+      ([B, 1, D] the part's output, the cache).
+    """
+    self._PartChildren(part)  # Checks the name.
+    if part == 'ffn':
+      return self._FeedForwardAndFinalNorm(theta, x), cache
+    if part == 'cross_atten':
+      return self._CrossAttention(theta, x, source), cache
     keys, values = cache
     max_len = py_utils.GetShape(keys, 4)[2]
     h = self.self_atten_ln.FProp(theta.self_atten_ln, x)
@@ -309,8 +380,7 @@ class DecoderLayer(_TransformerBlock):
     values = values * (1.0 - at_t) + new_values * at_t
     h = self.self_atten.Attend(theta.self_atten, h, keys, values,
                                sublayers.CausalBiasAt(t, max_len))
-    x = self._Residual(x, h, 'self_atten')
-    return self._AfterSelfAttention(theta, x, source), (keys, values)
+    return self._Residual(x, h, 'self_atten'), (keys, values)
 
   @classmethod
   def FPropMeta(cls, p, inputs):

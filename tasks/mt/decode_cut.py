@@ -14,6 +14,20 @@ dK-1]:
   time of their decoding step (``MeasuredStepCosts``, or the weights a step
   reads, ``stack.DecodeStepCosts``, when not measured).
 
+Whole layers balance a shallow decoder poorly: four decoder layers and a
+softmax on two devices leave one device a layer's half heavier. With the
+costs of each layer's step parts (self-attention, cross-attention,
+feed-forward: ``MeasuredStepCosts(parts=True)``) the loop may split one
+layer between two consecutive devices: the layer belongs to the later stage,
+and the earlier device runs its first parts (the cut's ``lead_parts``), e.g.
+for K=2 with the second device's first layer split after its
+self-attention::
+
+    d0 | emb  dec0  dec1  dec2.self_atten
+    d1 |                  dec2.cross_atten dec2.ffn  dec3  softmax + pick
+
+The hand-over between the devices is the same [rows, 1, D] hidden state.
+
 ``tasks.mt.pipelined_decode`` decodes any cut; on this one device k runs the
 k-th share of the encoder, then in the decoding loop the k-th share of the
 decoder (device 0 also embeds the tokens). The same cut trains as a looped
@@ -33,10 +47,21 @@ from tasks.mt import search
 from tasks.mt import stack
 
 
-class Cut(collections.namedtuple('Cut', ['stage_sizes', 'stage_devices'])):
-  """Layers per stage and each stage's device (``PipeliningLayer`` params)."""
+class Cut(collections.namedtuple('Cut', ['stage_sizes', 'stage_devices',
+                                         'lead_parts'])):
+  """A network's stages for decoding.
+
+  ``stage_sizes`` and ``stage_devices`` are ``PipeliningLayer``'s params;
+  ``lead_parts`` (None: whole layers) gives per stage the number of leading
+  step parts (``DecoderLayer.StepParts``) of its first layer that the
+  decoding loop runs at the end of the previous stage, on that stage's
+  device (``pipelined_decode.Decode``'s `lead_parts`).
+  """
 
   __slots__ = ()
+
+
+Cut.__new__.__defaults__ = (None,)
 
 
 def _IsEncoderPart(p):
@@ -60,6 +85,58 @@ def _CheckLayout(layer_params):
   return num_encoder
 
 
+def _Parts(cost):
+  """A layer's step cost as a list of its parts' costs (one if a number)."""
+  return ([float(c) for c in cost] if isinstance(cost, (list, tuple))
+          else [float(cost)])
+
+
+def _Bottleneck(sizes, costs):
+  """The dearest group's cost when `costs` are cut into groups `sizes`."""
+  ends = np.cumsum([0] + list(sizes))
+  return max(sum(costs[ends[g]:ends[g + 1]]) for g in range(len(sizes)))
+
+
+def _DecoderCut(step_costs, num_devices):
+  """(layers per device, lead parts per device) of the decoding loop.
+
+  Whole layers are cut by their total cost. When some layers give a cost
+  per step part, the parts of all layers are also cut into consecutive
+  groups; a layer split between two groups belongs to the later one (its
+  device runs the layer's last parts), and the earlier device runs the
+  first ones (the later group's lead parts). That cut is taken when its
+  dearest group is cheaper and every group ends at least one layer.
+
+  Args:
+    step_costs: per layer, a cost or a list of its step parts' costs.
+    num_devices: K.
+
+  Returns:
+    (K layer counts, K lead part counts, the first 0).
+  """
+  totals = [sum(_Parts(c)) for c in step_costs]
+  whole = partition.PartitionByCost(totals, num_devices)
+  units = [(i, j, c) for i, cost in enumerate(step_costs)
+           for j, c in enumerate(_Parts(cost))]
+  if len(units) == len(step_costs):
+    return whole, [0] * num_devices
+  unit_costs = [c for _, _, c in units]
+  sizes = partition.PartitionByCost(unit_costs, num_devices)
+  if _Bottleneck(sizes, unit_costs) >= _Bottleneck(whole, totals):
+    return whole, [0] * num_devices
+  bounds = np.cumsum([0] + sizes)
+  layers, lead = [], []
+  for g in range(num_devices):
+    group = units[bounds[g]:bounds[g + 1]]
+    # The layers whose last part the group runs.
+    ends = sum(1 for i, j, _ in group if j == len(_Parts(step_costs[i])) - 1)
+    if not ends:
+      return whole, [0] * num_devices
+    layers.append(ends)
+    lead.append(group[0][1])
+  return layers, lead
+
+
 def DecodeCut(layer_params, devices, step_costs=None):
   """The 2K-stage decode cut on K devices (one stage for one device).
 
@@ -68,11 +145,15 @@ def DecodeCut(layer_params, devices, step_costs=None):
       (``stack.EncoderDecoderLayers``).
     devices: the K devices.
     step_costs: per layer after the encoder (decoder layers and softmax),
-      the cost of its decoding step, e.g. ``MeasuredStepCosts``; None: the
-      weights it reads (``stack.DecodeStepCosts``).
+      the cost of its decoding step, e.g. ``MeasuredStepCosts``; a list of
+      costs for a decoder layer gives its step parts' (``DecoderLayer.
+      StepParts``: ``MeasuredStepCosts(parts=True)``), and the loop may then
+      split that layer between two devices. None: the weights a step reads
+      (``stack.DecodeStepCosts``), whole layers.
 
   Returns:
-    A Cut: 2K stage sizes and devices ``devices + devices`` (K=1: one stage).
+    A Cut: 2K stage sizes, devices ``devices + devices`` and the lead parts
+    of each stage (K=1: one stage).
 
   Raises:
     ValueError: a layer list of another layout, fewer than K encoder or
@@ -93,6 +174,16 @@ def DecodeCut(layer_params, devices, step_costs=None):
   if len(step_costs) != len(decoder):
     raise ValueError('step_costs: one per layer after the encoder (%d), got '
                      '%d' % (len(decoder), len(step_costs)))
+  for p, cost in zip(decoder, step_costs):
+    if not isinstance(cost, (list, tuple)):
+      continue
+    parts = (blocks.DecoderLayer.StepPartsOf(p)
+             if p.cls is blocks.DecoderLayer else [p.cls.__name__])
+    if len(cost) != len(parts):
+      raise ValueError(
+          'step_costs of %s: a list gives one cost per step part %s; got %d '
+          '(give a number for a layer that is not cut into parts)' %
+          (p.name, parts, len(cost)))
   # The embedding's lookup is next to nothing beside an encoder layer.
   encoder_costs = [0.0 if p.cls is blocks.EmbeddingLayer else
                    float(stack.CountParams([p])) for p in encoder]
@@ -100,20 +191,24 @@ def DecodeCut(layer_params, devices, step_costs=None):
     raise ValueError('a decode cut on %d devices needs at least %d encoder '
                      'layers; got %d' % (len(devices), len(devices),
                                          num_encoder - 1))
+  decoder_sizes, lead = _DecoderCut(step_costs, len(devices))
   sizes = (partition.PartitionByCost(encoder_costs, len(devices)) +
-           partition.PartitionByCost(step_costs, len(devices)))
-  return Cut(sizes, devices + devices)
+           decoder_sizes)
+  return Cut(sizes, devices + devices, [0] * len(devices) + lead)
 
 
-def MeasuredStepCosts(layer_params, rows, src_len, max_len, repeats=5):
+def MeasuredStepCosts(layer_params, rows, src_len, max_len, repeats=5,
+                      parts=False, beam_size=1):
   """Seconds of one decoding step of each decoder layer and the softmax.
 
   Each distinct layer (up to its name) is built once in a graph of its own
-  and its step (``DecoderLayer.ExtendStep``; the softmax's logits and
-  greedy pick) timed on `rows` rows at the middle position, in a session
-  with one thread, as a one-core worker runs it. The median of `repeats`
-  runs after a warm-up. Beam search is balanced by these costs too: its
-  step's pick and cache reordering are not in them.
+  and its step (``DecoderLayer.ExtendStep``, or each of its
+  ``ExtendStepPart``; the softmax's logits and the search's pick) timed on
+  `rows` rows at the middle position, in a session with one thread, as a
+  one-core worker runs it. The median of `repeats` runs after a warm-up.
+  With beam search the pick is ``search.BeamPick`` and a decoder layer's
+  step (its 'self_atten' part) includes reordering its cache by the beams
+  the last step kept, as the pipelined decoder does.
 
   Args:
     layer_params: the decoder layers and the softmax (the layers after the
@@ -122,27 +217,42 @@ def MeasuredStepCosts(layer_params, rows, src_len, max_len, repeats=5):
     src_len: source length.
     max_len: decoding steps.
     repeats: timed runs per layer.
+    parts: time a decoder layer's step parts (``StepParts``) one by one.
+    beam_size: beams per example (1: greedy); must divide `rows`.
 
   Returns:
-    A list of seconds, one per layer.
+    A list, one entry per layer: seconds, or with `parts` a list of seconds
+    per step part for a decoder layer (``DecodeCut``'s `step_costs`).
+
+  Raises:
+    ValueError: `beam_size` does not divide `rows`.
   """
+  if beam_size < 1 or rows % beam_size:
+    raise ValueError('rows (%d) are examples x beams: beam_size %d must '
+                     'divide them' % (rows, beam_size))
   return param_count.RunIsolated(
-      lambda: _MeasureSteps(layer_params, rows, src_len, max_len, repeats))
+      lambda: _MeasureSteps(layer_params, rows, src_len, max_len, repeats,
+                            parts, beam_size))
 
 
-def _StepFetch(sess, layer, rows, src_len, max_len):
+def _StepFetch(sess, layer, rows, src_len, max_len, part, beam_size):
   """(fetch, feeds) of one decoding step of `layer` at the middle position.
 
+  `part`: one of the layer's step parts, or None for the whole step.
   Everything the step reads but its weights is fed, so that no part of it is
   folded into a constant.
   """
   p = layer.params
   rng = np.random.RandomState(0)
   t = max_len // 2
+  k = beam_size
   x = tf.compat.v1.placeholder(tf.float32, [rows, 1, p.model_dim])
   feeds = {x: rng.normal(size=[rows, 1, p.model_dim]).astype(np.float32)}
   if p.cls is blocks.SoftmaxLayer:
     logits = search.StepOutputLogits(layer, layer.theta, x)
+    if k > 1:
+      return search.BeamPick(logits, t, search.BeamStart(rows // k, k,
+                                                         max_len)), feeds
     return search.GreedyPick(logits, t, search.GreedyStart(rows, max_len)), (
         feeds)
   src = tf.constant(rng.normal(size=[rows, src_len, p.model_dim]),
@@ -155,10 +265,18 @@ def _StepFetch(sess, layer, rows, src_len, max_len):
       values)
   feeds.update(zip(tf.nest.flatten(holders), tf.nest.flatten(values)))
   cache, source = holders
-  return layer.ExtendStep(layer.theta, x, t, cache, source), feeds
+  if k > 1 and part in (None, 'self_atten'):
+    beam = tf.compat.v1.placeholder(tf.int32, [rows // k, k])
+    feeds[beam] = rng.randint(0, k, size=[rows // k, k]).astype(np.int32)
+    cache = tf.nest.map_structure(lambda c: search.ReorderBeams(c, beam),
+                                  cache)
+  if part is None:
+    return layer.ExtendStep(layer.theta, x, t, cache, source), feeds
+  return layer.ExtendStepPart(layer.theta, part, x, t, cache, source), feeds
 
 
-def _MeasureSteps(layer_params, rows, src_len, max_len, repeats):
+def _MeasureSteps(layer_params, rows, src_len, max_len, repeats, parts,
+                  beam_size):
   """MeasuredStepCosts' body, in its own thread."""
   config = tf.compat.v1.ConfigProto(intra_op_parallelism_threads=1,
                                     inter_op_parallelism_threads=1)
@@ -171,8 +289,15 @@ def _MeasureSteps(layer_params, rows, src_len, max_len, repeats):
         layer = p.Copy().Set(name='layer').Instantiate()
         with tf.compat.v1.Session(config=config) as sess:
           sess.run(tf.compat.v1.global_variables_initializer())
-          fetch, feeds = _StepFetch(sess, layer, rows, src_len, max_len)
-          measured[key] = run_time.RunSeconds(sess, fetch, feeds,
-                                              repeats=repeats)
+
+          def Seconds(part):
+            fetch, feeds = _StepFetch(sess, layer, rows, src_len, max_len,
+                                      part, beam_size)
+            return run_time.RunSeconds(sess, fetch, feeds, repeats=repeats)
+
+          if parts and p.cls is blocks.DecoderLayer:
+            measured[key] = [Seconds(part) for part in layer.StepParts()]
+          else:
+            measured[key] = Seconds(None)
     costs.append(measured[key])
   return costs

@@ -21,8 +21,11 @@ loop (the encoder's share of each device, then its share of the decoder):
    tokens (``search.GreedyPick`` / ``BeamPick``: the unpipelined decoder's
    code) and sends them back to the first stage. Stages that hold none of
    these (encoder layers only) are left out of the loop, and consecutive
-   stages on one device are one stage of the loop. A lane whose
-   sequences have all finished stops costing compute; the others go on.
+   stages on one device are one stage of the loop. A cut may also split one
+   decoder layer's step between two consecutive stages (`lead_parts`: the
+   earlier runs its first parts, ``DecoderLayer.ExtendStepPart``), each
+   keeping the state of its own parts. A lane whose sequences have all
+   finished stops costing compute; the others go on.
 
 The caches of each stage live on its device as loop variables, never sent
 anywhere; only a lane's [rows, 1, D] hidden state, its beam indices and its
@@ -45,7 +48,13 @@ from tasks.mt import vocab as vocab_lib
 
 
 class _Stage:
-  """One pipeline stage's layers, sorted by what decoding does with them."""
+  """One pipeline stage's layers, sorted by what decoding does with them.
+
+  ``decoders`` lists (theta key, DecoderLayer, step parts): the stage's
+  decoding step runs these parts of these layers (``DecoderLayer.
+  ExtendStepPart``), whole layers unless the cut moved some parts between
+  stages (``_MoveLeadParts``).
+  """
 
   def __init__(self, index, device, pairs):
     """Constructor.
@@ -62,13 +71,20 @@ class _Stage:
         layer, (blocks.EmbeddingLayer, blocks.EncoderLayer))]
     self.embedding = [x for x in pairs
                       if isinstance(x[1], blocks.EmbeddingLayer)]
-    self.decoders = [x for x in pairs if isinstance(x[1], blocks.DecoderLayer)]
+    self.decoders = [(key, layer, layer.StepParts()) for key, layer in pairs
+                     if isinstance(layer, blocks.DecoderLayer)]
     self.softmax = [x for x in pairs if isinstance(x[1], blocks.SoftmaxLayer)]
 
   @property
   def decodes(self):
     """Whether the stage has work in each decoding step."""
     return bool(self.embedding or self.decoders or self.softmax)
+
+  def Joined(self, other):
+    """This stage and the next one, `other`, as one stage (on this device)."""
+    joined = _Stage(self.index, self.device, self.pairs + other.pairs)
+    joined.decoders = self.decoders + other.decoders
+    return joined
 
 
 def _Stages(task):
@@ -82,6 +98,47 @@ def _Stages(task):
                                       for key in keys]))
     start += size
   return stages
+
+
+def _MoveLeadParts(task, stages, lead_parts):
+  """Moves each stage's lead parts to the end of the previous stage's step.
+
+  Args:
+    task: the TransformerMTTask (for its name in errors).
+    stages: every _Stage, first stage first; changed in place.
+    lead_parts: per stage, how many leading step parts of its first layer
+      the previous stage runs (None: none).
+
+  Raises:
+    ValueError: a list of the wrong length, or lead parts where they cannot
+      move: a stage whose first layer is not a decoder layer with more parts,
+      or a previous stage without decoder layers or with the softmax.
+  """
+  if lead_parts is None:
+    return
+  name = task.params.name
+  lead_parts = list(lead_parts)
+  if len(lead_parts) != len(stages):
+    raise ValueError('%s: lead_parts gives one count per stage (%d), got %d' %
+                     (name, len(stages), len(lead_parts)))
+  for k, lead in enumerate(lead_parts):
+    if not lead:
+      continue
+    stage = stages[k]
+    first = stage.pairs[0][1]
+    prev = stages[k - 1] if k else None
+    if (lead < 0 or not isinstance(first, blocks.DecoderLayer) or
+        lead >= len(first.StepParts()) or prev is None or
+        not prev.decoders or prev.softmax):
+      raise ValueError(
+          '%s: lead_parts[%d]=%d: stage %d\'s first layer (%s) must be a '
+          'decoder layer with more than %d step parts, after a stage with '
+          'decoder layers and no softmax; use decode_cut.DecodeCut\'s '
+          'lead_parts, or none' % (name, k, lead, k,
+                                    type(first).__name__, lead))
+    key, layer, parts = stage.decoders[0]
+    prev.decoders.append((key, layer, parts[:lead]))
+    stage.decoders[0] = (key, layer, parts[lead:])
 
 
 def _LoopStages(stages):
@@ -104,8 +161,7 @@ def _LoopStages(stages):
       continue
     if merged and (replicas.Canonical(merged[-1].device) ==
                    replicas.Canonical(s.device)):
-      first = merged[-1]
-      merged[-1] = _Stage(first.index, first.device, first.pairs + s.pairs)
+      merged[-1] = merged[-1].Joined(s)
     else:
       merged.append(s)
   return merged
@@ -230,9 +286,11 @@ def _StepFn(stage, beam_size, max_len):
       caches = tf.nest.map_structure(
           lambda c: search.ReorderBeams(c, carry.beam), caches)
     new_caches = []
-    for (_, layer), layer_theta, cache, source in zip(
+    for (_, layer, parts), layer_theta, cache, source in zip(
         stage.decoders, theta.decoders, caches, sources):
-      x, cache = layer.ExtendStep(layer_theta, x, t, cache, source)
+      for part in parts:
+        x, cache = layer.ExtendStepPart(layer_theta, part, x, t, cache,
+                                        source)
       new_caches.append(cache)
     new_state = py_utils.NestedMap(caches=new_caches)
     if not stage.softmax:
@@ -261,7 +319,8 @@ def _StageTheta(stage, theta):
   """The theta a stage's step reads, read once on its device."""
   net_theta = theta.network
   picked = py_utils.NestedMap(
-      decoders=[net_theta[key] for key, _ in stage.decoders])
+      decoders=[layer.PartTheta(net_theta[key], parts)
+                for key, layer, parts in stage.decoders])
   if stage.embedding:
     picked.emb = net_theta[stage.embedding[0][0]]
   if stage.softmax:
@@ -269,7 +328,8 @@ def _StageTheta(stage, theta):
   return stage_lib.ReadTheta(picked, stage.device)
 
 
-def Decode(task, theta, src_ids, src_paddings, beam_size=1, num_lanes=None):
+def Decode(task, theta, src_ids, src_paddings, beam_size=1, num_lanes=None,
+           lead_parts=None):
   """Greedy decoding or beam search through the network's stages, in lanes.
 
   Args:
@@ -279,6 +339,11 @@ def Decode(task, theta, src_ids, src_paddings, beam_size=1, num_lanes=None):
     src_paddings: [B, S] source paddings.
     beam_size: beams per example (1: greedy).
     num_lanes: M, or None for the default (``NumLanes``).
+    lead_parts: None, or per stage of the network the number of leading
+      step parts of its first layer (a decoder layer, ``DecoderLayer.
+      StepParts``) that the previous stage runs in the decoding loop
+      (``decode_cut.DecodeCut`` gives them): one layer's step split between
+      two devices, for a finer balance than whole layers.
 
   Returns:
     (ids [B, T] int32, scores [B]): as ``GreedyDecode`` (beam_size 1) or the
@@ -286,8 +351,9 @@ def Decode(task, theta, src_ids, src_paddings, beam_size=1, num_lanes=None):
     to theirs.
 
   Raises:
-    ValueError: a network without a decoder (or encoder), or a number of
-      lanes that does not fit the batch (see ``NumLanes``).
+    ValueError: a network without a decoder (or encoder), a number of
+      lanes that does not fit the batch (see ``NumLanes``), or lead parts
+      that cannot move.
   """
   CheckDecodable(task)
   p = task.params
@@ -295,6 +361,7 @@ def Decode(task, theta, src_ids, src_paddings, beam_size=1, num_lanes=None):
   batch = micro_batch.StaticBatchSize([src_ids], 0)
   m = NumLanes(task, batch, beam_size, num_lanes)
   stages = _Stages(task)
+  _MoveLeadParts(task, stages, lead_parts)
   k = beam_size
   encoded = _Encode(stages, theta, src_ids, src_paddings, m)
   rows = batch // m * k
@@ -309,11 +376,13 @@ def Decode(task, theta, src_ids, src_paddings, beam_size=1, num_lanes=None):
           src, paddings = tf.repeat(src, k, axis=0), tf.repeat(paddings, k,
                                                                axis=0)
         caches, sources = [], []
-        for key, layer in s.decoders:
+        for key, layer, parts in s.decoders:
           cache, source = layer.InitDecodeState(theta.network[key], rows,
                                                 length, src, paddings)
-          caches.append(cache)
-          sources.append(source)
+          # Only the parts the stage runs: () for what it does not need
+          # (left out of the graph).
+          caches.append(cache if 'self_atten' in parts else ())
+          sources.append(source if 'cross_atten' in parts else ())
         state = py_utils.NestedMap(caches=caches)
         if s.softmax:
           state.result = (search.BeamStart(rows // k, k, length) if k > 1

@@ -82,21 +82,30 @@ _MEASURED_COSTS = {}
 
 
 def _StepCosts(shape, config, num_devices):
-  """The measured step costs of the decoder layers and the softmax.
+  """The measured step costs of the decoder layers' parts and the softmax.
 
-  Measured once per lane size (``decode_cut.MeasuredStepCosts``); None for
-  one device, which needs no cut.
+  Measured once per lane size and search (``decode_cut.MeasuredStepCosts``
+  with ``parts=True``, beam search's pick and cache reordering included);
+  None for one device, which needs no cut.
+
+  Raises:
+    ValueError: a pipelined configuration without a lane count.
   """
   if num_devices == 1:
     return None
-  rows = config.batch // (config.lanes or 1) * config.beam
-  key = tuple(sorted(shape.items())) + (rows,)
+  if config.lanes is None:
+    raise ValueError('%s: a cut over %d devices decodes in lanes; give the '
+                     'configuration a lane count' % (config.label,
+                                                     num_devices))
+  rows = config.batch // config.lanes * config.beam
+  key = tuple(sorted(shape.items())) + (rows, config.beam)
   if key not in _MEASURED_COSTS:
     layers = Layers(shape)
     decoder = [p for p in layers if p.cls in (blocks.DecoderLayer,
                                               blocks.SoftmaxLayer)]
     _MEASURED_COSTS[key] = decode_cut.MeasuredStepCosts(
-        decoder, rows, shape['src_len'], shape['max_decode_len'])
+        decoder, rows, shape['src_len'], shape['max_decode_len'],
+        parts=True, beam_size=config.beam)
   return _MEASURED_COSTS[key]
 
 
@@ -135,9 +144,11 @@ class DecodeStep:
       p.network = pipeline.PipeliningLayer.Params().Set(
           name='network', layers=layers, num_stages=c.num_stages,
           num_micro_batches=1, stage_devices=list(devices))
+      self.step_costs = self.lead_parts = None
       if cut == 'decode':
-        decode = decode_cut.DecodeCut(
-            layers, devices, _StepCosts(shape, c, len(devices)))
+        self.step_costs = _StepCosts(shape, c, len(devices))
+        decode = decode_cut.DecodeCut(layers, devices, self.step_costs)
+        self.lead_parts = decode.lead_parts
         p.network.Set(num_stages=len(decode.stage_sizes),
                       stage_sizes=decode.stage_sizes,
                       stage_devices=decode.stage_devices)
@@ -153,7 +164,8 @@ class DecodeStep:
         paddings = tf.zeros([c.batch, shape['src_len']])
       if c.lanes is not None:
         self.ids, _ = pipelined_decode.Decode(task, task.theta, src, paddings,
-                                              c.beam, c.lanes)
+                                              c.beam, c.lanes,
+                                              lead_parts=self.lead_parts)
       elif c.beam > 1:
         self.ids = task.BeamSearchDecode(task.theta, src, paddings,
                                          beam_size=c.beam)[0]
@@ -312,7 +324,8 @@ def Decode(args):
       median = seconds[c.label]
       entry = dict(
           K=c.num_stages, M=c.lanes, beam=c.beam, batch=c.batch,
-          stage_sizes=step.stage_sizes, seconds=median,
+          stage_sizes=step.stage_sizes, lead_parts=step.lead_parts,
+          step_costs=step.step_costs, seconds=median,
           sentences_per_second=c.batch / median,
           ms_per_token=1e3 * median / length, same_tokens=step.same_tokens)
       if traced:
