@@ -8,6 +8,7 @@ from lingvo.core import cluster_factory
 from lingvo.core import py_utils
 from lingvo.core import test_utils
 from tasks.mt import bleu
+from tasks.mt import blocks
 from tasks.mt import model
 from tasks.mt import stack
 from tasks.mt import vocab
@@ -125,6 +126,44 @@ class DecodeTest(test_utils.TestCase):
       self.assertEqual(steps.shape, (batch, length, _V))
       self.assertGreater(np.std(full), 0.5)  # not a degenerate model
       self.assertAllClose(steps, full, atol=1e-4, rtol=1e-4)
+
+  def testStepPartsMakeTheStep(self):
+    # A decoder layer's step run part by part, each part with only its own
+    # weights (PartTheta), is its ExtendStep bit for bit; a layer without
+    # cross-attention has no such part.
+    rng = np.random.RandomState(2)
+    for cross in (True, False):
+      with self.session(graph=tf.Graph()) as sess:
+        p = blocks.DecoderLayer.Params().Set(
+            name='dec', model_dim=8, hidden_dim=16, num_heads=2,
+            has_cross_attention=cross, final_layer_norm=True)
+        layer = p.Instantiate()
+        parts = layer.StepParts()
+        self.assertEqual(parts, blocks.DecoderLayer.StepPartsOf(p))
+        self.assertEqual(parts, ['self_atten'] +
+                         (['cross_atten'] if cross else []) + ['ffn'])
+        src = tf.constant(rng.normal(size=[3, 4, 8]), tf.float32)
+        cache, source = layer.InitDecodeState(
+            layer.theta, 3, 5, src if cross else None,
+            tf.zeros([3, 4]) if cross else None)
+        x = tf.constant(rng.normal(size=[3, 1, 8]), tf.float32)
+        whole = layer.ExtendStep(layer.theta, x, tf.constant(2), cache,
+                                 source)
+        y, part_cache = x, cache
+        for part in parts:
+          theta = layer.PartTheta(layer.theta, [part])
+          y, part_cache = layer.ExtendStepPart(theta, part, y, tf.constant(2),
+                                               part_cache, source)
+        self.assertEqual(sorted(layer.PartTheta(layer.theta, ['ffn']).keys()),
+                         ['ffn', 'ffn_ln', 'final_ln'])
+        sess.run(tf.global_variables_initializer())
+        whole, split = sess.run([whole, (y, part_cache)])
+        self.assertAllEqual(whole[0], split[0])
+        self.assertAllEqual(whole[1], split[1])
+        if not cross:
+          with self.assertRaisesRegex(ValueError, r"no step part 'cross_"):
+            layer.ExtendStepPart(layer.theta, 'cross_atten', x,
+                                 tf.constant(0), cache, source)
 
   def testGreedyDecodeEqualsArgmaxOfFullPrefixLogits(self):
     batch, length = 4, 6
