@@ -44,6 +44,13 @@ class DecodeBenchmarkTest(test_utils.TestCase):
         self.assertLen(c['measured_bubbles'], c['K'])
         self.assertTrue(all(0 <= b < 1 for b in c['measured_bubbles']))
         self.assertGreaterEqual(c['formula_bubble'], 0)
+    # K=2 also with the decoder cut at whole layers (--whole_layer_lanes).
+    whole = [c for c in result['configs'] if c['whole_layers']]
+    self.assertEqual({(c['K'], c['M'], c['beam']) for c in whole},
+                     {(2, 2, 1), (2, 2, 2)})
+    for c in whole:
+      self.assertEqual(c['lead_parts'], [0] * len(c['stage_sizes']))
+      self.assertIn('%d, whole layers' % c['M'], text)
     self.assertEqual(sorted(result['worker_peak_rss_bytes']), ['1', '2'])
 
 

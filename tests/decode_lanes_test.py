@@ -76,7 +76,7 @@ class DecodeLanesTest(test_utils.TestCase):
 
   def testDefaultNumLanes(self):
     self.assertEqual(lanes.DefaultNumLanes(1, 64), 1)
-    self.assertEqual(lanes.DefaultNumLanes(2, 64), 4)
+    self.assertEqual(lanes.DefaultNumLanes(2, 64), 2)
     self.assertEqual(lanes.DefaultNumLanes(4, 3), 3)
 
   def testEncoderMicroBatches(self):

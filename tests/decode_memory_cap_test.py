@@ -78,7 +78,7 @@ class DecodeMemoryCapTest(test_utils.TestCase):
     run = decode_memory.CappedDecode(SHAPE, 2, CAP, BATCH, self.checkpoint,
                                      steps=0, log=lambda *_: None)
     self.assertAllEqual(run['ids'], self.reference)
-    self.assertEqual(run['M'], 4)
+    self.assertEqual(run['M'], 2)  # The default: K lanes.
     self.assertEqual(sum(run['stage_weight_bytes']), self.weight_bytes)
     for peak, weights in zip(run['peak_bytes'], run['stage_weight_bytes']):
       self.assertLessEqual(peak, CAP)

@@ -71,6 +71,7 @@ def TaskParams(devices, max_decode_len=LEN + 1, layers=None, cut=None):
     p.network.Set(num_stages=len(cut.stage_sizes),
                   stage_sizes=list(cut.stage_sizes),
                   stage_devices=list(cut.stage_devices))
+    p.decode_lead_parts = cut.lead_parts
   return p
 
 
@@ -118,9 +119,9 @@ class DecodeGraph:
                cut=None):
     self.graph = tf.Graph()
     self.test = CopyBatch(np.random.RandomState(seed), batch)
-    self.lead_parts = cut.lead_parts if cut is not None else None
     with self.graph.as_default(), cluster_factory.SetEval(True):
       self.task = TaskParams(devices, max_decode_len, cut=cut).Instantiate()
+      self.lead_parts = self.task.params.decode_lead_parts
       self.src_ids = tf.constant(self.test['src_ids'])
       self.src_paddings = tf.constant(self.test['src_paddings'])
       self._saver = tf.train.Saver(self.task.vars.Flatten())

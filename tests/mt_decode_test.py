@@ -139,7 +139,6 @@ class DecodeTest(test_utils.TestCase):
             has_cross_attention=cross, final_layer_norm=True)
         layer = p.Instantiate()
         parts = layer.StepParts()
-        self.assertEqual(parts, blocks.DecoderLayer.StepPartsOf(p))
         self.assertEqual(parts, ['self_atten'] +
                          (['cross_atten'] if cross else []) + ['ffn'])
         src = tf.constant(rng.normal(size=[3, 4, 8]), tf.float32)

@@ -10,6 +10,7 @@ whose sequences all ended stops computing, and bad inputs are refused.
 """
 
 import collections
+import itertools
 import re
 
 from gpipe.compat import lingvo_import  # pylint: disable=unused-import
@@ -19,6 +20,7 @@ from gpipe import pipeline_tasks
 from gpipe.measure import timeline
 from lingvo import compat as tf
 from lingvo.core import cluster_factory
+from lingvo.core import py_utils
 from lingvo.core import test_utils
 from tasks.mt import decode_cut
 from tasks.mt import pipelined_decode
@@ -182,7 +184,9 @@ class PipelinedDecodeTest(test_utils.TestCase):
         continue
       for x in op.inputs:
         if x.shape.rank == 4:
-          what = 'source' if x.op.type == 'Transpose' else 'cache'
+          # [rows, heads, positions, dim]: the target's or the source's.
+          self.assertIn(x.shape[2], (dt.LEN + 1, dt.LEN))
+          what = 'cache' if x.shape[2] == dt.LEN + 1 else 'source'
           where[_Cpu(x.op.device), what] += 1
     crossing = [s for s in sends if re.search(r'stage\d+_D\d+/', s)]
     self.assertNotEmpty(crossing)
@@ -214,11 +218,68 @@ class PipelinedDecodeTest(test_utils.TestCase):
     where = self._AssertStateStaysOnItsDevice(_Cpus(2), cut=cut)
     self.assertEqual(where, {('CPU:0', 'cache'): 8, ('CPU:0', 'source'): 4,
                              ('CPU:1', 'cache'): 4, ('CPU:1', 'source'): 8})
+    # The task decodes with the cut's lead parts (decode_lead_parts).
+    graph = dt.DecodeGraph(_Cpus(2), cut=cut)
+    self.assertEqual(graph.task.params.decode_lead_parts, [0, 0, 0, 1])
+    with graph.graph.as_default(), cluster_factory.SetEval(True):
+      out = graph.task.DecodeWithTheta(graph.task.theta, py_utils.NestedMap(
+          src_ids=graph.src_ids, src_paddings=graph.src_paddings))
+      want = graph.task.GreedyDecode(graph.task.theta, graph.src_ids,
+                                     graph.src_paddings)[0]
+      with tf.compat.v1.Session(config=dt.CONFIG) as sess:
+        graph.Restore(sess, self.checkpoint)
+        got, want = sess.run([out['hyp_ids'], want])
+    self.assertAllEqual(got, want)
     # Whole layers when parts do not cut better.
     self.assertEqual(
         decode_cut.DecodeCut(layers, _Cpus(2),
                              [[1, 1, 1], [1, 1, 1], [1, 1, 1], 3]).lead_parts,
         [0] * 4)
+
+  def testDecodeCutSplitsTwoLayersOnThreeDevices(self):
+    # [emb, enc0] [enc1] [enc2] | dec0 + dec1.self_atten | dec1.cross_atten,
+    # dec1.ffn, dec2.self_atten, dec2.cross_atten | dec2.ffn, softmax: the
+    # third device runs only the feed-forward of its first layer.
+    cut = decode_cut.DecodeCut(dt.Layers(), _Cpus(3),
+                               [[1, 1, 1], [1, 1, 1], [1, 1, 1], 3])
+    self.assertEqual(cut.stage_sizes, [2, 1, 1, 1, 1, 2])
+    self.assertEqual(cut.lead_parts, [0, 0, 0, 0, 1, 2])
+    self._AssertDecodesMatch(_Cpus(3), lanes=(2, 4), cut=cut)
+    where = self._AssertStateStaysOnItsDevice(_Cpus(3), cut=cut)
+    self.assertEqual(where, {('CPU:0', 'cache'): 8, ('CPU:0', 'source'): 4,
+                             ('CPU:1', 'cache'): 4, ('CPU:1', 'source'): 8})
+
+  def testPartCutIsTheBestCut(self):
+    # Against every cut of the parts into groups that each end a layer.
+    rng = np.random.RandomState(0)
+    for _ in range(200):
+      num_layers = rng.randint(2, 6)
+      k = rng.randint(2, min(4, num_layers + 1) + 1)
+      costs = [list(rng.randint(1, 10, size=3)) if rng.rand() < 0.8 else
+               int(rng.randint(1, 10)) for _ in range(num_layers)]
+      costs.append(int(rng.randint(1, 10)))
+      layers, lead = decode_cut._DecoderCut(costs, k)  # pylint: disable=protected-access
+      parts = [c if isinstance(c, list) else [c] for c in costs]
+      self.assertEqual(sum(layers), len(costs))
+      self.assertEqual(lead[0], 0)
+      loads, first = [0.0] * k, 0
+      for g in range(k):
+        self.assertGreaterEqual(layers[g], 1)
+        own = parts[first:first + layers[g]]
+        self.assertLess(lead[g], len(own[0]))
+        loads[g] += sum(map(sum, own)) - sum(own[0][:lead[g]])
+        if g:
+          loads[g - 1] += sum(own[0][:lead[g]])
+        first += layers[g]
+      units = [(i, j == len(p) - 1, c) for i, p in enumerate(parts)
+               for j, c in enumerate(p)]
+      best = float('inf')
+      for cuts in itertools.combinations(range(1, len(units)), k - 1):
+        bounds = (0,) + cuts + (len(units),)
+        groups = [units[a:b] for a, b in zip(bounds, bounds[1:])]
+        if all(any(end for _, end, _ in g) for g in groups):
+          best = min(best, max(sum(c for _, _, c in g) for g in groups))
+      self.assertEqual(max(loads), best, (costs, k, layers, lead))
 
   def testBadLeadParts(self):
     cut = decode_cut.Cut([3, 1, 1, 3], _Cpus(2) * 2, [0, 0, 0, 2])
@@ -227,7 +288,8 @@ class PipelinedDecodeTest(test_utils.TestCase):
                         ([0, 0, 0, 3], r'lead_parts\[3\]=3: .* more than 3'),
                         ([0, 0, 1, 0], r'lead_parts\[2\]=1: .* after a stage'
                                        r' with decoder layers'),
-                        ([0, 1, 0, 0], r'first layer \(EncoderLayer\)')):
+                        ([0, 1, 0, 0], r'first layer \(EncoderLayer\)'),
+                        ([0, 0, 0, 1.0], 'give whole numbers')):
       graph.lead_parts = lead
       with graph.graph.as_default(), self.assertRaisesRegex(ValueError,
                                                             error):

@@ -198,7 +198,9 @@ class DecoderLayer(_TransformerBlock):
     return p
 
   def _AttentionNames(self):
-    return self.StepParts()[:-1]
+    if self.params.has_cross_attention:
+      return ['self_atten', 'cross_atten']
+    return ['self_atten']
 
   def FProp(self, theta, inputs):
     """Updates ``inputs.tgt``.
@@ -221,17 +223,10 @@ class DecoderLayer(_TransformerBlock):
     h = self.self_atten.FProp(theta.self_atten, h, h,
                               sublayers.CausalBias(length))
     x = self._Residual(x, h, 'self_atten')
-    source = (self._Source(theta, inputs.src, inputs.src_paddings)
+    source = (self.InitSource(theta, inputs.src, inputs.src_paddings)
               if p.has_cross_attention else None)
     out.tgt = self._AfterSelfAttention(theta, x, source)
     return out
-
-  def _Source(self, theta, src, src_paddings):
-    """Cross-attention keys, values and padding bias of the encoder output."""
-    source = py_utils.NestedMap(bias=sublayers.PaddingBias(src_paddings))
-    source.key, source.value = self.cross_atten.KeysAndValues(
-        theta.cross_atten, src)
-    return source
 
   def _CrossAttention(self, theta, x, source):
     """The cross-attention sub-block on `x`, attending to `source`."""
@@ -275,16 +270,36 @@ class DecoderLayer(_TransformerBlock):
       ValueError: if the layer has cross-attention but `src` or
         `src_paddings` is missing.
     """
+    if not self.params.has_cross_attention:
+      return self.InitCache(batch, max_len), None
+    if src is None or src_paddings is None:
+      raise ValueError('%s: decoding with cross-attention needs the encoder '
+                       'output src and src_paddings' % self.params.name)
+    return (self.InitCache(batch, max_len),
+            self.InitSource(theta, src, src_paddings))
+
+  def InitCache(self, batch, max_len):
+    """The empty self-attention cache: `InitDecodeState`'s `cache` only."""
     p = self.params
     shape = [batch, p.num_heads, max_len, p.model_dim // p.num_heads]
     dtype = py_utils.FPropDtype(p)  # what KeysAndValues computes in
-    cache = (tf.zeros(shape, dtype), tf.zeros(shape, dtype))
-    if not p.has_cross_attention:
-      return cache, None
-    if src is None or src_paddings is None:
-      raise ValueError('%s: decoding with cross-attention needs the encoder '
-                       'output src and src_paddings' % p.name)
-    return cache, self._Source(theta, src, src_paddings)
+    return (tf.zeros(shape, dtype), tf.zeros(shape, dtype))
+
+  def InitSource(self, theta, src, src_paddings):
+    """The cross-attention's keys and values: `InitDecodeState`'s `source`.
+
+    Args:
+      theta: the layer's variables (or those of its 'cross_atten' part).
+      src: [B, S, D] encoder output.
+      src_paddings: [B, S] its paddings.
+
+    Returns:
+      A NestedMap of the keys and values [B, N, S, D/N] and the padding bias.
+    """
+    source = py_utils.NestedMap(bias=sublayers.PaddingBias(src_paddings))
+    source.key, source.value = self.cross_atten.KeysAndValues(
+        theta.cross_atten, src)
+    return source
 
   def ExtendStep(self, theta, x, t, cache, source):
     """FProp of one target position `t`, attending to positions <= t.
@@ -324,8 +339,10 @@ class DecoderLayer(_TransformerBlock):
       cross-attention). Only 'self_atten' reads and extends the cache, only
       'cross_atten' reads the source; 'ffn' includes the final norm.
     """
-    return (['self_atten'] + (['cross_atten'] if p.has_cross_attention else [])
-            + ['ffn'])
+    parts = ['self_atten', 'ffn']
+    if p.has_cross_attention:
+      parts.insert(1, 'cross_atten')
+    return parts
 
   def StepParts(self):
     """This layer's ``StepPartsOf``."""

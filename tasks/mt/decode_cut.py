@@ -97,15 +97,58 @@ def _Bottleneck(sizes, costs):
   return max(sum(costs[ends[g]:ends[g + 1]]) for g in range(len(sizes)))
 
 
+def _PartGroups(unit_costs, ends_layer, num_groups):
+  """Consecutive groups of step parts minimizing the dearest group.
+
+  Every group must run the last part of at least one layer (so that it owns
+  a layer).
+
+  Args:
+    unit_costs: the cost of each step part, in order.
+    ends_layer: per part, whether it is its layer's last.
+    num_groups: K.
+
+  Returns:
+    (K group sizes, the dearest group's cost), or (None, inf) if no cut fits.
+  """
+  n = len(unit_costs)
+  prefix = np.concatenate([[0.0], np.cumsum(unit_costs)])
+  # ends[j]: layers ended within the first j parts.
+  ends = np.concatenate([[0], np.cumsum(ends_layer)])
+  inf = float('inf')
+  best = np.where(ends >= 1, prefix, inf)  # one group: the first j parts
+  starts = []  # per group after the first, per j: where it starts
+  for _ in range(1, num_groups):
+    new, start = np.full(n + 1, inf), np.zeros(n + 1, np.int64)
+    for j in range(1, n + 1):
+      i = np.arange(j)
+      ok = (ends[j] - ends[i] >= 1) & np.isfinite(best[:j])
+      if not ok.any():
+        continue
+      cost = np.where(ok, np.maximum(best[:j], prefix[j] - prefix[:j]), inf)
+      start[j] = int(np.argmin(cost))
+      new[j] = cost[start[j]]
+    best = new
+    starts.append(start)
+  if not np.isfinite(best[n]):
+    return None, inf
+  sizes, j = [], n
+  for start in reversed(starts):
+    sizes.append(j - start[j])
+    j = start[j]
+  sizes.append(j)
+  return sizes[::-1], float(best[n])
+
+
 def _DecoderCut(step_costs, num_devices):
   """(layers per device, lead parts per device) of the decoding loop.
 
   Whole layers are cut by their total cost. When some layers give a cost
   per step part, the parts of all layers are also cut into consecutive
-  groups; a layer split between two groups belongs to the later one (its
-  device runs the layer's last parts), and the earlier device runs the
-  first ones (the later group's lead parts). That cut is taken when its
-  dearest group is cheaper and every group ends at least one layer.
+  groups, each running the last part of at least one layer; a layer split
+  between two groups belongs to the later one (its device runs the layer's
+  last parts), and the earlier device runs the first ones (the later
+  group's lead parts). That cut is taken when its dearest group is cheaper.
 
   Args:
     step_costs: per layer, a cost or a list of its step parts' costs.
@@ -114,26 +157,24 @@ def _DecoderCut(step_costs, num_devices):
   Returns:
     (K layer counts, K lead part counts, the first 0).
   """
-  totals = [sum(_Parts(c)) for c in step_costs]
+  parts = [_Parts(c) for c in step_costs]
+  totals = [sum(p) for p in parts]
   whole = partition.PartitionByCost(totals, num_devices)
-  units = [(i, j, c) for i, cost in enumerate(step_costs)
-           for j, c in enumerate(_Parts(cost))]
-  if len(units) == len(step_costs):
-    return whole, [0] * num_devices
-  unit_costs = [c for _, _, c in units]
-  sizes = partition.PartitionByCost(unit_costs, num_devices)
-  if _Bottleneck(sizes, unit_costs) >= _Bottleneck(whole, totals):
-    return whole, [0] * num_devices
-  bounds = np.cumsum([0] + sizes)
-  layers, lead = [], []
-  for g in range(num_devices):
-    group = units[bounds[g]:bounds[g + 1]]
-    # The layers whose last part the group runs.
-    ends = sum(1 for i, j, _ in group if j == len(_Parts(step_costs[i])) - 1)
-    if not ends:
-      return whole, [0] * num_devices
-    layers.append(ends)
+  no_split = whole, [0] * num_devices
+  if all(len(p) == 1 for p in parts):
+    return no_split
+  units = [(i, j) for i, p in enumerate(parts) for j in range(len(p))]
+  sizes, bottleneck = _PartGroups(
+      [c for p in parts for c in p],
+      [j == len(parts[i]) - 1 for i, j in units], num_devices)
+  if sizes is None or bottleneck >= _Bottleneck(whole, totals):
+    return no_split
+  layers, lead, start = [], [], 0
+  for size in sizes:
+    group = units[start:start + size]
+    layers.append(sum(1 for i, j in group if j == len(parts[i]) - 1))
     lead.append(group[0][1])
+    start += size
   return layers, lead
 
 
@@ -205,7 +246,11 @@ def MeasuredStepCosts(layer_params, rows, src_len, max_len, repeats=5,
   and its step (``DecoderLayer.ExtendStep``, or each of its
   ``ExtendStepPart``; the softmax's logits and the search's pick) timed on
   `rows` rows at the middle position, in a session with one thread, as a
-  one-core worker runs it. The median of `repeats` runs after a warm-up.
+  one-core worker runs it, its state in variables as in the decoder's loop.
+  The median of `repeats` runs after a warm-up. Each timed run also pays a
+  session run's fixed cost, so a layer's parts sum to more than its whole
+  step; the embedding of the tokens (a lookup, next to nothing) is not
+  timed.
   With beam search the pick is ``search.BeamPick`` and a decoder layer's
   step (its 'self_atten' part) includes reordering its cache by the beams
   the last step kept, as the pipelined decoder does.
@@ -238,9 +283,12 @@ def MeasuredStepCosts(layer_params, rows, src_len, max_len, repeats=5,
 def _StepFetch(sess, layer, rows, src_len, max_len, part, beam_size):
   """(fetch, feeds) of one decoding step of `layer` at the middle position.
 
-  `part`: one of the layer's step parts, or None for the whole step.
-  Everything the step reads but its weights is fed, so that no part of it is
-  folded into a constant.
+  `part`: one of the layer's step parts, or None for the whole step. The
+  state a step reads (the cache, the source's keys and values) is held in
+  variables, as a decoder holds it in its loop: neither fed nor fetched
+  (which would copy it each run), and not folded into constants. Only the
+  token's hidden state (and the beams) are fed, and only the part's output
+  is fetched.
   """
   p = layer.params
   rng = np.random.RandomState(0)
@@ -257,22 +305,25 @@ def _StepFetch(sess, layer, rows, src_len, max_len, part, beam_size):
         feeds)
   src = tf.constant(rng.normal(size=[rows, src_len, p.model_dim]),
                     tf.float32)
-  state = layer.InitDecodeState(layer.theta, rows, max_len, src,
-                                tf.zeros([rows, src_len]))
-  values = sess.run(state)
-  holders = tf.nest.map_structure(
-      lambda v: tf.compat.v1.placeholder(tf.as_dtype(v.dtype), v.shape),
-      values)
-  feeds.update(zip(tf.nest.flatten(holders), tf.nest.flatten(values)))
-  cache, source = holders
+  values = sess.run(layer.InitDecodeState(layer.theta, rows, max_len, src,
+                                          tf.zeros([rows, src_len])))
+  held = []
+  for value in tf.nest.flatten(values):
+    v = tf.compat.v1.Variable(tf.zeros(value.shape, value.dtype),
+                              trainable=False)
+    sess.run(v.initializer)
+    v.load(value, sess)
+    held.append(v.read_value())
+  cache, source = tf.nest.pack_sequence_as(values, held)
   if k > 1 and part in (None, 'self_atten'):
     beam = tf.compat.v1.placeholder(tf.int32, [rows // k, k])
     feeds[beam] = rng.randint(0, k, size=[rows // k, k]).astype(np.int32)
     cache = tf.nest.map_structure(lambda c: search.ReorderBeams(c, beam),
                                   cache)
   if part is None:
-    return layer.ExtendStep(layer.theta, x, t, cache, source), feeds
-  return layer.ExtendStepPart(layer.theta, part, x, t, cache, source), feeds
+    return layer.ExtendStep(layer.theta, x, t, cache, source)[0], feeds
+  return layer.ExtendStepPart(layer.theta, part, x, t, cache, source)[0], (
+      feeds)
 
 
 def _MeasureSteps(layer_params, rows, src_len, max_len, repeats, parts,

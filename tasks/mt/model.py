@@ -60,9 +60,15 @@ class TransformerMTTask(base_model.BaseTask):
     p.Define(
         'decode_micro_batches', None,
         'M, the lanes of pipelined decoding; must divide the batch (a lane '
-        'holds whole examples with their beams). None: 2K for K > 1 stages '
-        '(at most one lane per example), 1 for K = 1 '
+        'holds whole examples with their beams). None: K for the K stages of '
+        'the decoding loop (at most one lane per example), 1 for K = 1 '
         '(gpipe.schedules.decode_lanes.DefaultNumLanes).')
+    p.Define(
+        'decode_lead_parts', None,
+        'Per pipeline stage, the leading step parts of its first decoder '
+        'layer that pipelined decoding runs on the previous stage\'s device '
+        '(tasks/mt/decode_cut.py: a network cut by DecodeCut takes the '
+        'Cut\'s lead_parts here); None: whole layers.')
     return p
 
   def __init__(self, params):
@@ -264,7 +270,8 @@ class TransformerMTTask(base_model.BaseTask):
     if p.pipelined_decode:
       ids, scores = pipelined_decode.Decode(
           self, theta, input_batch.src_ids, input_batch.src_paddings,
-          beam_size=p.beam_size, num_lanes=p.decode_micro_batches)
+          beam_size=p.beam_size, num_lanes=p.decode_micro_batches,
+          lead_parts=p.decode_lead_parts)
     elif p.beam_size > 1:
       ids, scores, _, _ = self.BeamSearchDecode(theta, input_batch.src_ids,
                                                 input_batch.src_paddings)

@@ -33,6 +33,8 @@ tokens cross devices each step. The tokens equal the unpipelined decoder's:
 the same layers compute the same rows (tested token for token).
 """
 
+import numbers
+
 from gpipe.compat import lingvo_import  # pylint: disable=unused-import
 from gpipe import lanes
 from gpipe import micro_batch
@@ -122,6 +124,9 @@ def _MoveLeadParts(task, stages, lead_parts):
     raise ValueError('%s: lead_parts gives one count per stage (%d), got %d' %
                      (name, len(stages), len(lead_parts)))
   for k, lead in enumerate(lead_parts):
+    if not isinstance(lead, numbers.Integral) or isinstance(lead, bool):
+      raise ValueError('%s: lead_parts[%d]=%r: give whole numbers of step '
+                       'parts' % (name, k, lead))
     if not lead:
       continue
     stage = stages[k]
@@ -187,7 +192,7 @@ def CheckDecodable(task):
         'network (stack.EncoderDecoderLayers)' % name)
 
 
-def NumLanes(task, batch, beam_size, num_lanes=None):
+def NumLanes(task, batch, beam_size, num_lanes=None, loop_stages=None):
   """M for a batch of `batch` examples, checked.
 
   Args:
@@ -195,7 +200,10 @@ def NumLanes(task, batch, beam_size, num_lanes=None):
     batch: examples in the batch (an int).
     beam_size: beams per example.
     num_lanes: the lanes asked for, or None for the default
-      (``decode_lanes.DefaultNumLanes``).
+      (``decode_lanes.DefaultNumLanes`` of the decoding loop's stages).
+    loop_stages: the stages of the decoding loop (one per device in a row:
+      ``DecodeCut``'s 2K stages on K devices loop over K), or None for the
+      network's stages.
 
   Returns:
     M.
@@ -204,7 +212,7 @@ def NumLanes(task, batch, beam_size, num_lanes=None):
     ValueError: M < 1, M larger than the batch, or M not dividing it.
   """
   name = task.params.name
-  k = task.network.num_stages
+  k = task.network.num_stages if loop_stages is None else loop_stages
   if num_lanes is None:
     num_lanes = decode_lanes.DefaultNumLanes(k, batch)
     # The largest divisor of the batch up to the default.
@@ -359,13 +367,13 @@ def Decode(task, theta, src_ids, src_paddings, beam_size=1, num_lanes=None,
   p = task.params
   length = p.max_decode_len
   batch = micro_batch.StaticBatchSize([src_ids], 0)
-  m = NumLanes(task, batch, beam_size, num_lanes)
   stages = _Stages(task)
   _MoveLeadParts(task, stages, lead_parts)
+  decode_stages = _LoopStages(stages)
+  m = NumLanes(task, batch, beam_size, num_lanes, len(decode_stages))
   k = beam_size
   encoded = _Encode(stages, theta, src_ids, src_paddings, m)
   rows = batch // m * k
-  decode_stages = _LoopStages(stages)
   lane_stages, states, constants = [], [], []
   for s in decode_stages:
     stage_states, stage_constants = [], []
@@ -377,12 +385,15 @@ def Decode(task, theta, src_ids, src_paddings, beam_size=1, num_lanes=None,
                                                                axis=0)
         caches, sources = [], []
         for key, layer, parts in s.decoders:
-          cache, source = layer.InitDecodeState(theta.network[key], rows,
-                                                length, src, paddings)
-          # Only the parts the stage runs: () for what it does not need
-          # (left out of the graph).
-          caches.append(cache if 'self_atten' in parts else ())
-          sources.append(source if 'cross_atten' in parts else ())
+          # The state of the parts the stage runs only (() for the others):
+          # the cache of the self-attention, the keys and values of the
+          # cross-attention, each on the device that runs that part.
+          caches.append(layer.InitCache(rows, length)
+                        if 'self_atten' in parts else ())
+          sources.append(
+              layer.InitSource(layer.PartTheta(theta.network[key],
+                                               ['cross_atten']), src, paddings)
+              if 'cross_atten' in parts else ())
         state = py_utils.NestedMap(caches=caches)
         if s.softmax:
           state.result = (search.BeamStart(rows // k, k, length) if k > 1

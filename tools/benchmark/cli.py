@@ -174,6 +174,10 @@ def _Parser():
                  help='M values of the pipelined decoder (lanes)')
   p.add_argument('--beams', default='1,4',
                  help='beam sizes (1: greedy decoding)')
+  p.add_argument('--whole_layer_lanes', default='2',
+                 help='M values at which K=2 also decodes with the decoder '
+                 'cut at whole layers, beside the cut into step parts '
+                 "(comma-separated; '' for none)")
   p.add_argument('--batch', type=int, default=256,
                  help='sentences decoded together, greedy (a serving '
                  'batch: lanes of 32-256 rows)')

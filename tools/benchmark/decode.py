@@ -58,8 +58,13 @@ QUICK_DECODE_MODEL = dict(vocab_size=64, model_dim=32, hidden_dim=64,
 
 class DecodeConfig(
     collections.namedtuple('DecodeConfig',
-                           ['num_stages', 'lanes', 'beam', 'batch'])):
-  """One decoding configuration; lanes None: the unpipelined decoder."""
+                           ['num_stages', 'lanes', 'beam', 'batch',
+                            'whole_layers'])):
+  """One decoding configuration; lanes None: the unpipelined decoder.
+
+  ``whole_layers``: cut the decoder at whole layers only (for comparison
+  with the cut into step parts).
+  """
 
   __slots__ = ()
 
@@ -67,7 +72,11 @@ class DecodeConfig(
   def label(self):
     how = 'unpipelined' if self.lanes is None else 'M=%d' % self.lanes
     search = 'greedy' if self.beam == 1 else 'beam %d' % self.beam
-    return 'K=%d %s %s' % (self.num_stages, how, search)
+    return 'K=%d %s %s%s' % (self.num_stages, how, search,
+                             ' whole layers' if self.whole_layers else '')
+
+
+DecodeConfig.__new__.__defaults__ = (False,)
 
 
 def Layers(shape):
@@ -147,6 +156,9 @@ class DecodeStep:
       self.step_costs = self.lead_parts = None
       if cut == 'decode':
         self.step_costs = _StepCosts(shape, c, len(devices))
+        if c.whole_layers and self.step_costs:
+          self.step_costs = [sum(x) if isinstance(x, list) else x
+                             for x in self.step_costs]
         decode = decode_cut.DecodeCut(layers, devices, self.step_costs)
         self.lead_parts = decode.lead_parts
         p.network.Set(num_stages=len(decode.stage_sizes),
@@ -278,8 +290,10 @@ def Decode(args):
   shape = QUICK_DECODE_MODEL if args.quick else DECODE_MODEL
   lanes = [int(m) for m in args.lanes.split(',')]
   beams = [int(b) for b in args.beams.split(',')]
+  whole = [int(m) for m in args.whole_layer_lanes.split(',') if m.strip()]
   length = shape['max_decode_len']
-  settings = dict(shape, lanes=lanes, beams=beams, batch=args.batch,
+  settings = dict(shape, lanes=lanes, beams=beams, whole_layer_lanes=whole,
+                  batch=args.batch,
                   beam_batch=args.beam_batch, steps=args.steps,
                   trace_steps=args.trace_steps, priority=args.priority)
   header, info = report.Header('Pipelined decoding', settings)
@@ -293,6 +307,8 @@ def Decode(args):
       configs = [DecodeConfig(1, None, beam, batch)]
       configs += [DecodeConfig(k, m, beam, batch) for k in (1, 2)
                   for m in lanes if batch % m == 0]
+      configs += [DecodeConfig(2, m, beam, batch, True) for m in whole
+                  if batch % m == 0]
       for c in configs:
         cluster = runner.Cluster('gpipe', c.num_stages)
         step = DecodeStep(c, shape, cluster.target, cluster.devices,
@@ -324,6 +340,7 @@ def Decode(args):
       median = seconds[c.label]
       entry = dict(
           K=c.num_stages, M=c.lanes, beam=c.beam, batch=c.batch,
+          whole_layers=c.whole_layers,
           stage_sizes=step.stage_sizes, lead_parts=step.lead_parts,
           step_costs=step.step_costs, seconds=median,
           sentences_per_second=c.batch / median,
@@ -347,7 +364,9 @@ def Decode(args):
         e['speedup_over_best_k1'] = e['sentences_per_second'] / best_one
         rows.append([
             'greedy' if beam == 1 else 'beam %d' % beam, e['K'],
-            'unpipelined' if e['M'] is None else e['M'], e['batch'],
+            'unpipelined' if e['M'] is None else
+            '%d, whole layers' % e['M'] if e['whole_layers'] else e['M'],
+            e['batch'],
             e['sentences_per_second'], e['ms_per_token'],
             '%.2fx' % e['speedup_over_best_k1'],
             ', '.join('%.0f%%' % (100 * b)
@@ -366,7 +385,8 @@ def Decode(args):
       peaks[k] = cluster.PeakRssBytes()
     result['worker_peak_rss_bytes'] = peaks
     pipelined = [(s, e) for s, e in zip(steps, result['configs'])
-                 if e['K'] == 2 and e['M'] is not None and e['beam'] == 1]
+                 if e['K'] == 2 and e['M'] is not None and e['beam'] == 1
+                 and not e['whole_layers']]
     if args.timeline and pipelined:
       s, e = max(pipelined, key=lambda x: x[1]['sentences_per_second'])
       timeline.RenderPNG(
@@ -403,9 +423,14 @@ def _Plot(plt, result, beams):
                    label='K=1 unpipelined')
     for k, style in ((1, 'o-'), (2, 's-')):
       curve = sorted((e['M'], e['sentences_per_second']) for e in configs
-                     if e['K'] == k and e['M'] is not None)
+                     if e['K'] == k and e['M'] is not None and
+                     not e.get('whole_layers'))
       if curve:
         ax.plot(*zip(*curve), style, label='K=%d in lanes' % k)
+    whole = [(e['M'], e['sentences_per_second']) for e in configs
+             if e.get('whole_layers')]
+    if whole:
+      ax.plot(*zip(*whole), 'kx', label='K=2, decoder cut at whole layers')
     ax.set_xscale('log', base=2)
     ax.set(xlabel='lanes M', ylabel='sentences / s',
            title='greedy' if beam == 1 else 'beam %d' % beam)

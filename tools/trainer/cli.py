@@ -156,7 +156,8 @@ flags.DEFINE_integer('decode_max_batches', None,
 flags.DEFINE_integer(
     'decode_micro_batches', None,
     'M: decode each batch in M lanes through the pipeline stages (must '
-    'divide the batch; default 2K lanes for K > 1 stages, 1 for K = 1).')
+    'divide the batch; default K lanes for the K stages of the decoding '
+    'loop, 1 for K = 1).')
 flags.DEFINE_bool(
     'pipelined_decode', None,
     'Decode through the pipeline stages on their devices, in lanes '
