@@ -57,17 +57,41 @@ Before training, the planner chooses a configuration:
 """
 
 from gpipe.compat import lingvo_import  # pylint: disable=unused-import  # must be first
-# pylint: disable=g-import-not-at-top,wrong-import-position
-from gpipe import schedule
-from gpipe.measure import timeline
-from gpipe.batch_norm import MicroBatchBatchNormLayer
-from gpipe.compat.lingvo_gpipe import FromLingvo
-from gpipe.runtime.local_cluster import LocalCluster
-from gpipe.partition import PartitionByCost
-from gpipe.partition import StageCut
-from gpipe.pipeline import PipeliningLayer
-from gpipe.randomness import Dropout
-# pylint: enable=g-import-not-at-top,wrong-import-position
+import importlib
+
+# The public names and the modules that define them, imported on first use:
+# a process that needs only part of the library (a worker process, a test of
+# one module) does not pay for importing the rest (Lingvo's own GPipe behind
+# FromLingvo pulls in matplotlib, half a second).
+_PUBLIC = {
+    'Dropout': ('gpipe.randomness', 'Dropout'),
+    'FromLingvo': ('gpipe.compat.lingvo_gpipe', 'FromLingvo'),
+    'LocalCluster': ('gpipe.runtime.local_cluster', 'LocalCluster'),
+    'MicroBatchBatchNormLayer': ('gpipe.batch_norm',
+                                 'MicroBatchBatchNormLayer'),
+    'PartitionByCost': ('gpipe.partition', 'PartitionByCost'),
+    'PipeliningLayer': ('gpipe.pipeline', 'PipeliningLayer'),
+    'StageCut': ('gpipe.partition', 'StageCut'),
+    'schedule': ('gpipe.schedule', None),  # modules
+    'timeline': ('gpipe.measure.timeline', None),
+}
+
+
+def __getattr__(name):
+  """A public name (``_PUBLIC``), imported on first use."""
+  if name not in _PUBLIC:
+    raise AttributeError('module %r has no attribute %r' % (__name__, name))
+  module, attr = _PUBLIC[name]
+  value = importlib.import_module(module)
+  if attr is not None:
+    value = getattr(value, attr)
+  globals()[name] = value
+  return value
+
+
+def __dir__():
+  return sorted(list(globals()) + list(_PUBLIC))
+
 
 __all__ = [
     'Dropout', 'FromLingvo', 'LocalCluster', 'MicroBatchBatchNormLayer', 'PartitionByCost',

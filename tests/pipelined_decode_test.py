@@ -211,16 +211,19 @@ class PipelinedDecodeTest(test_utils.TestCase):
                                [[3, 1, 1], [3, 1, 1], [3, 1, 1], 1])
     self.assertEqual(cut.stage_sizes, [3, 1, 1, 3])
     self.assertEqual(cut.lead_parts, [0, 0, 0, 1])
-    self._AssertDecodesMatch(_Cpus(2), lanes=LANES, cut=cut)
+    # (Every M of LANES with the decode cut: the test above.)
+    self._AssertDecodesMatch(_Cpus(2), lanes=(2,), cut=cut)
     # Layer 1's cache is on CPU:0 (its self-attention), its source's keys
     # and values on CPU:1 (its cross-attention); layer 0's on CPU:0, layer
     # 2's on CPU:1.
     where = self._AssertStateStaysOnItsDevice(_Cpus(2), cut=cut)
     self.assertEqual(where, {('CPU:0', 'cache'): 8, ('CPU:0', 'source'): 4,
                              ('CPU:1', 'cache'): 4, ('CPU:1', 'source'): 8})
-    # The task decodes with the cut's lead parts (decode_lead_parts).
+    # The task decodes with the cut's lead parts (decode_lead_parts), by
+    # default in K = 2 lanes: one per device of the loop, not per stage (4).
     graph = dt.DecodeGraph(_Cpus(2), cut=cut)
     self.assertEqual(graph.task.params.decode_lead_parts, [0, 0, 0, 1])
+    self.assertEqual(pipelined_decode.NumLanes(graph.task, dt.BATCH, 1), 2)
     with graph.graph.as_default(), cluster_factory.SetEval(True):
       out = graph.task.DecodeWithTheta(graph.task.theta, py_utils.NestedMap(
           src_ids=graph.src_ids, src_paddings=graph.src_paddings))
@@ -244,7 +247,7 @@ class PipelinedDecodeTest(test_utils.TestCase):
                                [[1, 1, 1], [1, 1, 1], [1, 1, 1], 3])
     self.assertEqual(cut.stage_sizes, [2, 1, 1, 1, 1, 2])
     self.assertEqual(cut.lead_parts, [0, 0, 0, 0, 1, 2])
-    self._AssertDecodesMatch(_Cpus(3), lanes=(2, 4), cut=cut)
+    self._AssertDecodesMatch(_Cpus(3), lanes=(4,), cut=cut)
     where = self._AssertStateStaysOnItsDevice(_Cpus(3), cut=cut)
     self.assertEqual(where, {('CPU:0', 'cache'): 8, ('CPU:0', 'source'): 4,
                              ('CPU:1', 'cache'): 4, ('CPU:1', 'source'): 8})

@@ -181,7 +181,11 @@ def DefaultNumLanes(num_stages, batch):
   each matmul), and fewer rows per lane make the matmuls less efficient.
   Measured with pinned one-core workers, K=2 decoding a T(4, 2048, 8) ran
   as fast at M=2 as at M=4 and 20% slower at M=8; a small model on two
-  worker processes took 2.4 s at M=2, 2.9 s at M=4 and 5.4 s at M=8.
+  worker processes took 2.3-2.4 s at M=2, 2.9 s at M=4 and 5.4 s at M=8.
+  M = K assumes a hand-over much shorter than a stage's step: each lane's
+  token goes through every stage and back, so a device idles for the
+  hand-overs of a round (more lanes hide them, at the calls' cost; give
+  more where links are slow).
 
   Args:
     num_stages: K, the stages of the decoding loop (one per device in a

@@ -167,7 +167,8 @@ def _DecoderCut(step_costs, num_devices):
   sizes, bottleneck = _PartGroups(
       [c for p in parts for c in p],
       [j == len(parts[i]) - 1 for i, j in units], num_devices)
-  if sizes is None or bottleneck >= _Bottleneck(whole, totals):
+  # Only a cut cheaper beyond float rounding splits a layer.
+  if sizes is None or bottleneck >= _Bottleneck(whole, totals) * (1 - 1e-9):
     return no_split
   layers, lead, start = [], [], 0
   for size in sizes:
@@ -309,10 +310,9 @@ def _StepFetch(sess, layer, rows, src_len, max_len, part, beam_size):
                                           tf.zeros([rows, src_len])))
   held = []
   for value in tf.nest.flatten(values):
-    v = tf.compat.v1.Variable(tf.zeros(value.shape, value.dtype),
-                              trainable=False)
-    sess.run(v.initializer)
-    v.load(value, sess)
+    init = tf.compat.v1.placeholder(tf.as_dtype(value.dtype), value.shape)
+    v = tf.compat.v1.Variable(init, trainable=False)
+    sess.run(v.initializer, {init: value})
     held.append(v.read_value())
   cache, source = tf.nest.pack_sequence_as(values, held)
   if k > 1 and part in (None, 'self_atten'):

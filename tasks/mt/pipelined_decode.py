@@ -192,7 +192,7 @@ def CheckDecodable(task):
         'network (stack.EncoderDecoderLayers)' % name)
 
 
-def NumLanes(task, batch, beam_size, num_lanes=None, loop_stages=None):
+def NumLanes(task, batch, beam_size, num_lanes=None, lead_parts=None):
   """M for a batch of `batch` examples, checked.
 
   Args:
@@ -200,10 +200,9 @@ def NumLanes(task, batch, beam_size, num_lanes=None, loop_stages=None):
     batch: examples in the batch (an int).
     beam_size: beams per example.
     num_lanes: the lanes asked for, or None for the default
-      (``decode_lanes.DefaultNumLanes`` of the decoding loop's stages).
-    loop_stages: the stages of the decoding loop (one per device in a row:
-      ``DecodeCut``'s 2K stages on K devices loop over K), or None for the
-      network's stages.
+      (``decode_lanes.DefaultNumLanes`` of the decoding loop's stages, one
+      per device in a row: K for ``DecodeCut``'s 2K stages on K devices).
+    lead_parts: as for ``Decode``.
 
   Returns:
     M.
@@ -212,7 +211,9 @@ def NumLanes(task, batch, beam_size, num_lanes=None, loop_stages=None):
     ValueError: M < 1, M larger than the batch, or M not dividing it.
   """
   name = task.params.name
-  k = task.network.num_stages if loop_stages is None else loop_stages
+  stages = _Stages(task)
+  _MoveLeadParts(task, stages, lead_parts)
+  k = len(_LoopStages(stages))
   if num_lanes is None:
     num_lanes = decode_lanes.DefaultNumLanes(k, batch)
     # The largest divisor of the batch up to the default.
@@ -370,7 +371,7 @@ def Decode(task, theta, src_ids, src_paddings, beam_size=1, num_lanes=None,
   stages = _Stages(task)
   _MoveLeadParts(task, stages, lead_parts)
   decode_stages = _LoopStages(stages)
-  m = NumLanes(task, batch, beam_size, num_lanes, len(decode_stages))
+  m = NumLanes(task, batch, beam_size, num_lanes, lead_parts)
   k = beam_size
   encoded = _Encode(stages, theta, src_ids, src_paddings, m)
   rows = batch // m * k
