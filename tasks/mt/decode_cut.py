@@ -54,8 +54,8 @@ class Cut(collections.namedtuple('Cut', ['stage_sizes', 'stage_devices',
   ``stage_sizes`` and ``stage_devices`` are ``PipeliningLayer``'s params;
   ``lead_parts`` (None: whole layers) gives per stage the number of leading
   step parts (``DecoderLayer.StepParts``) of its first layer that the
-  decoding loop runs at the end of the previous stage, on that stage's
-  device (``pipelined_decode.Decode``'s `lead_parts`).
+  decoding loop runs at the end of the previous stage's step, on the
+  previous stage's device (``pipelined_decode.Decode``'s `lead_parts`).
   """
 
   __slots__ = ()
