@@ -192,7 +192,7 @@ def CheckDecodable(task):
         'network (stack.EncoderDecoderLayers)' % name)
 
 
-def NumLanes(task, batch, beam_size, num_lanes=None, lead_parts=None):
+def NumLanes(task, batch, beam_size, num_lanes=None):
   """M for a batch of `batch` examples, checked.
 
   Args:
@@ -201,8 +201,8 @@ def NumLanes(task, batch, beam_size, num_lanes=None, lead_parts=None):
     beam_size: beams per example.
     num_lanes: the lanes asked for, or None for the default
       (``decode_lanes.DefaultNumLanes`` of the decoding loop's stages, one
-      per device in a row: K for ``DecodeCut``'s 2K stages on K devices).
-    lead_parts: as for ``Decode``.
+      per device in a row: K for ``DecodeCut``'s 2K stages on K devices;
+      lead parts move work between loop stages, not their number).
 
   Returns:
     M.
@@ -211,9 +211,7 @@ def NumLanes(task, batch, beam_size, num_lanes=None, lead_parts=None):
     ValueError: M < 1, M larger than the batch, or M not dividing it.
   """
   name = task.params.name
-  stages = _Stages(task)
-  _MoveLeadParts(task, stages, lead_parts)
-  k = len(_LoopStages(stages))
+  k = len(_LoopStages(_Stages(task)))
   if num_lanes is None:
     num_lanes = decode_lanes.DefaultNumLanes(k, batch)
     # The largest divisor of the batch up to the default.
@@ -371,7 +369,7 @@ def Decode(task, theta, src_ids, src_paddings, beam_size=1, num_lanes=None,
   stages = _Stages(task)
   _MoveLeadParts(task, stages, lead_parts)
   decode_stages = _LoopStages(stages)
-  m = NumLanes(task, batch, beam_size, num_lanes, lead_parts)
+  m = NumLanes(task, batch, beam_size, num_lanes)
   k = beam_size
   encoded = _Encode(stages, theta, src_ids, src_paddings, m)
   rows = batch // m * k
