@@ -264,7 +264,7 @@ def Decode(stages, feedback, states, constants, num_steps, lane_done=None,
       ops[(s, m)] = task_ops[-1]
     new_counters = []
     for d, order in enumerate(step_orders):
-      with tf.device(stages[device_of[order[-1][0]]].device):
+      with tf.device(stages[order[-1][0]].device):
         with tf.control_dependencies([ops[order[-1]]]):
           new_counters.append(counters[d] + 1)
     new_feedback, new_dones = [], []

@@ -96,6 +96,54 @@ class LanesTest(test_utils.TestCase):
     self.assertEqual(sorted(steps, reverse=True), steps)
     self.assertLess(steps[-1], steps[0])
 
+  def testStepCountersStayOnTheirDevices(self):
+    # Loop stages placed d0, d2, d0, d1, d2 (not stage k on device k): every
+    # op of the loop body that reads a device's step counter runs on that
+    # device, so the counter never crosses devices.
+    placement = [0, 2, 0, 1, 2]
+    devices = ['/device:CPU:%d' % i for i in range(3)]
+    with tf.Graph().as_default() as graph:
+      stages, states, constants = [], [], []
+      for k, d in enumerate(placement):
+        with tf.device(devices[d]):
+          stages.append(lanes.LaneStage(
+              stage=k, device=devices[d], theta=tf.constant(0.5),
+              step=_DoubleStep))
+          states.append([py_utils.NestedMap(total=tf.constant(1.0),
+                                            steps=tf.constant(0))
+                         for _ in range(2)])
+          constants.append([tf.constant(0.25) for _ in range(2)])
+      with tf.device(devices[2]):
+        feedback = [py_utils.NestedMap(x=tf.constant([1.0, 2.0]),
+                                       t=tf.constant(0)) for _ in range(2)]
+      lanes.Decode(stages, feedback, states, constants, 3)
+      loop, = [op for op in graph.get_operations()
+               if op.type in ('While', 'StatelessWhile')]
+      library = {f.signature.name: f
+                 for f in graph.as_graph_def().library.function}
+    body = library[loop.get_attr('body').name]
+    args = [a.name for a in body.signature.input_arg]
+    # The body's inputs: while_v2's iteration count and limit, the step,
+    # then one counter per device in the order of first use (d0, d2, d1).
+    counter_device = {args[3 + i]: '/device:CPU:%d' % d
+                      for i, d in enumerate([0, 2, 1])}
+    for i, d in enumerate([0, 2, 1]):
+      self.assertEqual(loop.inputs[3 + i].device, devices[d])
+    readers = {}
+    for node in body.node_def:
+      for x in node.input:
+        source = x.split(':')[0].lstrip('^')
+        if source in counter_device:
+          readers.setdefault(source, []).append(node)
+    self.assertLen(readers, 3)
+    for arg, nodes in readers.items():
+      for node in nodes:
+        self.assertEqual(
+            tf.DeviceSpec.from_string(node.device).to_string(),
+            tf.DeviceSpec.from_string(counter_device[arg]).to_string(),
+            '%s (%s) reads the counter of %s' % (node.name, node.op,
+                                                 counter_device[arg]))
+
   def testInputsForEveryStageAndLane(self):
     with tf.Graph().as_default():
       stage = lanes.LaneStage(0, DEVICES[0], tf.constant(0.0), _AddStep)

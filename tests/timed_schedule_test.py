@@ -5,6 +5,7 @@ from gpipe.compat import lingvo_import  # pylint: disable=unused-import
 import random
 
 from absl.testing import parameterized
+from gpipe import pipeline_tasks
 from gpipe.schedules import orders as orders_lib
 from gpipe.schedules import registry
 from gpipe.schedules import render
@@ -28,6 +29,47 @@ def _RandomCosts(rng, k, handover=True):
       [f * rng.uniform(0.5, 1.2) for f in forward],
       [rng.choice([0.0, 0.1, 0.3]) if handover else 0.0
        for _ in range(k - 1)])
+
+
+def _IdleWhileReady(orders, k, m, costs):
+  """(stage, gap start, task) of the first idle gap with a task ready, or None.
+
+  Walks each stage's simulated timeline: at every gap, the stage's next B (B
+  and F go in micro-batch order) and its next F, if the memory limits allow
+  another micro-batch in flight, must not have had their inputs before the
+  gap ends. (A pending W may wait: the gap-aware candidates keep a long W
+  from delaying a B.)
+  """
+  times = simulate.TaskTimes(orders, k, m, True, costs, costs.Delay)
+  end = {t: e for lane in times for t, _, e in lane}
+
+  def Arrival(task):
+    deps = pipeline_tasks.Dependencies(task, k, m, True)
+    return max([0.0] + [end[d] + costs.Delay(d, task) for d in deps])
+
+  for s, lane in enumerate(times):
+    next_f = next_b = awaiting_w = 0
+    free = 0.0
+    for task, start, stop in lane:
+      if start > free + 1e-9:
+        ready = []
+        if next_b < next_f:
+          ready.append(simulate.Task(s, next_b, 'B'))
+        if (next_f < m and next_f - next_b < costs.max_in_flight[s] and
+            next_f - next_b + awaiting_w < costs.max_awaiting_weight[s]):
+          ready.append(simulate.Task(s, next_f, 'F'))
+        for r in ready:
+          if Arrival(r) < start - 1e-9:
+            return s, free, pipeline_tasks.Label(r)
+      free = stop
+      if task.phase == 'F':
+        next_f += 1
+      elif task.phase == 'B':
+        next_b += 1
+        awaiting_w += 1
+      else:
+        awaiting_w -= 1
+  return None
 
 
 class TimedOrdersTest(test_utils.TestCase, parameterized.TestCase):
@@ -78,6 +120,29 @@ class TimedOrdersTest(test_utils.TestCase, parameterized.TestCase):
           peak, peak_w = max(peak, held), max(peak_w, held_w)
         self.assertLessEqual(peak, limit)
         self.assertLessEqual(peak_w, limit + 1)
+
+  def testNoStageIdlesWhileATaskIsReadyUnderPlannerLimits(self):
+    # The planner's limits (max_in_flight == max_awaiting_weight <= K) rule
+    # ZB-H1 out, so the list scheduler's orders are the only candidates.
+    # Its waiting stages must wake when a neighbour's task brings an input
+    # earlier than the one they wait for.
+    c = timed.StageCosts([.54, .56, 1.67, 2.79], [.62, .71, 3.0, 1.28],
+                         [.68, .66, .7, 1.06], [.29, .02, .42],
+                         max_in_flight=[3, 3, 4, 1],
+                         max_awaiting_weight=[3, 3, 4, 1])
+    _, orders = registry.Orders('zb_auto', 4, 4, c)
+    self.assertIsNone(_IdleWhileReady(orders, 4, 4, c))
+    self.assertAlmostEqual(_Span(orders, 4, 4, c), 28.7)
+    rng = random.Random(1)
+    for _ in range(150):
+      k = rng.randint(2, 6)
+      m = rng.randint(k, 4 * k)
+      costs = _RandomCosts(rng, k)
+      limits = [rng.randint(1, k) for _ in range(k)]
+      costs.max_in_flight = costs.max_awaiting_weight = limits
+      _, orders = registry.Orders('zb_auto', k, m, costs)
+      self.assertIsNone(_IdleWhileReady(orders, k, m, costs),
+                        (k, m, costs.ToDict()))
 
   def testMoreMemoryBuysAShorterStep(self):
     # B recomputes the forward (remat): with 1F1B's memory the first device

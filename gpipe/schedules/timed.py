@@ -209,7 +209,11 @@ class _ListScheduler:
     self.next_f = [0] * k  # Forwards (and backwards) go in micro-batch order.
     self.next_b = [0] * k
     self.awaiting_w = [[] for _ in range(k)]
+    # free[s]: when stage s next picks a task. While it runs one, the task's
+    # end; while it waits (waiting[s]), the earliest known arrival of an
+    # input, or inf if none is on its way.
     self.free = [0.0] * k
+    self.waiting = [False] * k
     self.orders = [[] for _ in range(k)]
 
   def _Arrival(self, task, deps):
@@ -234,9 +238,12 @@ class _ListScheduler:
             self.next_f[s] - self.next_b[s] + len(self.awaiting_w[s]))
 
   def _Run(self, s, task, t):
+    # A neighbour's task may bring a waiting stage an input earlier than the
+    # one it waits for (a B while it waits for an F): it picks again now.
     for n in (s - 1, s + 1):
-      if 0 <= n < self.k and self.free[n] == math.inf:
-        self.free[n] = t
+      if 0 <= n < self.k and self.waiting[n]:
+        self.free[n] = min(self.free[n], t)
+    self.waiting[s] = False
     self.orders[s].append(task)
     self.finish[task] = self.free[s] = t + self.cost(task)
     if task.phase == FORWARD:
@@ -297,6 +304,7 @@ class _ListScheduler:
         # takes inputs from) starts a task (``_Run`` wakes it).
         for s, until in waits.items():
           self.free[s] = math.inf if until is None else until
+          self.waiting[s] = True
         if min(self.free[s] for s in busy) == math.inf:
           raise ValueError(
               'the memory limits %s / %s leave no stage anything to run at '
