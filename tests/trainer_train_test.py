@@ -6,6 +6,7 @@ import glob
 import json
 import os
 import re
+import subprocess
 
 import numpy as np
 from lingvo import compat as tf
@@ -221,6 +222,30 @@ class TrainerTrainTest(test_utils.TestCase):
     self.assertIn('resumed from %s/ckpt-2 at step 2' % logdir, out)
     self.assertEqual(os.path.join(logdir, 'ckpt-4'),
                      tf.train.latest_checkpoint(logdir))
+
+  def testStartupCountsFromTheTrainersStartNotTheProcesss(self):
+    # train.sh execs the trainer after the machine's set-up: the process
+    # (and /proc's start time) began before the set-up, the trainer after.
+    logdir = self.create_tempdir().full_path
+    stamp = os.path.join(logdir, 'exec_time')
+    command = ['bash', '-c', 'sleep 3; date +%s.%N > "$0"; exec "$@"',
+               stamp] + trainer_testlib.TrainerCommand(
+                   '--model=' + TOY, '--logdir=' + logdir, '--max_steps=2',
+                   '--eval_after_train=false')
+    done = subprocess.run(command, cwd=trainer_testlib.ROOT,
+                          env=trainer_testlib.Environment(), text=True,
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                          stdin=subprocess.DEVNULL, timeout=300, check=False)
+    self.assertEqual(0, done.returncode, done.stdout[-3000:])
+    with open(stamp) as f:
+      exec_time = float(f.read())
+    total = float(re.search(r"start-up: ([\d.]+) s from the trainer's start",
+                            done.stdout).group(1))
+    # startup.json is written when the line's total is taken.
+    path = os.path.join(logdir, 'startup.json')
+    self.assertLess(total, os.path.getmtime(path) - exec_time + 0.5)
+    with open(path) as f:
+      self.assertGreaterEqual(json.load(f)['started'], exec_time)
 
   def testLogdirNotWritable(self):
     blocker = os.path.join(self.create_tempdir().full_path, 'a_file')

@@ -16,3 +16,11 @@ Its parts, in the order a run meets them:
   checkpoints; the one restore set-up of ``evaler`` and ``decoder``;
 * ``inspect_model``: layers, stages and parameter counts without weights.
 """
+
+import time as _time
+
+# The trainer's own start: the first import of its package, so that a start-up
+# line does not count what ran in the process before an exec (``train.sh``
+# execs the trainer after the machine's set-up, and /proc's process start
+# time counts from the shell).
+STARTED = _time.time()

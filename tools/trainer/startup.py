@@ -44,18 +44,16 @@ def ProcessMemory():
   return found.get('VmRSS', 0), found.get('VmHWM', 0)
 
 
-def ProcessStartTime():
-  """The wall-clock time this process started (now if unknown)."""
-  try:
-    with open('/proc/self/stat') as f:
-      fields = f.read().rsplit(')', 1)[1].split()
-    start_ticks = int(fields[19])
-    with open('/proc/stat') as f:
-      boot = next(int(line.split()[1]) for line in f
-                  if line.startswith('btime'))
-    return boot + start_ticks / os.sysconf('SC_CLK_TCK')
-  except (OSError, ValueError, StopIteration, IndexError):
-    return time.time()
+def TrainerStartTime():
+  """The wall-clock time the trainer started: its package's first import.
+
+  Not the process's start: a script that sets up the machine and then execs
+  the trainer (``train.sh``) keeps its process, and its set-up is not the
+  trainer's start-up. The interpreter's own start before that import (tens
+  of milliseconds) is not counted.
+  """
+  import tools.trainer  # pylint: disable=g-import-not-at-top
+  return tools.trainer.STARTED
 
 
 class StartupLog:
@@ -68,9 +66,9 @@ class StartupLog:
   """
 
   def __init__(self, echo=None, origin=None):
-    """A log whose total counts from `origin` (default: the process start)."""
+    """A log whose total counts from `origin` (default: the trainer's start)."""
     self._echo = echo
-    self._started = ProcessStartTime() if origin is None else origin
+    self._started = TrainerStartTime() if origin is None else origin
     self._rows = {}
     self._order = []
     self._stack = []
@@ -153,8 +151,8 @@ class StartupLog:
   def Write(self, path, **extra):
     """Writes the phases (and `extra` fields) as JSON to `path`."""
     rss, peak = ProcessMemory()
-    result = dict(extra, phases=self.Rows(),
-                  since_process_start=time.time() - self._started,
+    result = dict(extra, phases=self.Rows(), started=self._started,
+                  since_trainer_start=time.time() - self._started,
                   trainer_rss_bytes=rss, trainer_peak_bytes=peak)
     with open(path, 'w') as f:
       json.dump(result, f, indent=1)

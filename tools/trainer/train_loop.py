@@ -137,14 +137,14 @@ class TrainLoop:
     self._done_after = None
     self._echo = echo
     # Start-up phases up to the second step, written to startup.json: from
-    # the process's start, or after a restart from this loop's.
+    # the trainer's start, or after a restart from this loop's.
     self._graph_ops = None
     if _LOOPS_STARTED:
       self._startup = startup.StartupLog(origin=time.time())
     else:
       self._startup = startup.StartupLog()
       self._startup.Mark('trainer start (imports, flags, workers)',
-                         time.time() - startup.ProcessStartTime())
+                         time.time() - startup.TrainerStartTime())
     _LOOPS_STARTED.append(True)
 
   def _TrainParams(self):
@@ -254,7 +254,7 @@ class TrainLoop:
         model=self._run.model, graph_ops=self._graph_ops)
     self._echo('start-up: %.1f s from the trainer\'s start to the end of '
                'step %d; trainer peak memory %.0f MiB (phases in %s)' % (
-                   result['since_process_start'],
+                   result['since_trainer_start'],
                    int(result['phases'][-1]['phase'].split()[-1]),
                    result['trainer_peak_bytes'] / 2**20,
                    os.path.join(self._logdir, 'startup.json')))
