@@ -8,9 +8,8 @@ caches and the memory bandwidth of their cores. ``Calibrate`` measures the
 difference once per model:
 
 1. On one pinned worker, the whole model as one stage (K=1) of a real
-   ``gpipe.PipeliningLayer`` at a few micro-batch sizes, up to
-   ``CALIBRATION_MICRO_BATCHES`` micro-batches of that size, its loss and
-   gradients timed (untraced:
+   ``gpipe.PipeliningLayer`` at a few micro-batch sizes, the whole batch
+   in micro-batches of that size, its loss and gradients timed (untraced:
    tracing slows small ops down far more than large ones; a traced step
    only shares the time out over the tasks) under a split backward
    ('zb_h1': F, B, W tasks) without and with re-materialization, and an
@@ -99,15 +98,6 @@ def _Build(layer_params, input_specs, loss, batch_dim, rows, m, schedule,
   return [total.op] + [g.op for g in grads if g is not None]
 
 
-# The most micro-batches a calibration graph runs (``_CalibrationMicroBatches``).
-CALIBRATION_MICRO_BATCHES = 4
-
-
-def _CalibrationMicroBatches(profile, rows):
-  """Micro-batches of `rows` rows a calibration graph runs: at most 4."""
-  return max(1, min(profile.batch // rows, CALIBRATION_MICRO_BATCHES))
-
-
 def _TracedTasks(sess, fetch):
   """The task times of one traced run of `fetch` (timeline.TaskTime)."""
   metadata = tf.compat.v1.RunMetadata()
@@ -152,11 +142,9 @@ def Calibrate(target, devices, profile, layer_params, input_specs, rows,
     factors = []
     contention = 1.0
     for r in rows:
-      # Micro-batches of r rows: every task a pipeline of that size runs.
-      # The factors are ratios per task, so a few micro-batches give them;
-      # the whole batch in small micro-batches would build and time a graph
-      # of tens of calls for the same ratios.
-      m = _CalibrationMicroBatches(profile, r)
+      # The whole batch in micro-batches of r rows: every task a pipeline
+      # of that size runs, and as many of them.
+      m = max(1, profile.batch // r)
       with tf.Graph().as_default(), tf.compat.v1.Session(target) as sess:
         py_utils.GetOrCreateGlobalStepVar()
         fetches = {key: _Build(layer_params, input_specs, loss, batch_dim, r,
@@ -192,8 +180,7 @@ def Calibrate(target, devices, profile, layer_params, input_specs, rows,
       middle = rows[len(rows) // 2]
       contention = _Contention(target, devices[:2], layer_params,
                                input_specs, loss, batch_dim, middle,
-                               _CalibrationMicroBatches(profile, middle),
-                               repeats,
+                               max(1, profile.batch // middle), repeats,
                                warmup)
       if log:
         log('contention of two devices computing at once: %.2f' % contention)
