@@ -110,7 +110,8 @@ def _TracedTasks(sess, fetch):
 def _Predicted(profile, rows, m, schedule, remat):
   """The uncalibrated simulator's K=1 step of the calibration graph."""
   bare = profile.Replace(batch=rows * m, factors=(), contention=1.0,
-                         update_traffic=0.0, step_seconds=0.0)
+                         update_traffic=0.0, step_seconds=0.0,
+                         trainer_seconds=0.0)
   return simulator.Predict(bare, simulator.Configuration(
       1, 1, (profile.num_layers,), m, schedule, remat)).step_seconds
 
@@ -249,7 +250,7 @@ def CalibrateHandover(target, devices, profile, layer_params, input_specs,
       1, 2, search.Cut(profile, 2, profile.batch), 1, 'gpipe', 'never')
   # The devices compute in turn: no contention; no update is run.
   bare = profile.Replace(contention=1.0, update_traffic=0.0,
-                         step_seconds=0.0)
+                         step_seconds=0.0, trainer_seconds=0.0)
   predicted = simulator.Predict(bare, config).step_seconds
   boundary = simulator.StageModels(bare, config)[0].output_bytes
   m = HANDOVER_MICRO_BATCHES

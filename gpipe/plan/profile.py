@@ -146,8 +146,8 @@ class Profile(
         'model', 'batch', 'layers', 'handover', 'call_seconds',
         'memory_bandwidth', 'step_seconds', 'loss_in_pipeline',
         'batched_weights', 'optimizer_slots', 'update_traffic', 'machine',
-        'notes', 'factors', 'contention'
-    ], defaults=((), 1.0))):
+        'notes', 'factors', 'contention', 'trainer_seconds'
+    ], defaults=((), 1.0, 0.0))):
   """A model's measured profile (see the module docstring).
 
   Attributes:
@@ -175,6 +175,10 @@ class Profile(
       executor's stage calls over the layers' sums; () for none (1.0).
     contention: a device's slowdown while another computes too (1.0:
       none).
+    trainer_seconds: what the trainer's step adds to the pipeline's (its
+      input, Lingvo's learner, the metrics and its client process),
+      measured through the trainer (``tools/plan/trainer_step.py``); 0.0
+      for a pipeline run on its own (a benchmark's runner).
   """
 
   __slots__ = ()

@@ -44,7 +44,10 @@ How (pure Python, no TensorFlow):
    the variables and optimizer slots come on top.
 4. After its last task each device (replica 0's) receives the other
    replicas' gradient sums, adds them and applies the update; the step
-   ends when the last device is done.
+   ends when the last device is done, plus the profile's fixed costs of a
+   step: its session run, and for a profile measured for the trainer what
+   the trainer's step adds (``trainer_seconds``: its input, Lingvo's
+   learner, its client process).
 
 With equal task costs and no hand-over or call costs the idle fractions are
 the registry's bubble formulas (``//tests:plan_simulator_test``).
@@ -396,7 +399,7 @@ def Predict(profile, config, task_costs=None, update=UPDATE_ALL_GRADIENTS):
   for s, dev in enumerate(where):
     static[dev] += models[s].param_bytes * (1 + profile.optimizer_slots)
   ends = _DeviceEnds(profile, config, models, where, times)
-  step = max(ends) + profile.step_seconds
+  step = max(ends) + profile.step_seconds + profile.trainer_seconds
   r = config.replicas
   # Replicas r > 0: the same tasks on their own devices; they read the
   # weights there (a copy per step) and keep no variables.

@@ -88,6 +88,12 @@ def _Parser():
                       'executor and both workers computing at once '
                       '(gpipe/plan/calibrate.py); --no-calibrate: the '
                       "layers' figures as measured")
+  parser.add_argument('--trainer_step', default=True,
+                      action=argparse.BooleanOptionalAction,
+                      help='time a few steps of the trainer itself '
+                      '(tools/plan/trainer_step.py) so that predictions '
+                      'include what its step adds to the pipeline\'s: '
+                      'input, Lingvo\'s learner, its client process')
   parser.add_argument('--calibrate_layers', type=int, default=None,
                       help='calibrate on the first N layers on a small '
                       'batch instead of the whole model (one too large '
@@ -155,6 +161,18 @@ def MeasureProfile(args, log):
           batch_dim=described.params.batch_dim,
           num_layers=args.calibrate_layers,
           handover=args.handover_latency is None, log=log)
+  if args.trainer_step:
+    # After the cluster above is gone: the trainer starts its own workers.
+    from tools.plan import trainer_step  # pylint: disable=g-import-not-at-top
+    seconds, reference = trainer_step.Measure(
+        args.model, args.model_params_override, profile, args.devices,
+        log=log)
+    extra = trainer_step.TrainerSeconds(profile, seconds, reference)
+    log('the trainer\'s step of %s: %.1f ms, the pipeline\'s predicted '
+        '%.1f ms: the trainer adds %.1f ms a step' % (
+            reference.label, 1e3 * seconds, 1e3 * (seconds - extra),
+            1e3 * extra))
+    profile = profile.Replace(trainer_seconds=extra)
   return profile
 
 

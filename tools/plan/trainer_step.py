@@ -1,0 +1,156 @@
+"""What the trainer's step adds to the pipeline's, measured through the trainer.
+
+The profile predicts the pipeline's own step: the stages' tasks, their
+hand-overs and the update of their variables. The trainer's step does more:
+it reads the next batch from the task's input pipeline, runs Lingvo's
+learner (a global gradient norm, a NaN/Inf check and a scale over every
+gradient before the optimizer's update), fetches the metrics, and its client
+process shares the machine's cores with the workers. On this machine kind
+that was half the step again for small models (a plan predicted 352
+examples/s where the trainer ran 236).
+
+``Measure`` runs the trainer binary itself (``python -m tools.trainer
+--plan=FILE``, with the workers the trainer would start) for a few steps of
+a reference configuration whose pipeline step the profile predicts best:
+the whole model as one stage, one micro-batch, and as many data-parallel
+replicas as there are devices, so that every device computes and the client
+competes with all of them, as in the run being planned. What the trainer's
+median step takes beyond the profile's prediction of that configuration is
+the profile's ``trainer_seconds``, which the simulator adds to every
+configuration's step.
+"""
+
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+
+from gpipe.plan import choice
+from gpipe.plan import simulator
+
+# Steps run before the timed ones (graph optimization, first allocations),
+# and the timed ones (the median).
+WARMUP_STEPS = 3
+TIMED_STEPS = 6
+
+_RATE = re.compile(r'^step (\d+)/\d+ .* ([\d.]+) examples/s', re.M)
+
+
+class TrainerStepError(RuntimeError):
+  """The trainer's reference run failed; the text has its last output."""
+
+
+def ReferenceConfiguration(profile, devices):
+  """The configuration ``Measure`` runs: K=1, M=1, R replicas.
+
+  Args:
+    profile: the model's profile.Profile.
+    devices: the devices of the run being planned.
+
+  Returns:
+    A simulator.Configuration: one stage holding every layer, one
+    micro-batch, 'gpipe', no remat, and R = the devices when the batch
+    splits evenly over them (else R = 1, on one device).
+  """
+  replicas = devices if devices > 0 and profile.batch % devices == 0 else 1
+  return simulator.Configuration(replicas, 1, (profile.num_layers,), 1,
+                                 'gpipe', 'never')
+
+
+def _Root():
+  return os.path.dirname(os.path.dirname(os.path.dirname(
+      os.path.abspath(__file__))))
+
+
+def _AllCores():
+  """Undoes the planner's pinning in the trainer's process (its workers pin
+  themselves): the trainer's client runs where the system puts it."""
+  os.sched_setaffinity(0, range(os.cpu_count() or 1))
+
+
+def StepSeconds(output, batch, warmup=WARMUP_STEPS):
+  """Per-step seconds from a trainer's progress lines (one per step).
+
+  Args:
+    output: the trainer's console text, run with --log_every_n_steps=1.
+    batch: examples per step.
+    warmup: leading steps to drop.
+
+  Returns:
+    The seconds of each step after the warm-up, in step order.
+  """
+  return [batch / float(rate) for step, rate in _RATE.findall(output)
+          if int(step) > warmup and float(rate) > 0]
+
+
+def Measure(model, override, profile, devices, log=None,
+            timed_steps=TIMED_STEPS, timeout=900):
+  """The trainer's median step of the reference configuration, and it.
+
+  Args:
+    model: the registered model.
+    override: its --model_params_override text.
+    profile: its profile.Profile (the batch, the layers).
+    devices: local worker processes to run on (the devices planned for).
+    log: a print-like function, or None.
+    timed_steps: steps timed after ``WARMUP_STEPS``.
+    timeout: seconds the trainer may take in all.
+
+  Returns:
+    (median step seconds, the simulator.Configuration run).
+
+  Raises:
+    TrainerStepError: the trainer failed or printed no step times.
+  """
+  config = ReferenceConfiguration(profile, devices)
+  workdir = tempfile.mkdtemp(prefix='gpipe_trainer_step_')
+  plan_path = os.path.join(workdir, 'reference_plan.json')
+  predicted = simulator.Predict(profile.Replace(trainer_seconds=0.0), config)
+  choice.Save(choice.Plan(
+      model=model, config=config, task_costs=None,
+      num_devices=config.num_devices, memory_per_device=None,
+      predicted=dict(step_seconds=predicted.step_seconds,
+                     examples_per_second=predicted.examples_per_second,
+                     bubble=predicted.bubble,
+                     peak_bytes=list(predicted.peak_bytes))), plan_path)
+  steps = WARMUP_STEPS + timed_steps
+  args = [sys.executable, '-m', 'tools.trainer', '--model=' + model,
+          '--logdir=' + os.path.join(workdir, 'run'), '--plan=' + plan_path,
+          '--worker_processes=%d' % config.num_devices, '--pin_cores',
+          '--max_steps=%d' % steps, '--log_every_n_steps=1',
+          '--checkpoint_every_n_steps=%d' % (10 * steps),
+          '--trace_every_n_steps=0', '--eval_after_train=false']
+  if override:
+    args.append('--model_params_override=' + override)
+  if log:
+    log('timing the trainer\'s own step: %s on %d worker process(es), %d '
+        'steps' % (config.label, config.num_devices, steps))
+  env = dict(os.environ)
+  env['PYTHONPATH'] = os.pathsep.join(
+      [_Root()] + [p for p in env.get('PYTHONPATH', '').split(os.pathsep)
+                   if p])
+  env.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
+  try:
+    done = subprocess.run(args, cwd=_Root(), env=env, stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True,
+                          stdin=subprocess.DEVNULL, timeout=timeout,
+                          preexec_fn=_AllCores, check=False)
+  except subprocess.TimeoutExpired as e:
+    raise TrainerStepError('the trainer did not finish %d steps of %s in %d '
+                           's' % (steps, config.label, timeout)) from e
+  seconds = StepSeconds(done.stdout, profile.batch)
+  if done.returncode or not seconds:
+    raise TrainerStepError(
+        'the trainer\'s reference run (%s) failed with exit status %d; its '
+        'last output:\n%s' % (' '.join(args), done.returncode,
+                              done.stdout[-3000:]))
+  return statistics.median(seconds), config
+
+
+def TrainerSeconds(profile, measured, config):
+  """What the trainer's step adds: measured less the profile's prediction."""
+  predicted = simulator.Predict(profile.Replace(trainer_seconds=0.0),
+                                config).step_seconds
+  return max(measured - predicted, 0.0)
