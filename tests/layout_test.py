@@ -4,10 +4,14 @@ from gpipe.compat import lingvo_import  # pylint: disable=unused-import
 
 from absl.testing import absltest
 from gpipe import schedules
+from gpipe.plan import choice
+from gpipe.plan import search
 from gpipe.runtime import devices
 from gpipe.runtime import layout
+from tests import plan_testlib
 from tests import trainer_testlib
 from tools.trainer import model_select
+from tools.trainer import planned
 
 
 def _Gpus(hosts, per_host):
@@ -160,6 +164,41 @@ class TrainerLayoutTest(absltest.TestCase):
     self.assertEqual([[gpus[0], gpus[1], gpus[1], gpus[0]],
                       [gpus[2], gpus[3], gpus[3], gpus[2]]],
                      cfg.task.network.replica_devices)
+
+  def testTheTrainerLaysOutEveryShapeThePlannerOffers(self):
+    # The planner searches only what the trainer will lay out on N devices
+    # (a cluster's or local workers': every device used), so its pick is
+    # never refused after the measuring.
+    profile = plan_testlib.UniformProfile(4, batch=8)  # The toy's 4 layers.
+    for n in (1, 2, 3, 4):
+      cpus = ['/job:worker/replica:0/task:%d/device:CPU:0' % t
+              for t in range(n)]
+      shapes = {}
+      for c in search.Configurations(profile, n, max_micro_batches=1,
+                                     remats=['never']):
+        shapes.setdefault((c.replicas, c.num_stages, c.schedule,
+                           c.stages_per_device), c)
+      self.assertNotEmpty(shapes)
+      for c in shapes.values():
+        self.assertEqual(c.num_devices, n, c.label)
+        plan = choice.Plan(trainer_testlib.TOY, c, None, n, None, {})
+        settings = planned.RunSettings(plan)
+        # As run_config._SetDevices: a cluster's devices (every one used),
+        # and this process's virtual CPUs (R x K of them, never looped).
+        for devices, exact in ((cpus, True), (
+            ['/device:CPU:%d' % i for i in range(c.replicas *
+                                                  c.num_stages)], False)):
+          cfg = model_select.ModelParams(trainer_testlib.TOY, 'Train')
+          planned.Apply(cfg, plan)
+          model_select.SetStageDevices(
+              cfg, devices, loop=settings['loop_stages'] and exact,
+              data_parallel=settings['data_parallel'], exact=exact,
+              keep_explicit=not exact)
+          p = cfg.task.network
+          used = set(layout.Flatten(p.replica_devices) if c.replicas > 1
+                     else p.stage_devices)
+          if exact:
+            self.assertCountEqual(used, cpus, c.label)
 
 
 if __name__ == '__main__':

@@ -6,6 +6,7 @@ import io
 import json
 import os
 import tempfile
+from unittest import mock
 
 from absl.testing import absltest
 from gpipe.plan import choice
@@ -73,14 +74,41 @@ class PlanCliTest(absltest.TestCase):
     self.assertEqual([f.rows for f in profile.factors], [8])
     self.assertIn('calibrated at 8 rows', err)
 
+  def testACapBelowTheWeightsIsRefusedBeforeMeasuring(self):
+    # The toy's 13,130 float32 weights (52,520 bytes) over 2 devices, x (1 +
+    # Adam's 2 slots): counted from its built variables, nothing timed.
+    with mock.patch.object(cli.local_cluster, 'LocalCluster',
+                           side_effect=AssertionError('measured')):
+      code, out, err = _Main('--model', 'toy.PipelinedDigitsMlp',
+                             '--devices', '2', '--memory_per_device', '1KiB')
+    self.assertEqual(code, 1, err)
+    self.assertIn(
+        'plan: error: --memory_per_device=1.0 KiB (972 B after the 5% '
+        'headroom) cannot hold the weights and optimizer slots alone: they '
+        'need at least 76.9 KiB (78780 bytes) on a device (51.3 KiB of '
+        'weights over 2 device(s) at best, x (1 + 2 optimizer slot(s))), '
+        'before any gradient or activation. Give --memory_per_device well '
+        'above 81.0 KiB, or plan for more devices', err)
+    self.assertEqual(out, '')
+
   def testErrorsSayWhatToDo(self):
     code, _, err = _Main('--devices', '2')
     self.assertEqual(code, 1)
     self.assertIn('give --model (to measure it) or --profile', err)
+    # Above the weights' 8 MiB per device, below weights and gradients.
     code, out, _ = _Main('--profile', self.profile, '--memory_per_device',
-                         '1MiB', '--max_micro_batches', '2')
+                         '12MiB', '--max_micro_batches', '2')
     self.assertEqual(code, 1)
     self.assertIn('Nothing fits', out)
+    # Below the weights alone: said without a search.
+    code, out, err = _Main('--profile', self.profile, '--memory_per_device',
+                           '1MiB')
+    self.assertEqual(code, 1)
+    self.assertIn('--memory_per_device=1.0 MiB (972.8 KiB after the 5% '
+                  'headroom) cannot hold the weights and optimizer slots '
+                  'alone: they need at least 8.0 MiB (8388608 bytes) on a '
+                  'device (16.0 MiB of weights over 2 device(s) at best', err)
+    self.assertNotIn('Plan for', out)
     code, _, err = _Main('--profile', self.profile, '--memory_per_device',
                          'lots')
     self.assertEqual(code, 1)

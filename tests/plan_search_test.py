@@ -68,11 +68,48 @@ class SearchTest(absltest.TestCase):
         self.assertNotEqual(c.remat, 'except_last')
       if c.micro_batches == 1:
         self.assertFalse(c.batched_weights)
-      self.assertLessEqual(c.num_devices, 2)
       self.assertEqual(sum(c.stage_sizes), 8)
-    self.assertEqual(search.DeviceShapes(2), [(1, 1), (1, 2), (2, 1)])
+
+  def testEveryConfigurationUsesEveryDevice(self):
+    # The trainer's layout uses every device it has (R x D = N, or a
+    # LayoutError): a plan on fewer would be refused after the measuring.
+    # tests/layout_test.py lays each out as the trainer does.
+    self.assertEqual(search.DeviceShapes(1), [(1, 1)])
+    self.assertEqual(search.DeviceShapes(2), [(1, 2), (2, 1)])
+    self.assertEqual(search.DeviceShapes(3), [(1, 3), (3, 1)])
+    self.assertEqual(search.DeviceShapes(4), [(1, 4), (2, 2), (4, 1)])
     self.assertEqual(search.DeviceShapes(8),
                      [(1, 8), (2, 4), (4, 2), (8, 1)])
+    for n in (1, 2, 3, 4):
+      configs = search.Configurations(_Profile(), n, max_micro_batches=2)
+      self.assertNotEmpty(configs)
+      self.assertEqual({c.num_devices for c in configs}, {n})
+
+  def testACapBelowTheWeightsAloneIsRefusedWithTheBytes(self):
+    layers = [2 * MIB] * 8  # 16 MiB of weights.
+    # Spread over 4 devices at best, x (1 + 2 slots).
+    self.assertEqual(search.WeightBytesPerDevice(layers, 2, 4), 12 * MIB)
+    # A layer is never split.
+    self.assertEqual(search.WeightBytesPerDevice(layers, 0, 16), 2 * MIB)
+    search.CheckCapHoldsWeights(layers, 2, 4, 12 * MIB, headroom=0.0)
+    search.CheckCapHoldsWeights(layers, 2, 4, None)
+    with self.assertRaisesRegex(
+        search.CapTooSmallError,
+        r'--memory_per_device=12.0 MiB \(11.4 MiB after the 5% headroom\) '
+        r'cannot hold the weights and optimizer slots alone: they need at '
+        r'least 12.0 MiB \(12582912 bytes\) on a device \(16.0 MiB of '
+        r'weights over 4 device\(s\) at best, x \(1 \+ 2 optimizer '
+        r'slot\(s\)\)\), before any gradient or activation. Give '
+        r'--memory_per_device well above 12.6 MiB, or plan for more devices'):
+      search.CheckCapHoldsWeights(layers, 2, 4, 12 * MIB)
+    with self.assertRaisesRegex(
+        search.CapTooSmallError, r'\(the largest layer has 2.0 MiB of '
+        r'weights, x \(1 \+ 0 optimizer slot\(s\)\)\).* well above 2.1 MiB$'):
+      search.CheckCapHoldsWeights(layers, 0, 16, 1 * MIB)
+    # Nothing under such a cap fits, as the search would have found.
+    result = search.Search(_Profile(optimizer_slots=2), 4, 12 * MIB,
+                           max_micro_batches=2)
+    self.assertIsNone(result.best)
 
   def testHalfOfFillDrainsMemoryStillFits(self):
     profile = _Profile()

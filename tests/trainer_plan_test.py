@@ -92,6 +92,30 @@ class TrainerPlanTest(tf.test.TestCase):
     self.assertRegex(out, r'(?m)^\s+1 \|\s+3 \| dense1 \.\. dense3 \|')
     self.assertTrue(os.path.exists(os.path.join(logdir, 'plan.json')))
 
+  def testPlanFileOnLocalWorkersWithTwoDevicesEach(self):
+    # A plan for the 4 devices of 2 worker processes x 2 CPUs: 2 replicas of
+    # interleaved 1F1B, 4 stages round-robin over 2 devices each.
+    plan = choice.Plan(
+        model=TOY, config=choice.simulator.Configuration(
+            replicas=2, num_stages=4, stage_sizes=(1, 1, 1, 1),
+            micro_batches=2, schedule='interleaved_1f1b', remat='never',
+            stages_per_device=2),
+        task_costs=None, num_devices=4, memory_per_device=None,
+        predicted=dict(step_seconds=0.01, examples_per_second=3200.0,
+                       bubble=0.1, peak_bytes=[1.0] * 4))
+    path = os.path.join(tempfile.mkdtemp(), 'toy_plan.json')
+    choice.Save(plan, path)
+    code, out, err = trainer_testlib.RunInProcess(
+        model=TOY, logdir=tempfile.mkdtemp(), plan=path, worker_processes=2,
+        devices_per_task=2, max_steps=1, eval_after_train=False,
+        trace_every_n_steps=0)
+    self.assertEqual(code, 0, (out + err)[-3000:])
+    self.assertEqual(_Pipeline(out), (4, 2, 'interleaved_1f1b', 'never'))
+    self.assertIn('layout: 2 replica(s) x 4 stages on 4 devices (2 task(s) '
+                  'x 2 CPU)', out)
+    self.assertIn('replica 1: stages 0-3 on task 1 (CPU:0, CPU:1, CPU:0, '
+                  'CPU:1)', out)
+
 
 if __name__ == '__main__':
   tf.test.main()

@@ -397,6 +397,7 @@ def MeasureLayers(layer_params, input_specs, rows, dtypes=('float32',),
   """
   if loss is not None and not loss[0].name:
     loss = (loss[0].Copy().Set(name='loss'), loss[1])
+  param_bytes = LayerParamBytes(layer_params, loss[0] if loss else None)
   measurements = [[] for _ in layer_params]
   for dtype in dtypes:
     for r in rows:
@@ -404,17 +405,36 @@ def MeasureLayers(layer_params, input_specs, rows, dtypes=('float32',),
                          batch_dim, repeats, warmup, session_config, log)
       for i, m in enumerate(got):
         measurements[i].append(m)
-  layers = []
+  return [profile_lib.Layer(p.name or 'layer%d' % i, param_bytes[i],
+                            measurements[i])
+          for i, p in enumerate(layer_params)]
+
+
+def LayerParamBytes(layer_params, loss_params=None):
+  """Each layer's variable bytes (float32), as a profile counts them.
+
+  Counted from the layers built in scratch graphs (nothing is allocated or
+  timed; gpipe.measure.param_count), so a cap can be checked against the
+  weights before any measuring.
+
+  Args:
+    layer_params: the pipeline's layer params, in order.
+    loss_params: the params of a loss layer run after the last layer (its
+      variables count in the last layer), or None.
+
+  Returns:
+    A list of bytes, one per layer.
+  """
+  if loss_params is not None and not loss_params.name:
+    loss_params = loss_params.Copy().Set(name='loss')  # Layers need a name.
+  out = []
   for i, p in enumerate(layer_params):
-    param_bytes = sum(
-        int(np.prod(shape)) * 4 for shape, _ in
-        param_count.VariableShapes(p).values())
-    if i == len(layer_params) - 1 and loss is not None:
-      param_bytes += sum(int(np.prod(shape)) * 4 for shape, _ in
-                         param_count.VariableShapes(loss[0]).values())
-    layers.append(profile_lib.Layer(p.name or 'layer%d' % i, param_bytes,
-                                    measurements[i]))
-  return layers
+    layers = [p]
+    if i == len(layer_params) - 1 and loss_params is not None:
+      layers.append(loss_params)
+    out.append(sum(int(np.prod(shape)) * 4 for q in layers
+                   for shape, _ in param_count.VariableShapes(q).values()))
+  return out
 
 
 def _Chain(fn, x, n):

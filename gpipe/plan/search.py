@@ -1,8 +1,9 @@
 """Searching every configuration of a model for D devices under a cap.
 
 ``Search(profile, num_devices, memory_per_device)`` enumerates the ways to
-train the profiled model on up to ``num_devices`` devices: R data-parallel
-replicas of a K-stage pipeline on D devices each (R x D devices), every
+train the profiled model on ``num_devices`` devices: R data-parallel
+replicas of a K-stage pipeline on D devices each, R x D = N (the trainer's
+layout uses every device it is given, ``gpipe.runtime.layout.Layout``), every
 schedule of the registry with the stages per device its placement allows, M
 micro-batches per replica that divide the batch, every remat mode, batched
 weight gradients or not, and every compute dtype the profile measured. Each
@@ -41,9 +42,6 @@ MIB = float(1 << 20)
 NOT_ALLOWED = 'not allowed by the schedule'
 DOES_NOT_FIT = 'does not fit the memory cap'
 LOSS_AFTER = 'needs the loss in the pipeline'
-
-# Above this many devices only configurations using all of them are tried.
-ALL_SMALLER_UP_TO = 4
 
 # One stage runs the same tasks under every schedule: only this one is tried
 # (split backward at K=1 is batched W's business).
@@ -104,18 +102,16 @@ def _StagesPerDevice(name, max_v):
 
 
 def DeviceShapes(num_devices):
-  """(R, D) pairs: R replicas of D devices, R x D <= num_devices.
+  """(R, D) pairs: R replicas of D devices, R x D = num_devices.
 
-  Up to ALL_SMALLER_UP_TO devices every smaller shape is tried too (a
-  pipeline on fewer devices can win when the model is small); above it,
-  only shapes using every device.
+  Only shapes using every device: the trainer lays its replicas' stages
+  out over exactly the devices it has (``gpipe.runtime.layout.Layout``
+  refuses R x D != N), so a plan for fewer would be refused after the
+  measuring. To try a small model on fewer devices, plan for (and run on)
+  fewer.
   """
-  shapes = []
-  for r in range(1, num_devices + 1):
-    for d in range(1, num_devices // r + 1):
-      if num_devices <= ALL_SMALLER_UP_TO or r * d == num_devices:
-        shapes.append((r, d))
-  return shapes
+  return [(r, num_devices // r) for r in range(1, num_devices + 1)
+          if num_devices % r == 0]
 
 
 def Cut(profile, num_stages, rows, dtype='float32'):
@@ -264,13 +260,94 @@ def Evaluate(profile, config, memory_per_device=None, headroom=0.0,
   return Candidate(config, prediction, None)
 
 
+def _CheckHeadroom(headroom):
+  if not 0 <= headroom < 1:
+    raise ValueError('the memory headroom is a share of the cap in [0, 1), '
+                     'got %r' % headroom)
+
+
+class CapTooSmallError(ValueError):
+  """The memory cap cannot even hold the weights; says how much they need."""
+
+
+def WeightBytesPerDevice(layer_param_bytes, optimizer_slots, num_devices):
+  """The least any configuration keeps on its fullest device for weights.
+
+  A device keeps its stages' variables and the optimizer's slots for them
+  (``simulator.Predict``'s static bytes). Layers are cut whole, and at best
+  the weights spread evenly over all N devices (replicas beyond the first
+  keep no variables: more replicas only leave fewer devices to share them).
+  Gradients, activations and temporaries come on top, so no cap below this
+  can fit anything.
+
+  Args:
+    layer_param_bytes: each layer's variable bytes (``profile.Layer``).
+    optimizer_slots: the optimizer's copies per parameter (Adam 2).
+    num_devices: N.
+
+  Returns:
+    Bytes.
+  """
+  weights = max(sum(layer_param_bytes) / float(num_devices),
+                max(layer_param_bytes, default=0))
+  return weights * (1 + optimizer_slots)
+
+
+def CheckCapHoldsWeights(layer_param_bytes, optimizer_slots, num_devices,
+                         memory_per_device, headroom=HEADROOM):
+  """Refuses at once a cap that no configuration can fit under.
+
+  Cheap (no simulation, and before a model is measured: the parameter bytes
+  come from its built variables), so a cap that is off by orders of
+  magnitude is named before minutes of measuring.
+
+  Args:
+    layer_param_bytes: each layer's variable bytes.
+    optimizer_slots: the optimizer's copies per parameter.
+    num_devices: N, the devices planned for.
+    memory_per_device: the cap in bytes, or None (nothing to check).
+    headroom: the share of the cap a plan leaves free.
+
+  Raises:
+    CapTooSmallError: the cap less its headroom is below
+      ``WeightBytesPerDevice``; the message gives the bytes needed.
+  """
+  _CheckHeadroom(headroom)
+  if memory_per_device is None:
+    return
+  need = WeightBytesPerDevice(layer_param_bytes, optimizer_slots,
+                              num_devices)
+  usable = memory_per_device * (1.0 - headroom)
+  if need <= usable:
+    return
+  total = sum(layer_param_bytes)
+  largest = max(layer_param_bytes, default=0)
+  if largest > total / float(num_devices):
+    # A layer is never split: more devices do not help.
+    spread = 'the largest layer has %s of weights' % Bytes(largest)
+    more = ''
+  else:
+    spread = '%s of weights over %d device(s) at best' % (Bytes(total),
+                                                          num_devices)
+    more = ', or plan for more devices'
+  raise CapTooSmallError(
+      '--memory_per_device=%s%s cannot hold the weights and optimizer '
+      'slots alone: they need at least %s (%d bytes) on a device (%s, x (1 '
+      '+ %g optimizer slot(s))), before any gradient or activation. Give '
+      '--memory_per_device well above %s%s' %
+      (Bytes(memory_per_device),
+       ' (%s after the %.0f%% headroom)' % (Bytes(usable), 100 * headroom)
+       if headroom else '', Bytes(need), math.ceil(need), spread,
+       optimizer_slots, Bytes(need / (1.0 - headroom)), more))
+
+
 def Search(profile, num_devices, memory_per_device=None, headroom=HEADROOM,
            update=simulator.UPDATE_ALL_GRADIENTS, **options):
   """Ranks every configuration (see the module docstring).
 
   Args:
     profile: a profile.Profile.
-    num_devices: N devices (R x D <= N).
+    num_devices: N devices (R x D = N).
     memory_per_device: the cap in bytes, or None.
     headroom: the share of the cap a configuration must leave free.
     update: when the update applies the gradients, one of
@@ -287,17 +364,14 @@ def Search(profile, num_devices, memory_per_device=None, headroom=HEADROOM,
   if update not in simulator.UPDATES:
     raise ValueError('unknown update %r; use one of %s' %
                      (update, ', '.join(simulator.UPDATES)))
-  if not 0 <= headroom < 1:
-    raise ValueError('the memory headroom is a share of the cap in [0, 1), '
-                     'got %r' % headroom)
+  _CheckHeadroom(headroom)
   fits, dropped = [], []
   for config in Configurations(profile, num_devices, **options):
     candidate = Evaluate(profile, config, memory_per_device, headroom,
                          update)
     (dropped if candidate.reason else fits).append(candidate)
-  # Fastest first; ties: fewer devices, less memory.
+  # Fastest first; ties: less memory.
   fits.sort(key=lambda c: (-c.prediction.examples_per_second,
-                           c.config.num_devices,
                            max(c.prediction.peak_bytes)))
   return SearchResult(fits, dropped, num_devices, memory_per_device,
                       profile.model, update)

@@ -48,8 +48,9 @@ def _Parser():
                       'instead of measuring')
   parser.add_argument('--profile_out', help='write the measured profile here')
   parser.add_argument('--devices', type=int, default=2,
-                      help='devices to plan for (R replicas x D devices '
-                      'each <= this)')
+                      help='devices to plan for: R replicas x D devices '
+                      'each = this (the trainer uses every device it is '
+                      'given)')
   parser.add_argument('--memory_per_device', default='',
                       help="memory cap of each device, e.g. '16GiB', "
                       "'256MiB' (default: no cap)")
@@ -106,8 +107,19 @@ def DefaultRows(batch):
   return sorted({max(1, batch // m) for m in (1, 4, 16)})
 
 
-def MeasureProfile(args, log):
-  """The registered model's profile, measured (see the module docstring)."""
+def MeasureProfile(args, log, cap=None):
+  """The registered model's profile, measured (see the module docstring).
+
+  Args:
+    args: the parsed flags.
+    log: a print-like function for progress.
+    cap: the memory cap in bytes (None: none): one below what the weights
+      and optimizer slots alone need on args.devices is refused before
+      anything is measured (search.CheckCapHoldsWeights).
+
+  Returns:
+    A profile.Profile.
+  """
   # pylint: disable=g-import-not-at-top
   from gpipe.plan import calibrate
   from gpipe.plan import measure
@@ -119,6 +131,11 @@ def MeasureProfile(args, log):
   cfg = model_select.ModelParams(args.model, 'Train',
                                  args.model_params_override)
   slots, traffic = model_profile.OptimizerCosts(cfg)
+  # From the built variables: seconds, where measuring takes minutes.
+  search.CheckCapHoldsWeights(
+      measure.LayerParamBytes(described.params.layers,
+                              described.loss[0] if described.loss else None),
+      slots, args.devices, cap, args.memory_headroom)
   rows = ([int(r) for r in args.rows.split(',')] if args.rows else
           DefaultRows(described.batch))
   dtypes = [precision.ParseFPropDtype(d).name for d in args.dtypes.split(',')]
@@ -178,18 +195,26 @@ def MeasureProfile(args, log):
 
 def Plan(args, log=print):
   """Runs the planner; returns (SearchResult, Plan or None)."""
+  # The cap and the device count first: a bad one is said before minutes
+  # of measuring.
+  cap = (search.ParseBytes(args.memory_per_device)
+         if args.memory_per_device else None)
+  if args.devices < 1:
+    raise ValueError('--devices=%d: give the devices to plan for, >= 1' %
+                     args.devices)
   if args.profile:
     profile = profile_lib.Load(args.profile)
+    search.CheckCapHoldsWeights(
+        [layer.param_bytes for layer in profile.layers],
+        profile.optimizer_slots, args.devices, cap, args.memory_headroom)
   elif args.model:
-    profile = MeasureProfile(args, log)
+    profile = MeasureProfile(args, log, cap)
   else:
     raise ValueError('give --model (to measure it) or --profile (a saved '
                      'profile)')
   if args.profile_out:
     profile_lib.Save(profile, args.profile_out)
     log('wrote the profile to %s' % args.profile_out)
-  cap = (search.ParseBytes(args.memory_per_device)
-         if args.memory_per_device else None)
   options = dict(max_micro_batches=args.max_micro_batches,
                  headroom=args.memory_headroom)
   if args.schedules:

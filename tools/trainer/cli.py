@@ -168,10 +168,12 @@ flags.DEFINE_bool(
 flags.DEFINE_string(
     'plan', '',
     "'auto': measure the model, simulate every configuration for the run's "
-    'devices (--worker_processes, --cluster_spec servers, else the cores) '
-    'under --memory_per_device, print the table and train the fastest that '
-    'fits; or a plan file from python -m tools.plan --plan_out. Sets K, the '
-    'cut, M, schedule, remat, batched weight gradients, --data_parallel and '
+    'devices (those the stages are laid out on: every device of the local '
+    'workers or cluster tasks, --devices_per_task of each if given; else '
+    "this process's GPUs, else the cores) under --memory_per_device, print "
+    'the table and train the fastest that fits; or a plan file from python '
+    '-m tools.plan --plan_out for that many devices. Sets K, the cut, M, '
+    'schedule, remat, batched weight gradients, --data_parallel and '
     '--fprop_dtype; written to <logdir>/plan.json.')
 flags.DEFINE_string('memory_per_device', '',
                     "With --plan=auto: each device's memory, e.g. '16GiB'.")
@@ -196,7 +198,11 @@ def _PlanFromFlags():
   logdir = run_config.PrepareLogdir(FLAGS.logdir, FLAGS.mode)
   plan = planned.Resolve(
       FLAGS.plan, FLAGS.model, FLAGS.model_params_override, logdir,
-      planned.Devices(FLAGS.worker_processes, FLAGS.cluster_spec),
+      planned.RunDevices(
+          worker_processes=FLAGS.worker_processes,
+          cluster_spec=FLAGS.cluster_spec, device_type=FLAGS.device_type,
+          devices_per_task=FLAGS.devices_per_task,
+          connect_timeout_secs=FLAGS.connect_timeout_secs),
       FLAGS.memory_per_device, functools.partial(print, flush=True),
       {name: FLAGS[name].present or FLAGS[name].value != FLAGS[name].default
        for name in (

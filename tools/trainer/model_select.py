@@ -361,7 +361,12 @@ def PipelineLayout(path, pp, devices, data_parallel=1, loop=False,
   rule = PlacementRule(pp)
   devices = list(devices)
   if data_parallel > 1:
-    need = DevicesPerReplica(pp)
+    # The layout's own D (round-robin shares the devices among replicas).
+    need = layout.DevicesPerReplica(k, rule, len(devices), loop,
+                                    data_parallel)
+    if not exact and not loop:
+      # Virtual CPUs of this process come R x K: a V needs fewer.
+      devices = devices[:data_parallel * need]
     per = len(devices) // data_parallel
     if len(devices) % data_parallel or (not loop and per != need):
       total = data_parallel * need

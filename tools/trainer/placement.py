@@ -71,6 +71,44 @@ class WorkerRestartError(RuntimeError):
   """Lost local workers could not be replaced by fresh ones."""
 
 
+def LaidOutDevices(worker_processes=0, cluster_spec='', device_type='auto',
+                   devices_per_task=0, connect_timeout_secs=10.0,
+                   environ=None):
+  """The devices a Placement of these flags lays stages on, none started.
+
+  This is Placement itself, so a plan is made for the devices the run will
+  have: local worker processes and a cluster with devices_per_task are
+  planned as for --mode=inspect_model (nothing is started or contacted); a
+  running cluster without it is asked for its devices (Discover), as the
+  run will.
+
+  Args:
+    worker_processes: local worker processes (0: none).
+    cluster_spec: running workers, any form of cluster_spec.Parse ('':
+      TF_CONFIG in `environ`, if set).
+    device_type: 'auto', 'cpu', 'gpu' or 'tpu'.
+    devices_per_task: the first N devices of each task (0: all); with
+      worker_processes, each worker's virtual CPUs.
+    connect_timeout_secs: the longest each check of a running worker takes.
+    environ: the environment to read TF_CONFIG from (default os.environ).
+
+  Returns:
+    The device strings, task by task: the layout uses every one of them.
+    None when the stages run on virtual CPUs of this process, which are
+    made as many as the layout needs.
+
+  Raises:
+    ValueError: conflicting or impossible flags, named.
+    gpipe.runtime.devices.DiscoveryError: a worker that cannot be used.
+  """
+  placement = Placement(
+      1, worker_processes=worker_processes, cluster_spec=cluster_spec,
+      device_type=device_type, devices_per_task=devices_per_task,
+      connect_timeout_secs=connect_timeout_secs, environ=environ,
+      plan_only=bool(worker_processes or devices_per_task))
+  return list(placement.devices) if placement.exact else None
+
+
 class Placement:
   """Stage devices, the session target/config, and worker liveness."""
 
