@@ -31,9 +31,15 @@ def RunInProcess(**flag_values):
   return code, out.getvalue(), err.getvalue()
 
 
-def TrainerCommand(*args):
-  """The command line of the trainer binary with `args`."""
-  return [sys.executable, '-m', 'tools.trainer'] + list(args)
+def TrainerCommand(*args, module='tools.trainer'):
+  """The command line of the trainer binary with `args`.
+
+  Args:
+    *args: the trainer's flags.
+    module: the binary's module: the trainer, or a probe wrapping it (e.g.
+      tests.trainer_signal_probe).
+  """
+  return [sys.executable, '-m', module] + list(args)
 
 
 def Environment():
@@ -61,13 +67,14 @@ def ReadLog(path):
     return f.read()
 
 
-def Run(args, timeout=300):
+def Run(args, timeout=300, module='tools.trainer'):
   """Runs the trainer to completion; returns the CompletedProcess.
 
   Args:
     args: the trainer's flags.
     timeout: seconds to allow (less if Bazel's limit for the test comes
       sooner, see polling.TimeLimit).
+    module: the binary's module (TrainerCommand).
 
   Returns:
     A subprocess.CompletedProcess with text stdout and stderr.
@@ -79,7 +86,7 @@ def Run(args, timeout=300):
   """
   limit, reason = polling.TimeLimit(timeout)
   proc = subprocess.Popen(
-      TrainerCommand(*args), cwd=ROOT, env=Environment(),
+      TrainerCommand(*args, module=module), cwd=ROOT, env=Environment(),
       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
       stdin=subprocess.DEVNULL)
   try:

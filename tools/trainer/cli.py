@@ -58,6 +58,8 @@ from tools.trainer import run_config
 from tools.trainer import train_loop
 # pylint: enable=g-import-not-at-top,wrong-import-position
 
+# The exit status after Ctrl-C (128 + SIGINT, as shells report it).
+_SIGINT_EXIT = 128 + signal.SIGINT
 MODES = ('train', 'eval', 'decode', 'train_and_eval', 'inspect_model')
 DEFAULT_MODEL = 'image.AmoebaNetD_Digits'
 
@@ -292,7 +294,8 @@ def _Train(run, echo):
       step, path = loop.Run()
       break
     except train_loop.WorkerLostError as e:
-      if not run.max_worker_restarts:
+      if not run.max_worker_restarts or loop.stop_requested:
+        # Ctrl-C or SIGTERM came first: stop, as asked, with the error.
         raise
       if placement.restarts >= run.max_worker_restarts:
         raise train_loop.WorkerLostError('%s%s' % (e, train_loop.GaveUpNote(
@@ -361,5 +364,14 @@ def main(argv):
   except USER_ERRORS as e:
     print('trainer: error: %s' % e, file=sys.stderr, flush=True)
     return 1
+  except KeyboardInterrupt:
+    # Ctrl-C outside the training loop (set-up, evaluation), or a second one
+    # in it (the loop said what it saved): stop without a traceback, with
+    # the shell's status for SIGINT.
+    print('trainer: stopped by Ctrl-C', file=sys.stderr, flush=True)
+    sys.stdout.flush()
+    if train_loop.AbandonedSessions() or remote_tasks.AbandonedSessions():
+      os._exit(_SIGINT_EXIT)  # pylint: disable=protected-access
+    return _SIGINT_EXIT
 
 

@@ -8,6 +8,9 @@ mini-batch. The loop:
 * resumes from the newest checkpoint in logdir (weights, optimizer slots,
   global step), and skips the batches already consumed;
 * saves a checkpoint every N steps and when it stops (end, Ctrl-C, SIGTERM);
+  Ctrl-C and SIGTERM let the running step finish (counted, checked, logged)
+  and stop before the next one, so that the exit checkpoint, the console and
+  the step log name the same step (see _StopSignals);
 * logs every step's metrics to logdir/train_steps.jsonl, prints a progress
   line and writes TensorBoard summaries every N steps, and traces a step
   every M steps for the pipeline timeline, bubbles and peak memory (and
@@ -44,9 +47,9 @@ from tools.trainer import summaries
 # Sessions whose workers died: closing them would block (see _RunSession).
 _ABANDONED_SESSIONS = []
 
-# Session runs left waiting on a lost master task (_RunWatchingMaster); a
-# new session waits until they end, so that none of their updates lands
-# after its restore.
+# Session runs left running on a lost master task or after a second Ctrl-C
+# (_RunInThread); a new session waits until they end, so that none of their
+# updates lands after its restore.
 _PENDING_RUNS = []
 # The master task is probed this often during a run; this many failed
 # probes in a row mean it is lost.
@@ -58,6 +61,9 @@ MASTER_PROBE_MISSES = 2
 TRACE_DIR = 'traces'
 # One entry per TrainLoop of this process (a restart makes another).
 _LOOPS_STARTED = []
+# How long the main thread waits for a session run between two looks at
+# the loop's signals (_RunInThread).
+_WAIT_SLICE_SECS = 0.2
 # Steps timed as start-up phases (the first one optimizes, partitions and
 # instantiates; the second shows a step without that).
 STARTUP_STEPS = 2
@@ -87,10 +93,6 @@ class WorkerLostError(RuntimeError):
   def __init__(self, message, summary=None):
     super().__init__(message)
     self.summary = summary or message.split(': training stopped')[0]
-
-
-class _Interrupted(Exception):
-  """SIGTERM: stop after saving, like Ctrl-C."""
 
 
 def ConsoleMetrics(metrics):
@@ -136,6 +138,8 @@ class TrainLoop:
     self._last_saved = None
     self._done_after = None
     self._echo = echo
+    # The loop's SIGTERM/SIGINT handlers (_StopSignals), once it started.
+    self._signals = None
     # Start-up phases up to the second step, written to startup.json: from
     # the trainer's start, or after a restart from this loop's.
     self._graph_ops = None
@@ -266,7 +270,32 @@ class TrainLoop:
 
   def _Loop(self, sess, saver, fetches, global_step, step, max_steps,
             batch_size, last_ckpt):
-    """Runs steps until max_steps; see the module docstring."""
+    """Runs steps until max_steps or a stop request; see the module docstring.
+
+    Ctrl-C and SIGTERM only request a stop (_StopSignals): the loop ends
+    between two steps and saves the step it ended on. A second Ctrl-C stops
+    at once without saving.
+    """
+    self._signals = _StopSignals()
+    with self._signals:
+      try:
+        return self._Steps(sess, saver, fetches, global_step, step,
+                           max_steps, batch_size, last_ckpt)
+      except KeyboardInterrupt:
+        self._echo('stopped at once by a second Ctrl-C, without saving the '
+                   'steps after the last checkpoint (%s): run the same '
+                   'command to resume from it' % (self._last_saved or
+                                                  'none yet'))
+        raise
+
+  @property
+  def stop_requested(self):
+    """The signal that asked the loop to stop ('SIGTERM', 'SIGINT'), or None."""
+    return self._signals.received if self._signals is not None else None
+
+  def _Steps(self, sess, saver, fetches, global_step, step, max_steps,
+             batch_size, last_ckpt):
+    """_Loop's steps and exit checkpoint (within its signal handlers)."""
     writer = summaries.Writer(self._logdir)
     step_log = progress.StepLog(self._logdir, resume_step=step)
     replicas = self._run.data_parallel
@@ -280,9 +309,20 @@ class TrainLoop:
     saved_step = step if last_ckpt else None
     self._last_saved = last_ckpt
     state_ok = True
-    previous = _InstallSigterm()
     try:
       while step < max_steps:
+        # Checked only here, between two steps: the step a signal arrived in
+        # has been counted, checked, logged and (on a period) saved.
+        if self.stop_requested:
+          self._signals.announced = True
+          if saved_step == step:
+            self._echo('interrupted after step %d (%s): its checkpoint %s '
+                       'is saved' % (step, self.stop_requested, last_ckpt))
+          else:
+            self._echo('interrupted after step %d (%s): saving a checkpoint '
+                       '%s' % (step, self.stop_requested,
+                               _ForceHint(self.stop_requested)))
+          break
         self._CheckWorkers('before step %d' % (step + 1), last_ckpt)
         trace = self._trace_every and (step + 1 == start_step + 2 or
                                        (step + 1) % self._trace_every == 0)
@@ -331,15 +371,13 @@ class TrainLoop:
           last_ckpt = self._Save(sess, saver, step)
           saved_step = step
           self._AfterCheckpoint(last_ckpt)
-    except (KeyboardInterrupt, _Interrupted):
-      self._echo('interrupted at step %d: saving a checkpoint' % step)
     except BaseException:
       # A failed run may have applied part of an update: never save it over
-      # the last good checkpoint.
+      # the last good checkpoint. (A second Ctrl-C ends here too: it stops
+      # without saving.)
       state_ok = False
       raise
     finally:
-      _RestoreSigterm(previous)
       writer.Close()
       step_log.Close()
       if state_ok:
@@ -358,8 +396,8 @@ class TrainLoop:
   def _SaveAtExit(self, sess, saver, global_step, saved_step, last_ckpt):
     """Saves the state at exit unless it is already saved."""
     try:
-      # An interrupt can land after a step's run returned but before its
-      # outputs were read: the variable holds the true step.
+      # The step the checkpoint stores (the loop's count: a stop request
+      # never cuts a step short).
       step = int(sess.run(global_step, options=self._placement.RunOptions()))
       if saved_step != step:
         return self._Save(sess, saver, step)
@@ -425,8 +463,9 @@ class TrainLoop:
                                     self._run.max_worker_restarts),
                        note=GaveUpNote(self._placement.restarts,
                                        self._run.max_worker_restarts)):
-        if self._placement.remote is not None:
-          return self._RunWatchingMaster(run, doing, last_ckpt)
+        if (self._placement.remote is not None or
+            (self._signals is not None and self._signals.installed)):
+          return self._RunInThread(run, doing, last_ckpt)
         return run()
     except tf.errors.DeadlineExceededError as e:
       self._CheckWorkers(doing, last_ckpt, wait_secs=self._LocalWaitSecs())
@@ -456,16 +495,23 @@ class TrainLoop:
             summary=summary) from e
       raise
 
-  def _RunWatchingMaster(self, run, doing, last_ckpt):
-    """run() in a thread while this one probes the master task (task 0).
+  def _RunInThread(self, run, doing, last_ckpt):
+    """run() in a thread while this one watches signals and the master task.
 
-    A session run whose master task died waits until the step timeout: no
-    task is left to end it. A lost task other than the master fails the run
-    by itself (the master ends the step), so only the master is probed.
-    MASTER_PROBE_MISSES failed probes in a row, MASTER_PROBE_SECS apart,
-    raise WorkerLostError; the run's thread is left to end on its own
-    (_PENDING_RUNS). Ctrl-C and SIGTERM wait for the run to end first, so
-    that a checkpoint never follows half a step.
+    Python runs signal handlers only in the main thread, between bytecodes:
+    while that thread is inside a session run, Ctrl-C and SIGTERM wait for
+    the run to return, however long it takes. Here the main thread waits in
+    short slices instead, so that a stop request is acknowledged at once
+    and a second Ctrl-C (KeyboardInterrupt) stops a stuck run.
+
+    With a running cluster, a session run whose master task died waits until
+    the step timeout: no task is left to end it. A lost task other than the
+    master fails the run by itself (the master ends the step), so only the
+    master is probed. MASTER_PROBE_MISSES failed probes in a row,
+    MASTER_PROBE_SECS apart, raise WorkerLostError.
+
+    On WorkerLostError and on a second Ctrl-C the run's thread is left to
+    end on its own (_PENDING_RUNS); nothing is saved after it.
 
     Args:
       run: a function running the session.
@@ -482,13 +528,24 @@ class TrainLoop:
       with graph.as_default():
         return run()
 
-    call = background.BackgroundCall(Run)
+    call = background.BackgroundCall(Run, name='trainer: ' + doing)
     remote = self._placement.remote
     misses = 0
+    next_probe = time.time() + MASTER_PROBE_SECS
     try:
-      while not call.Wait(MASTER_PROBE_SECS):
+      # Slices, not one wait: a signal the kernel hands to another thread
+      # does not wake this one, which runs the handler at its next wake-up.
+      while not call.Wait(_WAIT_SLICE_SECS):
+        if self.stop_requested and not self._signals.announced:
+          self._signals.announced = True
+          self._echo('%s %s: training stops once it ends %s' %
+                     (self.stop_requested, doing,
+                      _ForceHint(self.stop_requested)))
+        if remote is None or time.time() < next_probe:
+          continue
         reason = remote_tasks.Probe(remote.addresses[0],
                                     remote.probe_timeout_secs)
+        next_probe = time.time() + MASTER_PROBE_SECS
         misses = misses + 1 if reason else 0
         if misses >= MASTER_PROBE_MISSES and not call.done:
           _PENDING_RUNS.append(call.thread)
@@ -498,8 +555,10 @@ class TrainLoop:
               '%s: training stopped. The last checkpoint (%s) is intact: start '
               'the task again and run the same command to resume.' %
               (summary, last_ckpt or 'none yet'), summary=summary)
-    except (KeyboardInterrupt, _Interrupted):
-      call.Wait()
+    except KeyboardInterrupt:
+      # A second Ctrl-C: the caller stops without saving, so the run may go
+      # on; a new session in this process waits for it (_AwaitPendingRuns).
+      _PENDING_RUNS.append(call.thread)
       raise
     return call.Result()
 
@@ -597,24 +656,66 @@ class _DeathWatch:
         os._exit(1)  # pylint: disable=protected-access
 
 
-def _InstallSigterm():
-  """Makes SIGTERM stop the loop like Ctrl-C; returns the old handler."""
+class _StopSignals:
+  """SIGTERM and SIGINT (Ctrl-C) handlers of the training loop.
 
-  def Handler(signum, frame):
-    del signum, frame
-    raise _Interrupted()
+  Python runs a handler once the session run in progress returns, that is
+  after the step's update was applied: a handler that raised would lose that
+  step (not counted, checked or logged, yet saved by the exit checkpoint).
+  These handlers only note the request; the loop stops between two steps.
+  A second Ctrl-C while a stop is pending raises KeyboardInterrupt at once,
+  so that a stuck step or save can still be stopped (without saving); a
+  second SIGTERM changes nothing (a supervisor follows up with SIGKILL).
 
-  try:
-    return signal.signal(signal.SIGTERM, Handler)
-  except ValueError:  # Not the main thread: leave signals alone.
-    return signal.getsignal(signal.SIGTERM)
+  Outside the loop (set-up, the final evaluation) Python's own behaviour is
+  kept: Ctrl-C raises KeyboardInterrupt and SIGTERM ends the process, which
+  leaves every checkpoint as it was. A signal the process was started with
+  ignored (e.g. SIGINT of a background job of a script) stays ignored, and
+  handlers are only set in the main thread (Python allows no other).
+
+  Attributes:
+    received: the name of the first signal received ('SIGTERM' or 'SIGINT'),
+      or None.
+    announced: whether the console was told (once is enough).
+  """
+
+  SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+  def __init__(self):
+    self.received = None
+    self.announced = False
+    self._previous = {}
+
+  @property
+  def installed(self):
+    """Whether the handlers are set (they are while the loop runs)."""
+    return bool(self._previous)
+
+  def __enter__(self):
+    if threading.current_thread() is threading.main_thread():
+      for signum in self.SIGNALS:
+        if signal.getsignal(signum) != signal.SIG_IGN:
+          self._previous[signum] = signal.signal(signum, self._Handle)
+    return self
+
+  def __exit__(self, *unused):
+    for signum, previous in self._previous.items():
+      # None: a handler set outside Python; the default is the nearest.
+      signal.signal(signum,
+                    signal.SIG_DFL if previous is None else previous)
+    self._previous = {}
+
+  def _Handle(self, signum, unused_frame):
+    if self.received is None:
+      self.received = signal.Signals(signum).name
+    elif signum == signal.SIGINT:
+      raise KeyboardInterrupt()
 
 
-def _RestoreSigterm(previous):
-  try:
-    signal.signal(signal.SIGTERM, previous)
-  except ValueError:
-    pass
+def _ForceHint(received):
+  """How to stop at once, once `received` ('SIGINT', 'SIGTERM') is pending."""
+  return '(Ctrl-C %s stops at once, without saving)' % (
+      'again' if received == 'SIGINT' else 'now')
 
 
 _NOISE = ('Graph execution error', 'Detected at node', 'Node:', '[[', 'File ',
