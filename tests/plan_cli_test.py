@@ -5,6 +5,7 @@ import contextlib
 import io
 import json
 import os
+import re
 import tempfile
 from unittest import mock
 
@@ -73,6 +74,16 @@ class PlanCliTest(absltest.TestCase):
     # Calibrated on the sample: its factors at the measured size.
     self.assertEqual([f.rows for f in profile.factors], [8])
     self.assertIn('calibrated at 8 rows', err)
+    # The trainer's own step, timed at K=1, M=1 with a replica per device:
+    # what it adds to the pipeline's predicted step is in the profile.
+    measured = re.search(
+        r"the trainer's step of gpipe R=2 K=1 M=1 never: ([\d.]+) ms, the "
+        r"pipeline's predicted ([\d.]+) ms: the trainer adds ([\d.]+) ms",
+        err)
+    self.assertIsNotNone(measured, err)
+    step, pipeline_ms, added = (float(x) for x in measured.groups())
+    self.assertAlmostEqual(added, max(step - pipeline_ms, 0.0), delta=0.11)
+    self.assertAlmostEqual(1e3 * profile.trainer_seconds, added, delta=0.06)
 
   def testACapBelowTheWeightsIsRefusedBeforeMeasuring(self):
     # The toy's 13,130 float32 weights (52,520 bytes) over 2 devices, x (1 +

@@ -196,6 +196,27 @@ class TimeTest(absltest.TestCase):
     self.assertEqual(two.step_peak_bytes[1] - one.step_peak_bytes[0], 2000)
     self.assertEqual(two.step_peak_bytes[0] - one.step_peak_bytes[0], 2000)
 
+  def testTheTrainersStepAddsToEveryConfiguration(self):
+    # What the trainer's step adds (input, Lingvo's learner, its client) is
+    # a fixed cost of each step, whatever the configuration.
+    profile = UniformProfile(4, batch=8, call_seconds=0.1,
+                             handover=profile_lib.Handover(0.01, 1e6))
+    with_trainer = profile.Replace(trainer_seconds=0.75)
+    for config in (Configuration(1, 1, (4,), 1, 'gpipe', 'never'),
+                   Configuration(2, 2, (2, 2), 2, '1f1b', 'always'),
+                   Configuration(1, 4, (1, 1, 1, 1), 8, 'zb_auto', 'never')):
+      self.assertAlmostEqual(
+          simulator.Predict(with_trainer, config).step_seconds,
+          simulator.Predict(profile, config).step_seconds + 0.75)
+    # A profile written before the field existed reads as 0.
+    path = os.path.join(tempfile.mkdtemp(), 'p.json')
+    profile_lib.Save(with_trainer, path)
+    self.assertEqual(profile_lib.Load(path).trainer_seconds, 0.75)
+    old = profile_lib.ReadJson(path, 'profile')
+    del old['trainer_seconds']
+    profile_lib.WriteJson(old, path)
+    self.assertEqual(profile_lib.Load(path).trainer_seconds, 0.0)
+
   def testCalibrationScalesEachKindOfTask(self):
     factors = (profile_lib.Factors(rows=1, F=2.0, B=3.0, W=4.0, BW=5.0,
                                    R=0.5),)

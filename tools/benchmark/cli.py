@@ -5,7 +5,7 @@ the defaults for ``--quick`` and runs one of ``throughput.Throughput``,
 ``memory.Memory``, ``bubble.Bubble``, ``schedules.Schedules``,
 ``data_parallel.DataParallel``, ``graph.Graph``, ``links.Links``,
 ``decode.Decode`` (``decode_memory.MemoryCap`` with ``--memory_cap``),
-``plan.Plan`` or ``startup.Startup``.
+``plan.Plan``, ``plan_trainer.PlanTrainer`` or ``startup.Startup``.
 """
 
 import argparse
@@ -22,6 +22,7 @@ from tools.benchmark import graph
 from tools.benchmark import links
 from tools.benchmark import memory
 from tools.benchmark import plan
+from tools.benchmark import plan_trainer
 from tools.benchmark import schedules
 from tools.benchmark import startup
 from tools.benchmark import throughput
@@ -226,6 +227,21 @@ def _Parser():
                  '(gpipe/plan/calibrate.py)')
   p.add_argument('--steps', type=int, default=5, help='timed rounds')
   p.add_argument('--warmup', type=int, default=2)
+  p = sub.add_parser('plan_trainer', help=plan_trainer.PlanTrainer.__doc__)
+  Common(p)
+  p.add_argument('--models', default='',
+                 help='comma-separated registered models (default: %s)' %
+                 ','.join(plan_trainer.MODELS))
+  p.add_argument('--devices', type=int, default=2,
+                 help='local worker processes to plan for and train on')
+  p.add_argument('--top', type=int, default=4,
+                 help='configurations to train: the pick, then the best of '
+                 'each other shape and schedule family')
+  p.add_argument('--repeats', type=int, default=5,
+                 help="the planner's timed runs per profiled figure")
+  p.add_argument('--steps', type=int, default=20,
+                 help='timed trainer steps per configuration (the median)')
+  p.add_argument('--warmup', type=int, default=5)
   p = sub.add_parser('startup', help=startup.Startup.__doc__)
   Common(p)
   p.add_argument('--before',
@@ -286,6 +302,10 @@ def _ApplyQuick(args):
     args.top = min(args.top, 2)
     args.repeats = 1
     args.max_micro_batches = min(args.max_micro_batches, 2)
+  if args.command == 'plan_trainer':
+    args.top, args.repeats, args.steps = min(args.top, 2), 1, 2
+    if not args.models:
+      args.models = 'toy.PipelinedDigitsMlp'
   if args.command == 'startup' and args.model == 'mt.T64Structure_Numbers':
     args.model, args.worker_processes = 'mt.NumbersTiny', 2
   if args.command == 'memory':
@@ -315,6 +335,7 @@ def main(argv=None):
                   data_parallel=data_parallel.DataParallel, links=links.Links,
                   decode=lambda a: (decode_memory.MemoryCap if a.memory_cap
                                     else decode.Decode)(a), plan=plan.Plan,
+                  plan_trainer=plan_trainer.PlanTrainer,
                   startup=startup.Startup)
   commands[args.command](args)
   return 0

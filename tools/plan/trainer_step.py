@@ -21,7 +21,6 @@ configuration's step.
 """
 
 import os
-import re
 import statistics
 import subprocess
 import sys
@@ -29,14 +28,12 @@ import tempfile
 
 from gpipe.plan import choice
 from gpipe.plan import simulator
+from tools.trainer import progress
 
 # Steps run before the timed ones (graph optimization, first allocations),
 # and the timed ones (the median).
 WARMUP_STEPS = 3
 TIMED_STEPS = 6
-
-_RATE = re.compile(r'^step (\d+)/\d+ .* ([\d.]+) examples/s', re.M)
-
 
 class TrainerStepError(RuntimeError):
   """The trainer's reference run failed; the text has its last output."""
@@ -68,21 +65,6 @@ def _AllCores():
   """Undoes the planner's pinning in the trainer's process (its workers pin
   themselves): the trainer's client runs where the system puts it."""
   os.sched_setaffinity(0, range(os.cpu_count() or 1))
-
-
-def StepSeconds(output, batch, warmup=WARMUP_STEPS):
-  """Per-step seconds from a trainer's progress lines (one per step).
-
-  Args:
-    output: the trainer's console text, run with --log_every_n_steps=1.
-    batch: examples per step.
-    warmup: leading steps to drop.
-
-  Returns:
-    The seconds of each step after the warm-up, in step order.
-  """
-  return [batch / float(rate) for step, rate in _RATE.findall(output)
-          if int(step) > warmup and float(rate) > 0]
 
 
 def Measure(model, override, profile, devices, log=None,
@@ -140,7 +122,7 @@ def Measure(model, override, profile, devices, log=None,
   except subprocess.TimeoutExpired as e:
     raise TrainerStepError('the trainer did not finish %d steps of %s in %d '
                            's' % (steps, config.label, timeout)) from e
-  seconds = StepSeconds(done.stdout, profile.batch)
+  seconds = progress.StepSeconds(done.stdout, profile.batch, WARMUP_STEPS)
   if done.returncode or not seconds:
     raise TrainerStepError(
         'the trainer\'s reference run (%s) failed with exit status %d; its '

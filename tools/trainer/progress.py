@@ -12,6 +12,7 @@ time to max_steps.
 
 import json
 import os
+import re
 import time
 
 STEP_LOG = 'train_steps.jsonl'
@@ -59,6 +60,24 @@ def ReadStepLog(path):
         except ValueError:
           break  # A line cut short by a killed process ends the log.
   return records
+
+
+_PROGRESS = re.compile(r'^step (\d+)/\d+ .* ([\d.]+) examples/s', re.M)
+
+
+def StepSeconds(output, batch, warmup=0):
+  """Per-step seconds from the progress lines of a run logged every step.
+
+  Args:
+    output: the trainer's console text (``--log_every_n_steps=1``).
+    batch: examples per step.
+    warmup: leading steps to leave out.
+
+  Returns:
+    The seconds of each step after `warmup`, in step order.
+  """
+  return [batch / float(rate) for step, rate in _PROGRESS.findall(output)
+          if int(step) > warmup and float(rate) > 0]
 
 
 def FormatSeconds(seconds):

@@ -1,0 +1,202 @@
+"""The plan_trainer subcommand: the planner's predictions against the trainer.
+
+The ``plan`` subcommand checks the simulator on the benchmark's own stacks in
+its own runner. This one checks what a user meets: for each registered model
+that trains here,
+
+1. ``python -m tools.plan`` plans it for the devices (measuring its profile,
+   the trainer's own step included: ``tools/plan/trainer_step.py``), timed
+   from start to end;
+2. the planner's pick and the best candidate of each other shape (R x K) and
+   of each other schedule family, up to ``--top`` configurations, each run
+   by the trainer itself (``python -m tools.trainer --plan=FILE
+   --worker_processes=N --pin_cores``) for ``--steps`` steps after
+   ``--warmup``; the median step of each, as the trainer's own progress
+   lines give it.
+
+It reports per configuration the predicted and measured step (ms) and the
+error, per model the planning time, the largest error and whether the pick
+is within 5% of the fastest configuration measured; the plot puts predicted
+against measured.
+"""
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+from gpipe.plan import choice
+from gpipe.plan import profile as profile_lib
+from gpipe.plan import search
+from tools.benchmark import report
+from tools.trainer import progress
+
+# The registered models that train on this machine kind in minutes.
+MODELS = ('image.AmoebaNetD_Digits', 'mt.NumbersSmall', 'mt.NumbersTiny',
+          'toy.PipelinedDigitsMlp')
+# The pick counts as the fastest when within this of the fastest measured.
+PICK_TOLERANCE = 0.05
+_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__))))
+
+
+def _Environment():
+  env = dict(os.environ)
+  env['PYTHONPATH'] = os.pathsep.join(
+      [_ROOT] + [p for p in env.get('PYTHONPATH', '').split(os.pathsep) if p])
+  env.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
+  return env
+
+
+def _Family(schedule):
+  return 'zero bubble' if schedule.startswith('zb') else schedule
+
+
+def Shortlist(candidates, top):
+  """The pick, then the best of each other R x K, then of each family.
+
+  Args:
+    candidates: search.Candidates that fit, fastest first.
+    top: the most to return.
+
+  Returns:
+    Up to `top` candidates with distinct configurations.
+  """
+  chosen, shapes = [], set()
+  for c in candidates:
+    shape = (c.config.replicas, c.config.num_stages)
+    if shape not in shapes:
+      chosen.append(c)
+      shapes.add(shape)
+  families = {_Family(c.config.schedule) for c in chosen}
+  for c in candidates:
+    if len(chosen) >= top:
+      break
+    family = _Family(c.config.schedule)
+    if family not in families and c not in chosen:
+      chosen.append(c)
+      families.add(family)
+  return chosen[:top]
+
+
+def _Plan(model, devices, workdir, repeats):
+  """Runs the planner; returns (seconds, SearchResult JSON path, plan path)."""
+  plan_path = os.path.join(workdir, 'plan.json')
+  profile_path = os.path.join(workdir, 'profile.json')
+  args = [sys.executable, '-m', 'tools.plan', '--model=' + model,
+          '--devices=%d' % devices, '--plan_out=' + plan_path,
+          '--profile_out=' + profile_path, '--repeats=%d' % repeats]
+  start = time.time()
+  done = subprocess.run(args, cwd=_ROOT, env=_Environment(),
+                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                        text=True, check=False)
+  seconds = time.time() - start
+  for line in done.stdout.splitlines():
+    if line.startswith(('timing', 'the trainer', 'calibrat', 'contention',
+                        'hand-over', 'Best')):
+      report.Log('  ' + line)
+  if done.returncode or not os.path.exists(plan_path):
+    raise RuntimeError('the planner failed for %s:\n%s' %
+                       (model, done.stdout[-3000:]))
+  return seconds, profile_path, plan_path
+
+
+def _Train(model, plan_path, devices, warmup, steps, batch, logdir):
+  """The trainer's median step (s) with the plan, and every step's."""
+  args = [sys.executable, '-m', 'tools.trainer', '--model=' + model,
+          '--logdir=' + logdir, '--plan=' + plan_path,
+          '--worker_processes=%d' % devices, '--pin_cores',
+          '--max_steps=%d' % (warmup + steps), '--log_every_n_steps=1',
+          '--checkpoint_every_n_steps=%d' % (10 * (warmup + steps)),
+          '--trace_every_n_steps=0', '--eval_after_train=false']
+  done = subprocess.run(args, cwd=_ROOT, env=_Environment(),
+                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                        text=True, check=False)
+  seconds = progress.StepSeconds(done.stdout, batch, warmup)
+  if done.returncode or not seconds:
+    raise RuntimeError('the trainer failed with %s:\n%s' %
+                       (plan_path, done.stdout[-3000:]))
+  return statistics.median(seconds), seconds
+
+
+def PlanTrainer(args):
+  """Predicted against measured through the trainer (see the module doc)."""
+  models = [m for m in args.models.split(',') if m] or list(MODELS)
+  title, info = report.Header(
+      'The planner through the trainer',
+      dict(models=','.join(models), devices=args.devices, top=args.top,
+           warmup=args.warmup, steps=args.steps))
+  rows, results = [], []
+  for model in models:
+    workdir = tempfile.mkdtemp(prefix='gpipe_plan_trainer_')
+    report.Log('planning %s for %d devices' % (model, args.devices))
+    plan_seconds, profile_path, _ = _Plan(model, args.devices, workdir,
+                                          args.repeats)
+    profile = profile_lib.Load(profile_path)
+    # The planner's search with its defaults (no cap: every shape runs).
+    result = search.Search(profile, args.devices, None)
+    measured = []
+    for i, c in enumerate(Shortlist(result.candidates, args.top)):
+      path = os.path.join(workdir, 'candidate_%d.json' % i)
+      choice.Save(choice.FromCandidate(c, args.devices, None, model), path)
+      report.Log('  training %s with %s' % (model, c.config.label))
+      seconds, steps = _Train(model, path, args.devices, args.warmup,
+                              args.steps, profile.batch,
+                              os.path.join(workdir, 'run_%d' % i))
+      predicted = c.prediction.step_seconds
+      measured.append(dict(config=c.config.label, pick=i == 0,
+                           predicted_ms=1e3 * predicted,
+                           measured_ms=1e3 * seconds,
+                           step_ms=[1e3 * s for s in steps],
+                           error=predicted / seconds - 1))
+    fastest = min(m['measured_ms'] for m in measured)
+    pick = measured[0]
+    results.append(dict(
+        model=model, plan_seconds=plan_seconds,
+        trainer_ms=1e3 * profile.trainer_seconds,
+        pick_is_fastest=pick['measured_ms'] <= fastest * (1 + PICK_TOLERANCE),
+        largest_error=max(abs(m['error']) for m in measured),
+        configurations=measured))
+    for m in measured:
+      rows.append([model, m['config'] + (' (pick)' if m['pick'] else ''),
+                   '%.1f' % m['predicted_ms'], '%.1f' % m['measured_ms'],
+                   '%+.0f%%' % (100 * m['error'])])
+    report.Log('  %s: planned in %.0f s; pick %s measured %.1f ms (fastest '
+               '%.1f ms)' % (model, plan_seconds, pick['config'],
+                             pick['measured_ms'], fastest))
+  summary = report.Table(
+      ['model', 'planning (s)', 'trainer adds (ms)', 'largest error',
+       'pick is the fastest measured'],
+      [[r['model'], '%.0f' % r['plan_seconds'], '%.1f' % r['trainer_ms'],
+        '%.0f%%' % (100 * r['largest_error']),
+        'yes' if r['pick_is_fastest'] else 'no'] for r in results])
+  markdown = '\n'.join([
+      title, report.Table(['model', 'configuration', 'predicted step (ms)',
+                           'trainer step (ms)', 'error'], rows), '',
+      summary, ''])
+  print(markdown, flush=True)
+
+  def Plot(plt):
+    fig, ax = plt.subplots(figsize=(6, 5))
+    for r in results:
+      xs = [m['measured_ms'] for m in r['configurations']]
+      ys = [m['predicted_ms'] for m in r['configurations']]
+      ax.scatter(xs, ys, label=r['model'])
+    top = max(max(m['measured_ms'], m['predicted_ms'])
+              for r in results for m in r['configurations']) * 1.1
+    ax.plot([0, top], [0, top], 'k--', linewidth=0.8)
+    ax.plot([0, top], [0, 0.85 * top], 'k:', linewidth=0.6)
+    ax.plot([0, top], [0, 1.15 * top], 'k:', linewidth=0.6)
+    ax.set_xlabel('step through the trainer (ms)')
+    ax.set_ylabel('predicted step (ms)')
+    ax.set_title('The planner against the trainer (dotted: 15%)')
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    return fig
+
+  report.Write(args, dict(markdown=markdown, machine=info, models=results),
+               Plot)
+  return results
