@@ -123,6 +123,33 @@ def PaddingBias(paddings):
   return (paddings * _MASK_LOGIT)[:, tf.newaxis, :]
 
 
+def Normalize(x, scale, bias, epsilon):
+  """(x - mean) / sqrt(variance + epsilon) * scale + bias over the last dim.
+
+  Statistics in float32 also when `x` is bfloat16. The scale joins the
+  inverse deviation before it meets the centered input: the textbook op
+  order is rewritten by TF 2.15's oneDNN remapper into a fused layer norm
+  that aborts the process ("key not found: value") whenever the input is a
+  placeholder or a function argument (every stage function's is).
+
+  Args:
+    x: [..., dim] inputs.
+    scale: [dim] (or a scalar).
+    bias: [dim] (or a scalar).
+    epsilon: added to the variance.
+
+  Returns:
+    The normalized `x`, in its dtype.
+  """
+  dtype = x.dtype
+  x = tf.cast(x, tf.float32)
+  centered = x - tf.reduce_mean(x, axis=-1, keepdims=True)
+  variance = tf.reduce_mean(tf.square(centered), axis=-1, keepdims=True)
+  scale, bias = (tf.cast(t, tf.float32) for t in (scale, bias))
+  return tf.cast(centered * (tf.math.rsqrt(variance + epsilon) * scale) + bias,
+                 dtype)
+
+
 class LayerNorm(base_layer.BaseLayer):
   """Layer normalization over the last dimension, with scale and bias."""
 
@@ -154,19 +181,7 @@ class LayerNorm(base_layer.BaseLayer):
     Returns:
       (x - mean) / sqrt(variance + epsilon) * scale + bias, shaped like `x`.
     """
-    p = self.params
-    # Statistics in float32 also when the layers compute in bfloat16.
-    dtype = x.dtype
-    x = tf.cast(x, tf.float32)
-    centered = x - tf.reduce_mean(x, axis=-1, keepdims=True)
-    variance = tf.reduce_mean(tf.square(centered), axis=-1, keepdims=True)
-    # The scale joins the inverse deviation before it meets `centered`: the
-    # textbook op order is rewritten by TF 2.15's oneDNN remapper into a fused
-    # layer norm that aborts the process ("key not found: value") whenever
-    # the input is a placeholder or a function argument.
-    scale, bias = (tf.cast(t, tf.float32) for t in (theta.scale, theta.bias))
-    return tf.cast(
-        centered * (tf.math.rsqrt(variance + p.epsilon) * scale) + bias, dtype)
+    return Normalize(x, theta.scale, theta.bias, self.params.epsilon)
 
 
 class MultiHeadAttention(base_layer.BaseLayer):

@@ -8,9 +8,10 @@ our ``gpipe.pipeline.PipeliningLayer`` (``layers=`` cut into stages), Lingvo's
 (``ChainFProp``). Dropout is off: the comparisons are about speed and memory,
 and Lingvo's GPipe has its own seeding rules.
 
-These are stand-ins sized for a 2-core CPU, not the task models of
-``tasks/mt`` and ``tasks/image`` (whose layers pass NestedMaps or tuples that
-Lingvo's GPipe cannot split):
+These are stand-ins sized for a 2-core CPU, because Lingvo's GPipe splits
+only single-tensor layers and the task models' layers (``tasks/mt``,
+``tasks/image``) pass NestedMaps or tuples; they share the task layers' math
+where it matters (the layer norm: ``tasks.mt.sublayers.Normalize``):
 
   * ``TransformerBlock``: a pre-layer-norm self-attention + feed-forward
     residual block on [batch, length, dim] (one Transformer layer of the
@@ -28,6 +29,7 @@ from lingvo.core import base_layer
 from lingvo.core import gpipe as lingvo_gpipe
 from lingvo.core import py_utils
 from tasks import dense
+from tasks.mt import sublayers
 
 
 def _Weight(layer, name, shape, scale):
@@ -38,8 +40,7 @@ def _Weight(layer, name, shape, scale):
 
 
 def _LayerNorm(x, gain):
-  mean, var = tf.nn.moments(x, [-1], keepdims=True)
-  return (x - mean) * tf.math.rsqrt(var + 1e-6) * (1.0 + gain)
+  return sublayers.Normalize(x, 1.0 + gain, 0.0, 1e-6)
 
 
 class TransformerBlock(base_layer.BaseLayer):
