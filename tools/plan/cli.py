@@ -17,9 +17,11 @@ not here).
 """
 
 import argparse
+import contextlib
 import json
 import os
 import sys
+import time
 
 from gpipe.compat import lingvo_import  # pylint: disable=unused-import
 from gpipe.plan import choice
@@ -107,6 +109,14 @@ def DefaultRows(batch):
   return sorted({max(1, batch // m) for m in (1, 4, 16)})
 
 
+@contextlib.contextmanager
+def _Timed(what, log):
+  """Logs how long the body took: where a plan's measuring time goes."""
+  start = time.time()
+  yield
+  log('%s took %.1f s' % (what, time.time() - start))
+
+
 def MeasureProfile(args, log, cap=None):
   """The registered model's profile, measured (see the module docstring).
 
@@ -154,36 +164,41 @@ def MeasureProfile(args, log, cap=None):
       step = None
     else:
       log('measuring the hand-over between two pinned worker processes')
-      got = measure.MeasureHandover(cluster.target, cluster.devices,
-                                    repeats=args.repeats)
+      with _Timed('measuring the hand-over', log):
+        got = measure.MeasureHandover(cluster.target, cluster.devices,
+                                      repeats=args.repeats)
       handover, step = got['handover'], got['step_seconds']
     measure.PinToCore(args.core)
     log('measuring %d layers of %s at %s rows per micro-batch in %s' %
         (len(described.params.layers), args.model, rows, ', '.join(dtypes)))
-    profile = measure.MeasureModel(
-        args.model, described.params.layers, described.input_specs,
-        described.batch, rows, dtypes=dtypes, loss=described.loss,
-        batch_dim=described.params.batch_dim, optimizer_slots=slots,
-        update_traffic=traffic, handover=handover, step_seconds=step,
-        session_config=config, repeats=args.repeats,
-        machine=runner.MachineInfo(),
-        notes='one core (%d), %d intra-op + %d inter-op threads; override %r'
-        % (args.core, INTRA_OP_THREADS, INTER_OP_THREADS,
-           args.model_params_override), log=log)
+    with _Timed('measuring the layers', log):
+      profile = measure.MeasureModel(
+          args.model, described.params.layers, described.input_specs,
+          described.batch, rows, dtypes=dtypes, loss=described.loss,
+          batch_dim=described.params.batch_dim, optimizer_slots=slots,
+          update_traffic=traffic, handover=handover, step_seconds=step,
+          session_config=config, repeats=args.repeats,
+          machine=runner.MachineInfo(),
+          notes='one core (%d), %d intra-op + %d inter-op threads; override '
+          '%r' % (args.core, INTRA_OP_THREADS, INTER_OP_THREADS,
+                  args.model_params_override), log=log)
     if args.calibrate:
       log('calibrating against the executor on the two workers')
-      profile = calibrate.CalibrateProfile(
-          profile, cluster.target, cluster.devices, described.params.layers,
-          described.input_specs, calibrate.Rows(rows), loss=described.loss,
-          batch_dim=described.params.batch_dim,
-          num_layers=args.calibrate_layers,
-          handover=args.handover_latency is None, log=log)
+      with _Timed('calibrating', log):
+        profile = calibrate.CalibrateProfile(
+            profile, cluster.target, cluster.devices,
+            described.params.layers, described.input_specs,
+            calibrate.Rows(rows), loss=described.loss,
+            batch_dim=described.params.batch_dim,
+            num_layers=args.calibrate_layers,
+            handover=args.handover_latency is None, log=log)
   if args.trainer_step:
     # After the cluster above is gone: the trainer starts its own workers.
     from tools.plan import trainer_step  # pylint: disable=g-import-not-at-top
-    seconds, reference = trainer_step.Measure(
-        args.model, args.model_params_override, profile, args.devices,
-        log=log)
+    with _Timed("timing the trainer's step", log):
+      seconds, reference = trainer_step.Measure(
+          args.model, args.model_params_override, profile, args.devices,
+          log=log)
     extra = trainer_step.TrainerSeconds(profile, seconds, reference)
     log('the trainer\'s step of %s: %.1f ms, the pipeline\'s predicted '
         '%.1f ms: the trainer adds %.1f ms a step' % (
