@@ -29,8 +29,8 @@ from lingvo import compat as tf
 
 DEVICE_TYPES = ('auto', 'cpu', 'gpu', 'tpu')
 # Accelerators in the order 'auto' prefers them when every task has both.
-# What --device_type=auto looks for: GPUs. TPU cores are used only when asked
-# for (--device_type=tpu): the library does not initialize a TPU system.
+# What --device_type=auto looks for: GPUs. Not TPU cores: a stage runs on one
+# only inside a compiled TPU computation, which is not built (TpuNotBuilt).
 ACCELERATORS = ('GPU',)
 # Matches no task: a server asked with it lists only its own devices.
 _NO_REMOTE_TASK = '/job:gpipe_no_such_job'
@@ -38,6 +38,68 @@ _NO_REMOTE_TASK = '/job:gpipe_no_such_job'
 
 class DiscoveryError(RuntimeError):
   """A worker task cannot be used; the message names its address."""
+
+
+class TpuNotBuiltError(ValueError):
+  """--device_type=tpu: what was found, and that TPU stages are not built."""
+
+
+# Why every --device_type=tpu run stops, whatever it found (docs/TPU.md).
+_TPU_NOT_BUILT = (
+    'running stages on TPU cores is not built yet: the library neither '
+    'initializes a TPU system (tpu.initialize_system) nor compiles the '
+    'training step into a TPU computation (tpu.rewrite or tpu.replicate over '
+    'the cores of a slice), the way a graph program runs on TPU cores; '
+    'docs/TPU.md says what that takes. What runs today: --device_type=gpu '
+    'on hosts with GPUs, or --device_type=cpu (--device_type=auto picks '
+    'GPUs, else CPUs), in this process, on local --worker_processes or on a '
+    'cluster (--cluster_spec or TF_CONFIG). gpipe.runtime.tpu_layout lays '
+    'out stages on the cores of a slice for planning')
+
+
+def TpuNotBuilt(found, has_tpus=False):
+  """The error of a --device_type=tpu run, saying what it found.
+
+  Args:
+    found: what the run found, in words (no TPU device at ..., N TPU
+      cores on ...).
+    has_tpus: TPU cores were found (the run would still not use them).
+
+  Returns:
+    A TpuNotBuiltError to raise.
+  """
+  return TpuNotBuiltError('--device_type=tpu: %s%s%s' % (
+      found, ', but ' if has_tpus else '; and even with TPU cores, ',
+      _TPU_NOT_BUILT))
+
+
+def TpuFound(task_devices, description=None):
+  """What a cluster's tasks list of TPU devices, in words, for TpuNotBuilt.
+
+  Args:
+    task_devices: each task's device strings (Discover's result).
+    description: the cluster_spec.ClusterDescription they come from (names
+      the tasks' addresses), or None.
+
+  Returns:
+    (words, whether every task lists a TPU device).
+  """
+  missing = [t for t, names in enumerate(task_devices)
+             if 'TPU' not in _Types(names)]
+  if not missing:
+    tpus = [n for names in task_devices for n in names
+            if layout.ParseDevice(n)[1] == 'TPU']
+    return ('the cluster lists %d TPU core(s) (%s)' %
+            (len(tpus), layout.CountByTask(tpus))), True
+  first = missing[0]
+  where = ('worker task %d' % first if description is None else
+           description.Name(first))
+  return ('no TPU system found: worker task(s) %s%s list no TPU device (%s '
+          'lists %s)' % (
+              missing, '' if description is None else
+              ' of %s' % description.source, where,
+              ', '.join('%s:%d' % layout.ParseDevice(n)[1:]
+                        for n in task_devices[first]) or 'no devices')), False
 
 
 def Probe(address, timeout_secs):

@@ -96,8 +96,9 @@ flags.DEFINE_string(
 # Devices of a cluster (tools/trainer/placement.py, gpipe/runtime/).
 flags.DEFINE_enum(
     'device_type', 'auto', ['auto', 'cpu', 'gpu', 'tpu'],
-    'The devices stages run on: auto is the accelerator every worker task '
-    'has (GPU, TPU), else CPU.')
+    'The devices stages run on: auto is the GPUs every worker task has, '
+    'else CPU. tpu stops at once, saying what TPUs the run has: stages on '
+    'TPU cores are not built (docs/TPU.md).')
 flags.DEFINE_integer(
     'devices_per_task', 0,
     'Use the first N devices of --device_type on each worker task (0: all). '

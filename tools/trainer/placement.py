@@ -18,6 +18,10 @@ Three ways, by flags:
   The trainer does not restart these servers: after a loss it waits for
   them to serve again (``tools.trainer.remote_tasks``).
 
+``--device_type=tpu`` stops at once, saying what TPUs the run has: a stage
+runs on a TPU core only inside a compiled TPU computation, which is not
+built (docs/TPU.md).
+
 Stages are laid out on the devices task by task (gpipe.runtime.layout):
 neighbouring stages on one task first, replicas across tasks. Each step runs
 with a timeout, so a lost worker fails the step with an error instead of
@@ -54,17 +58,42 @@ def ParseClusterSpec(text):
 
 def _LocalDeviceType(device_type):
   """The device type of stages in this process ('CPU' or 'GPU')."""
-  if device_type == 'tpu':
-    raise ValueError(
-        '--device_type=tpu: TPU cores are reached through a TensorFlow '
-        'server on the TPU host: start python -m gpipe.worker there and pass '
-        '--cluster_spec or TF_CONFIG')
   gpus = tf.config.list_physical_devices('GPU')
   if device_type == 'gpu' and not gpus:
     raise ValueError('--device_type=gpu: this process sees no GPU '
                      '(tf.config.list_physical_devices is empty); use '
                      '--device_type=auto or cpu, or run where GPUs are')
   return 'GPU' if gpus and device_type in ('auto', 'gpu') else 'CPU'
+
+
+def _RefuseTpu(worker_processes, description, connect_timeout_secs,
+               plan_only):
+  """Raises devices.TpuNotBuiltError, saying what this run has of TPUs.
+
+  Before any worker starts and any graph is built: within the seconds a
+  running cluster takes to list its devices (each check bounded by
+  connect_timeout_secs).
+  """
+  if worker_processes:
+    raise devices_lib.TpuNotBuilt(
+        '--worker_processes=%d starts local worker processes, whose devices '
+        'are CPUs' % worker_processes)
+  if description is not None and plan_only:
+    raise devices_lib.TpuNotBuilt(
+        'planning for %s (not contacted: --devices_per_task)' %
+        description.Spec())
+  if description is not None:
+    found, has_tpus = devices_lib.TpuFound(
+        devices_lib.Discover(description, connect_timeout_secs), description)
+    raise devices_lib.TpuNotBuilt(found, has_tpus)
+  tpus = tf.config.list_physical_devices('TPU')
+  if tpus:
+    raise devices_lib.TpuNotBuilt(
+        'this process lists %d TPU device(s)' % len(tpus), has_tpus=True)
+  raise devices_lib.TpuNotBuilt(
+      "no TPU system found: this process lists no TPU device "
+      "(tf.config.list_physical_devices('TPU') is empty), and no "
+      '--cluster_spec or TF_CONFIG names the worker of a TPU host')
 
 
 class WorkerRestartError(RuntimeError):
@@ -144,6 +173,8 @@ class Placement:
 
     Raises:
       ValueError: conflicting or impossible flags, named.
+      gpipe.runtime.devices.TpuNotBuiltError: device_type 'tpu' (stages on
+        TPU cores are not built), saying what TPUs the run has.
       gpipe.runtime.devices.DiscoveryError: a worker that cannot be used.
     """
     if worker_processes and cluster_spec:
@@ -172,6 +203,9 @@ class Placement:
                              cpu_devices=max(1, devices_per_task))
     description = None if worker_processes else cluster_spec_lib.Resolve(
         cluster_spec, environ=environ, slurm=False)
+    if device_type == 'tpu':
+      _RefuseTpu(worker_processes, description, connect_timeout_secs,
+                 plan_only)
     if worker_processes:
       self._LocalWorkers(worker_processes, device_type, plan_only)
     elif description is not None:
