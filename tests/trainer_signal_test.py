@@ -51,16 +51,23 @@ def _NewestStep(logdir):
 
 class TrainerSignalTest(test_utils.TestCase):
 
-  def _Probe(self, logdir, max_steps, *signals):
+  def _Probe(self, logdir, max_steps, *signals, evaluate=False):
     """Runs the probe binary to its end; returns the CompletedProcess."""
     return trainer_testlib.Run(
         FLAGS + ['--logdir=' + logdir, '--max_steps=%d' % max_steps,
-                 '--probe_signals=' + ','.join(signals)], module=PROBE)
+                 '--probe_signals=' + ','.join(signals),
+                 '--eval_after_train=%s' % str(evaluate).lower()],
+        module=PROBE)
 
   def _AssertStoppedAfter(self, logdir, result, name, step):
     """The run stopped after `step` on `name`, and everything says so."""
     output = result.stdout + result.stderr
-    self.assertEqual(0, result.returncode, output)
+    # The signal's status, as if it had killed the process (a supervisor
+    # requeues the run), and no evaluation after the stop.
+    self.assertEqual({'SIGTERM': 143, 'SIGINT': 130}[name], result.returncode,
+                     output)
+    self.assertIn('stopped by %s after step %d' % (name, step), output)
+    self.assertNotIn('final test', output)
     # The step log goes on to the stop, without a gap.
     self.assertDictEqual(
         {'console': [step], 'checkpoint': step,
@@ -76,7 +83,8 @@ class TrainerSignalTest(test_utils.TestCase):
 
     # SIGTERM in the session run of step 5, a checkpoint step: the periodic
     # checkpoint is that of the step the console names; none at exit.
-    result = self._Probe(logdir, 1000, 'SIGTERM@step5')
+    # (With the final evaluation asked for: a stopped run skips it.)
+    result = self._Probe(logdir, 1000, 'SIGTERM@step5', evaluate=True)
     self._AssertStoppedAfter(logdir, result, 'SIGTERM', 5)
     self.assertIn('interrupted after step 5 (SIGTERM): its checkpoint '
                   '%s/ckpt-5 is saved' % logdir, result.stdout)

@@ -271,7 +271,9 @@ def Main(run, echo):
     elif run.mode == 'decode':
       decoder.Decode(run, echo=echo)
     else:
-      _Train(run, echo)
+      code = _Train(run, echo)
+      if code:
+        return code
     if placement.cluster is not None:
       peaks = placement.cluster.PeakRssBytes()
       echo('worker peak memory (VmHWM): %s' % ', '.join(
@@ -283,7 +285,14 @@ def Main(run, echo):
 
 
 def _Train(run, echo):
-  """Modes train and train_and_eval."""
+  """Modes train and train_and_eval; returns 0, or the stop signal's status.
+
+  A run stopped by SIGTERM or Ctrl-C before max_steps (its step finished
+  and saved) skips the final evaluation and exits with the signal's status (143, 130), as a
+  process killed by it would: a supervisor (Slurm's requeue, a Kubernetes
+  Job) must not read a preempted run as finished, and a grace period after
+  SIGTERM is too short for an evaluation.
+  """
   evaluate = lambda path: evaler.Evaluate(run, path=path, echo=echo)
   placement = run.placement
   while True:
@@ -313,6 +322,10 @@ def _Train(run, echo):
       echo('restarted %d worker processes (pids %s) serving %s' %
            (len(placement.cluster.pids), placement.cluster.pids,
             ', '.join(placement.cluster.ClusterSpecDict()['worker'])))
+  if loop.interrupted:
+    echo('stopped by %s after step %d (saved %s): no evaluation; run the '
+         'same command to resume' % (loop.interrupted, step, path))
+    return 128 + signal.Signals[loop.interrupted].value
   if run.mode == 'train' and run.eval_after_train and path:
     _, metrics = evaluate(path)
     for name in ('accuracy', 'top5_accuracy', 'bleu'):
@@ -320,6 +333,7 @@ def _Train(run, echo):
         echo('final test %s: %.4f (step %d, %d test examples)' %
              (name, metrics[name], step, metrics['num_examples']))
   echo('TensorBoard: .venv/bin/tensorboard --logdir %s' % run.logdir)
+  return 0
 
 
 def _AwaitRemoteTasks(run, echo):

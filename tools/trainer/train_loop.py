@@ -140,6 +140,7 @@ class TrainLoop:
     self._echo = echo
     # The loop's SIGTERM/SIGINT handlers (_StopSignals), once it started.
     self._signals = None
+    self._interrupted = None
     # Start-up phases up to the second step, written to startup.json: from
     # the trainer's start, or after a restart from this loop's.
     self._graph_ops = None
@@ -235,8 +236,8 @@ class TrainLoop:
         sess.close()
       raise
     sess.close()
-    if path and self._done_after != path:
-      self._AfterCheckpoint(path)
+    if path and self._done_after != path and not self._interrupted:
+      self._AfterCheckpoint(path)  # Not after a stop: see cli._Train.
     return step, path
 
   def _AwaitPendingRuns(self):
@@ -293,6 +294,11 @@ class TrainLoop:
     """The signal that asked the loop to stop ('SIGTERM', 'SIGINT'), or None."""
     return self._signals.received if self._signals is not None else None
 
+  @property
+  def interrupted(self):
+    """The signal that stopped the loop before max_steps, or None."""
+    return self._interrupted
+
   def _Steps(self, sess, saver, fetches, global_step, step, max_steps,
              batch_size, last_ckpt):
     """_Loop's steps and exit checkpoint (within its signal handlers)."""
@@ -315,6 +321,7 @@ class TrainLoop:
         # has been counted, checked, logged and (on a period) saved.
         if self.stop_requested:
           self._signals.announced = True
+          self._interrupted = self.stop_requested
           if saved_step == step:
             self._echo('interrupted after step %d (%s): its checkpoint %s '
                        'is saved' % (step, self.stop_requested, last_ckpt))
