@@ -146,8 +146,9 @@ class Profile(
         'model', 'batch', 'layers', 'handover', 'call_seconds',
         'memory_bandwidth', 'step_seconds', 'loss_in_pipeline',
         'batched_weights', 'optimizer_slots', 'update_traffic', 'machine',
-        'notes', 'factors', 'contention', 'trainer_seconds'
-    ], defaults=((), 1.0, 0.0))):
+        'notes', 'factors', 'contention', 'trainer_seconds',
+        'trainer_reference'
+    ], defaults=((), 1.0, 0.0, None))):
   """A model's measured profile (see the module docstring).
 
   Attributes:
@@ -179,6 +180,9 @@ class Profile(
       input, Lingvo's learner, the metrics and its client process),
       measured through the trainer (``tools/plan/trainer_step.py``); 0.0
       for a pipeline run on its own (a benchmark's runner).
+    trainer_reference: how ``trainer_seconds`` was measured: a dict with
+      the configuration's label, its devices and the trainer's step
+      seconds; None if it was not.
   """
 
   __slots__ = ()

@@ -195,16 +195,25 @@ def MeasureProfile(args, log, cap=None):
   if args.trainer_step:
     # After the cluster above is gone: the trainer starts its own workers.
     from tools.plan import trainer_step  # pylint: disable=g-import-not-at-top
-    with _Timed("timing the trainer's step", log):
-      seconds, reference = trainer_step.Measure(
-          args.model, args.model_params_override, profile, args.devices,
-          log=log)
+    try:
+      with _Timed("timing the trainer's step", log):
+        seconds, reference = trainer_step.Measure(
+            args.model, args.model_params_override, profile, args.devices,
+            log=log)
+    except trainer_step.TrainerStepError as e:
+      log('warning: %s; the predictions leave out what the trainer\'s step '
+          'adds to the pipeline\'s' % e)
+      return profile
     extra = trainer_step.TrainerSeconds(profile, seconds, reference)
     log('the trainer\'s step of %s: %.1f ms, the pipeline\'s predicted '
         '%.1f ms: the trainer adds %.1f ms a step' % (
             reference.label, 1e3 * seconds, 1e3 * (seconds - extra),
             1e3 * extra))
-    profile = profile.Replace(trainer_seconds=extra)
+    profile = profile.Replace(
+        trainer_seconds=extra,
+        trainer_reference=dict(config=reference.label,
+                               devices=reference.num_devices,
+                               seconds=seconds))
   return profile
 
 
@@ -222,6 +231,12 @@ def Plan(args, log=print):
     search.CheckCapHoldsWeights(
         [layer.param_bytes for layer in profile.layers],
         profile.optimizer_slots, args.devices, cap, args.memory_headroom)
+    reference = profile.trainer_reference
+    if reference and reference['devices'] != args.devices:
+      log('note: the trainer\'s step in this profile was timed on %d '
+          'device(s) (%s), not %d: what it adds may differ; measure again '
+          'with --model for the exact figure' % (
+              reference['devices'], reference['config'], args.devices))
   elif args.model:
     profile = MeasureProfile(args, log, cap)
   else:

@@ -20,7 +20,9 @@ the profile's ``trainer_seconds``, which the simulator adds to every
 configuration's step.
 """
 
+import contextlib
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -31,9 +33,12 @@ from gpipe.plan import simulator
 from tools.trainer import progress
 
 # Steps run before the timed ones (graph optimization, first allocations),
-# and the timed ones (the median).
-WARMUP_STEPS = 3
-TIMED_STEPS = 6
+# and the timed ones, in intervals of LOG_EVERY steps (the median of the
+# intervals' mean steps): a console line, a step-log flush and a TensorBoard
+# flush per interval, as a run logging every few steps pays them.
+WARMUP_STEPS = 4
+LOG_EVERY = 4
+TIMED_STEPS = 12
 
 class TrainerStepError(RuntimeError):
   """The trainer's reference run failed; the text has its last output."""
@@ -61,10 +66,25 @@ def _Root():
       os.path.abspath(__file__))))
 
 
-def _AllCores():
-  """Undoes the planner's pinning in the trainer's process (its workers pin
-  themselves): the trainer's client runs where the system puts it."""
-  os.sched_setaffinity(0, range(os.cpu_count() or 1))
+@contextlib.contextmanager
+def _Unpinned():
+  """This process on every core it may use while the body starts children.
+
+  The planner pins itself to one core while it measures; the trainer it
+  starts inherits that, but its client must run where the system puts it
+  (its workers pin themselves). Set here, not in the child: a function run
+  between fork and exec in a threaded process may deadlock.
+  """
+  pinned = os.sched_getaffinity(0)
+  allowed = set(range(os.cpu_count() or 1))
+  try:
+    os.sched_setaffinity(0, allowed)
+  except OSError:
+    pass  # A container's cpuset: keep what we have.
+  try:
+    yield
+  finally:
+    os.sched_setaffinity(0, pinned)
 
 
 def Measure(model, override, profile, devices, log=None,
@@ -101,7 +121,7 @@ def Measure(model, override, profile, devices, log=None,
   args = [sys.executable, '-m', 'tools.trainer', '--model=' + model,
           '--logdir=' + os.path.join(workdir, 'run'), '--plan=' + plan_path,
           '--worker_processes=%d' % config.num_devices, '--pin_cores',
-          '--max_steps=%d' % steps, '--log_every_n_steps=1',
+          '--max_steps=%d' % steps, '--log_every_n_steps=%d' % LOG_EVERY,
           '--checkpoint_every_n_steps=%d' % (10 * steps),
           '--trace_every_n_steps=0', '--eval_after_train=false']
   if override:
@@ -115,19 +135,23 @@ def Measure(model, override, profile, devices, log=None,
                    if p])
   env.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
   try:
-    done = subprocess.run(args, cwd=_Root(), env=env, stdout=subprocess.PIPE,
-                          stderr=subprocess.STDOUT, text=True,
-                          stdin=subprocess.DEVNULL, timeout=timeout,
-                          preexec_fn=_AllCores, check=False)
+    with _Unpinned():
+      done = subprocess.run(args, cwd=_Root(), env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, stdin=subprocess.DEVNULL,
+                            timeout=timeout, check=False)
   except subprocess.TimeoutExpired as e:
     raise TrainerStepError('the trainer did not finish %d steps of %s in %d '
                            's' % (steps, config.label, timeout)) from e
+  finally:
+    shutil.rmtree(workdir, ignore_errors=True)  # Its checkpoint too.
   seconds = progress.StepSeconds(done.stdout, profile.batch, WARMUP_STEPS)
   if done.returncode or not seconds:
+    lines = [l for l in done.stdout.splitlines() if l.strip()]
     raise TrainerStepError(
-        'the trainer\'s reference run (%s) failed with exit status %d; its '
-        'last output:\n%s' % (' '.join(args), done.returncode,
-                              done.stdout[-3000:]))
+        'the trainer\'s reference run (%s) failed with exit status %d: %s' %
+        (config.label, done.returncode,
+         lines[-1] if lines else 'no output'))
   return statistics.median(seconds), config
 
 
