@@ -10,6 +10,7 @@ from gpipe.plan import profile as profile_lib
 from gpipe.plan import simulator
 from gpipe.schedules import registry
 from tests import plan_testlib
+from tools.plan import trainer_step
 
 Configuration = simulator.Configuration
 UniformProfile = plan_testlib.UniformProfile
@@ -196,6 +197,26 @@ class TimeTest(absltest.TestCase):
     self.assertEqual(two.step_peak_bytes[1] - one.step_peak_bytes[0], 2000)
     self.assertEqual(two.step_peak_bytes[0] - one.step_peak_bytes[0], 2000)
 
+  def testLingvosUpdateWaitsForEveryGradient(self):
+    # Stage 1 holds 3 of the 4 layers' weights: its update takes 12 s, stage
+    # 0's 4 s. Lingvo's learner (a global norm first) starts no update
+    # before the last gradient sum; a per-variable update starts each
+    # device's after its own. The update factor scales both.
+    profile = UniformProfile(4, batch=8, param_bytes=1000.0,
+                             memory_bandwidth=1000.0, update_traffic=4.0)
+    config = Configuration(1, 2, (1, 3), 2, 'gpipe', 'never')
+    for factor in (1.0, 2.5):
+      scaled = profile.Replace(update_factor=factor)
+      each = simulator.Predict(scaled, config,
+                               update=simulator.UPDATE_EACH_VARIABLE)
+      ends = [max(e for _, _, e in lane) for lane in each.task_times]
+      self.assertAlmostEqual(
+          each.step_seconds,
+          max(ends[0] + 4 * factor, ends[1] + 12 * factor))
+      every = simulator.Predict(scaled, config)
+      self.assertAlmostEqual(every.step_seconds, max(ends) + 12 * factor)
+      self.assertGreater(every.step_seconds, each.step_seconds)
+
   def testTheTrainersStepAddsToEveryConfiguration(self):
     # What the trainer's step adds (input, Lingvo's learner, its client) is
     # a fixed cost of each step, whatever the configuration.
@@ -216,6 +237,29 @@ class TimeTest(absltest.TestCase):
     del old['trainer_seconds']
     profile_lib.WriteJson(old, path)
     self.assertEqual(profile_lib.Load(path).trainer_seconds, 0.0)
+
+  def testTheTrainersFixedCostAndUpdateFactorFitBothReferences(self):
+    # Steps the trainer took, made from a known fixed cost and factor: the
+    # fit finds them, and the profile then predicts both references.
+    profile = UniformProfile(4, batch=8, param_bytes=1000.0,
+                             memory_bandwidth=1000.0, update_traffic=4.0,
+                             call_seconds=0.1)
+    refs = trainer_step.References(profile, 2)
+    self.assertEqual([c.label for c in refs],
+                     ['gpipe R=2 K=1 M=1 never', 'gpipe R=1 K=2 M=2 never'])
+    truth = profile.Replace(trainer_seconds=0.3, update_factor=2.5)
+    measured = [(c, simulator.Predict(truth, c).step_seconds) for c in refs]
+    fixed, factor = trainer_step.Fit(profile, measured)
+    self.assertAlmostEqual(fixed, 0.3)
+    self.assertAlmostEqual(factor, 2.5)
+    # One reference (one device): the fixed cost alone, factor 1.
+    one = trainer_step.References(profile, 1)
+    self.assertLen(one, 1)
+    self.assertEqual(trainer_step.Fit(profile, [(one[0], simulator.Predict(
+        profile, one[0]).step_seconds + 0.2)])[1], 1.0)
+    # A trainer faster than the model: no negative cost.
+    self.assertEqual(trainer_step.Fit(profile, [(c, 0.0) for c in refs])[0],
+                     0.0)
 
   def testCalibrationScalesEachKindOfTask(self):
     factors = (profile_lib.Factors(rows=1, F=2.0, B=3.0, W=4.0, BW=5.0,

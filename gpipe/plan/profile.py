@@ -147,8 +147,8 @@ class Profile(
         'memory_bandwidth', 'step_seconds', 'loss_in_pipeline',
         'batched_weights', 'optimizer_slots', 'update_traffic', 'machine',
         'notes', 'factors', 'contention', 'trainer_seconds',
-        'trainer_reference'
-    ], defaults=((), 1.0, 0.0, None))):
+        'trainer_reference', 'update_factor'
+    ], defaults=((), 1.0, 0.0, None, 1.0))):
   """A model's measured profile (see the module docstring).
 
   Attributes:
@@ -180,9 +180,13 @@ class Profile(
       input, Lingvo's learner, the metrics and its client process),
       measured through the trainer (``tools/plan/trainer_step.py``); 0.0
       for a pipeline run on its own (a benchmark's runner).
-    trainer_reference: how ``trainer_seconds`` was measured: a dict with
-      the configuration's label, its devices and the trainer's step
-      seconds; None if it was not.
+    trainer_reference: how ``trainer_seconds`` and ``update_factor`` were
+      measured: a dict with the configurations' labels, their devices and
+      the trainer's step seconds; None if they were not.
+    update_factor: the update's seconds through the trainer over those of
+      ``update_traffic`` (Lingvo's learner reads and scales every gradient
+      before the optimizer's update), measured with ``trainer_seconds``;
+      1.0 when not measured.
   """
 
   __slots__ = ()

@@ -398,7 +398,8 @@ def Predict(profile, config, task_costs=None, update=UPDATE_ALL_GRADIENTS):
   static = [0.0] * d
   for s, dev in enumerate(where):
     static[dev] += models[s].param_bytes * (1 + profile.optimizer_slots)
-  ends = _DeviceEnds(profile, config, models, where, times)
+  ends = _DeviceEnds(profile, config, models, where, times,
+                     barrier=update == UPDATE_ALL_GRADIENTS)
   step = max(ends) + profile.step_seconds + profile.trainer_seconds
   r = config.replicas
   # Replicas r > 0: the same tasks on their own devices; they read the
@@ -422,10 +423,25 @@ def Predict(profile, config, task_costs=None, update=UPDATE_ALL_GRADIENTS):
       task_costs=task_costs.ToDict())
 
 
-def _DeviceEnds(profile, config, models, where, times):
-  """When each device of replica 0 has applied its update."""
+def _DeviceEnds(profile, config, models, where, times, barrier):
+  """When each device of replica 0 has applied its update.
+
+  Args:
+    profile: the profile.Profile.
+    config: the Configuration.
+    models: its StageModels.
+    where: each stage's device.
+    times: each device's simulated (task, start, end).
+    barrier: the update reads every gradient before it applies any
+      (Lingvo's learner: a global norm and a NaN check): no device updates
+      before the last gradient sum is complete. Else each device updates
+      after its own gradients.
+
+  Returns:
+    Per device of replica 0, when its update ends.
+  """
   r = config.replicas
-  ends = []
+  ready, updates = [], []
   for dev, lane in enumerate(times):
     end = max(e for _, _, e in lane)
     stages = [s for s in range(config.num_stages) if where[s] == dev]
@@ -435,9 +451,12 @@ def _DeviceEnds(profile, config, models, where, times):
       end += ((r - 1) * profile.handover.Seconds(grad_bytes) +
               r * grad_bytes / profile.memory_bandwidth)
     param_bytes = sum(models[s].param_bytes for s in stages)
-    ends.append(end + profile.update_traffic * param_bytes /
-                profile.memory_bandwidth)
-  return ends
+    ready.append(end)
+    updates.append(profile.update_factor * profile.update_traffic *
+                   param_bytes / profile.memory_bandwidth)
+  if barrier:
+    ready = [max(ready)] * len(ready)
+  return [t + u for t, u in zip(ready, updates)]
 
 
 def _PeakBytes(lane, models, free_early):

@@ -197,13 +197,26 @@ def MeasureProfile(args, log, cap=None):
     from tools.plan import trainer_step  # pylint: disable=g-import-not-at-top
     try:
       with _Timed("timing the trainer's step", log):
-        seconds, reference = trainer_step.Measure(
+        measured = trainer_step.Measure(
             args.model, args.model_params_override, profile, args.devices,
             log=log)
     except trainer_step.TrainerStepError as e:
       log('warning: %s; the predictions leave out what the trainer\'s step '
           'adds to the pipeline\'s' % e)
       return profile
+    extra, factor = trainer_step.Fit(profile, measured)
+    for config, seconds in measured:
+      log('the trainer\'s step of %s: %.1f ms (the pipeline\'s predicted '
+          '%.1f ms)' % (config.label, 1e3 * seconds,
+                        1e3 * trainer_step.Predicted(profile, config)))
+    log('the trainer adds %.1f ms a step, and its update takes %.2fx the '
+        'modelled time' % (1e3 * extra, factor))
+    profile = profile.Replace(
+        trainer_seconds=extra, update_factor=factor,
+        trainer_reference=dict(
+            configs=[c.label for c, _ in measured], devices=args.devices,
+            seconds=[s for _, s in measured]))
+  return profile
     extra = trainer_step.TrainerSeconds(profile, seconds, reference)
     log('the trainer\'s step of %s: %.1f ms, the pipeline\'s predicted '
         '%.1f ms: the trainer adds %.1f ms a step' % (
@@ -234,9 +247,9 @@ def Plan(args, log=print):
     reference = profile.trainer_reference
     if reference and reference['devices'] != args.devices:
       log('note: the trainer\'s step in this profile was timed on %d '
-          'device(s) (%s), not %d: what it adds may differ; measure again '
-          'with --model for the exact figure' % (
-              reference['devices'], reference['config'], args.devices))
+          'device(s), not %d: what it adds may differ; measure again with '
+          '--model for the exact figure' % (reference['devices'],
+                                            args.devices))
   elif args.model:
     profile = MeasureProfile(args, log, cap)
   else:

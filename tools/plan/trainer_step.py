@@ -1,25 +1,32 @@
 """What the trainer's step adds to the pipeline's, measured through the trainer.
 
 The profile predicts the pipeline's own step: the stages' tasks, their
-hand-overs and the update of their variables. The trainer's step does more:
-it reads the next batch from the task's input pipeline, runs Lingvo's
-learner (a global gradient norm, a NaN/Inf check and a scale over every
-gradient before the optimizer's update), fetches the metrics, and its client
-process shares the machine's cores with the workers. On this machine kind
-that was half the step again for small models (a plan predicted 352
+hand-overs and the optimizer's update of their variables. The trainer's step
+does more: it reads the next batch from the task's input pipeline, runs
+Lingvo's learner (a global gradient norm, a NaN/Inf check and a scale over
+every gradient before the optimizer's update), fetches the metrics, and its
+client process shares the machine's cores with the workers. On this machine
+kind that was half the step again for small models (a plan predicted 352
 examples/s where the trainer ran 236).
 
 ``Measure`` runs the trainer binary itself (``python -m tools.trainer
---plan=FILE``, with the workers the trainer would start) for a few steps of
-a reference configuration whose pipeline step the profile predicts best:
-the whole model as one stage, one micro-batch, and as many data-parallel
-replicas as there are devices, so that every device computes and the client
-competes with all of them, as in the run being planned. What the trainer's
-median step takes beyond the profile's prediction of that configuration is
-the profile's ``trainer_seconds``, which the simulator adds to every
-configuration's step.
-"""
+--plan=FILE``, with the pinned worker processes the planner's figures are
+for) for a few steps of two reference configurations (``References``):
 
+* data-parallel: the whole model as one stage, one micro-batch, a replica
+  per device: every device computes, the client competes with all of them,
+  and replica 0's device applies the update of every variable;
+* pipelined: the model cut over the devices (R=1, K=N, M=N, 'gpipe'): the
+  update is spread over them.
+
+``Fit`` solves for the two unknowns that make the profile's predictions of
+both equal the trainer's steps: a fixed cost of each step
+(``trainer_seconds``: input, metrics, the client) and a factor on the
+update's time (``update_factor``: Lingvo's learner on each device's
+variables, after every gradient is complete). With one device, or a model
+with fewer layers than devices, only the first reference runs and the
+update keeps its modelled time.
+"""
 import contextlib
 import os
 import shutil
@@ -29,6 +36,7 @@ import sys
 import tempfile
 
 from gpipe.plan import choice
+from gpipe.plan import search
 from gpipe.plan import simulator
 from tools.trainer import progress
 
@@ -44,21 +52,28 @@ class TrainerStepError(RuntimeError):
   """The trainer's reference run failed; the text has its last output."""
 
 
-def ReferenceConfiguration(profile, devices):
-  """The configuration ``Measure`` runs: K=1, M=1, R replicas.
+def References(profile, devices):
+  """The configurations ``Measure`` runs (see the module docstring).
 
   Args:
     profile: the model's profile.Profile.
     devices: the devices of the run being planned.
 
   Returns:
-    A simulator.Configuration: one stage holding every layer, one
-    micro-batch, 'gpipe', no remat, and R = the devices when the batch
-    splits evenly over them (else R = 1, on one device).
+    A list of simulator.Configurations: data-parallel (R = the devices when
+    the batch splits evenly over them, else R = 1 on one device), then, when
+    the model has a layer per device and the batch splits into N
+    micro-batches, pipelined over the devices.
   """
-  replicas = devices if devices > 0 and profile.batch % devices == 0 else 1
-  return simulator.Configuration(replicas, 1, (profile.num_layers,), 1,
-                                 'gpipe', 'never')
+  n = max(devices, 1)
+  replicas = n if profile.batch % n == 0 else 1
+  found = [simulator.Configuration(replicas, 1, (profile.num_layers,), 1,
+                                   'gpipe', 'never')]
+  if n > 1 and profile.num_layers >= n and profile.batch % n == 0:
+    found.append(simulator.Configuration(
+        1, n, search.Cut(profile, n, profile.batch // n), n, 'gpipe',
+        'never'))
+  return found
 
 
 def _Root():
@@ -89,7 +104,7 @@ def _Unpinned():
 
 def Measure(model, override, profile, devices, log=None,
             timed_steps=TIMED_STEPS, timeout=900):
-  """The trainer's median step of the reference configuration, and it.
+  """The trainer's median step of each reference configuration.
 
   Args:
     model: the registered model.
@@ -98,18 +113,25 @@ def Measure(model, override, profile, devices, log=None,
     devices: local worker processes to run on (the devices planned for).
     log: a print-like function, or None.
     timed_steps: steps timed after ``WARMUP_STEPS``.
-    timeout: seconds the trainer may take in all.
+    timeout: seconds each trainer run may take.
 
   Returns:
-    (median step seconds, the simulator.Configuration run).
+    A list of (simulator.Configuration, median step seconds).
 
   Raises:
     TrainerStepError: the trainer failed or printed no step times.
   """
-  config = ReferenceConfiguration(profile, devices)
+  return [(config, _MeasureOne(model, override, profile, config, log,
+                               timed_steps, timeout))
+          for config in References(profile, devices)]
+
+
+def _MeasureOne(model, override, profile, config, log, timed_steps,
+                timeout):
+  """The trainer's median step of `config` (see ``Measure``)."""
   workdir = tempfile.mkdtemp(prefix='gpipe_trainer_step_')
   plan_path = os.path.join(workdir, 'reference_plan.json')
-  predicted = simulator.Predict(profile.Replace(trainer_seconds=0.0), config)
+  predicted = simulator.Predict(_Bare(profile), config)
   choice.Save(choice.Plan(
       model=model, config=config, task_costs=None,
       num_devices=config.num_devices, memory_per_device=None,
@@ -152,11 +174,44 @@ def Measure(model, override, profile, devices, log=None,
         'the trainer\'s reference run (%s) failed with exit status %d: %s' %
         (config.label, done.returncode,
          lines[-1] if lines else 'no output'))
-  return statistics.median(seconds), config
+  return statistics.median(seconds)
 
 
-def TrainerSeconds(profile, measured, config):
-  """What the trainer's step adds: measured less the profile's prediction."""
-  predicted = simulator.Predict(profile.Replace(trainer_seconds=0.0),
+def _Bare(profile):
+  return profile.Replace(trainer_seconds=0.0, update_factor=1.0)
+
+
+def Fit(profile, measured):
+  """(trainer_seconds, update_factor) matching the trainer's steps.
+
+  Each prediction is ``base + f * update + a``: `base` the step without the
+  update, `update` the update's modelled seconds on the busiest device after
+  the last gradient, `f` the factor and `a` the fixed cost. Two references
+  whose updates differ give both; one gives `a` with f = 1. Neither goes
+  below 0 (a prediction above the trainer's step keeps its modelled costs).
+
+  Args:
+    profile: the profile.Profile.
+    measured: ``Measure``'s list of (configuration, seconds).
+
+  Returns:
+    (trainer_seconds, update_factor).
+  """
+  terms = []
+  for config, seconds in measured:
+    without = simulator.Predict(_Bare(profile).Replace(update_factor=0.0),
                                 config).step_seconds
-  return max(measured - predicted, 0.0)
+    update = simulator.Predict(_Bare(profile), config).step_seconds - without
+    terms.append((seconds - without, update))
+  factor = 1.0
+  if len(terms) > 1:
+    (rest_a, update_a), (rest_b, update_b) = terms[:2]
+    if abs(update_a - update_b) > 1e-6 * max(rest_a, rest_b, 1e-9):
+      factor = max((rest_a - rest_b) / (update_a - update_b), 0.0)
+  fixed = statistics.mean(rest - factor * update for rest, update in terms)
+  return max(fixed, 0.0), factor
+
+
+def Predicted(profile, config):
+  """The profile's step of `config` without the trainer's part (seconds)."""
+  return simulator.Predict(_Bare(profile), config).step_seconds
