@@ -217,17 +217,6 @@ def MeasureProfile(args, log, cap=None):
             configs=[c.label for c, _ in measured], devices=args.devices,
             seconds=[s for _, s in measured]))
   return profile
-    extra = trainer_step.TrainerSeconds(profile, seconds, reference)
-    log('the trainer\'s step of %s: %.1f ms, the pipeline\'s predicted '
-        '%.1f ms: the trainer adds %.1f ms a step' % (
-            reference.label, 1e3 * seconds, 1e3 * (seconds - extra),
-            1e3 * extra))
-    profile = profile.Replace(
-        trainer_seconds=extra,
-        trainer_reference=dict(config=reference.label,
-                               devices=reference.num_devices,
-                               seconds=seconds))
-  return profile
 
 
 def Plan(args, log=print):
