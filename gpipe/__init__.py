@@ -9,9 +9,8 @@ The public names, importable from the package itself::
 ``PipeliningLayer`` (the pipeline), ``FromLingvo`` (Lingvo's GPipe layers and
 stacks on this executor, same variables; docs/MIGRATING.md),
 ``MicroBatchBatchNormLayer``, ``Dropout``, ``PartitionByCost``, ``StageCut``,
-``LocalCluster``, and the modules ``schedule`` (deprecated: re-exports the
-schedules' registry and drawings of ``gpipe.schedules``) and ``timeline`` (the
-measured timeline of a traced step).
+``LocalCluster``, and the module ``timeline`` (the measured timeline of a
+traced step).
 
 The modules, in the order a training step meets them:
 
@@ -24,8 +23,6 @@ The modules, in the order a training step meets them:
                       registry.py (every schedule by name), orders.py,
                       timed.py (orders from measured task times),
                       simulate.py, render.py
-                      (schedule.py: the former single module, a deprecated
-                      re-export of schedules/)
   pipeline_tasks.py   the task vocabulary (F, B, W of a stage on a
                       micro-batch) and the registry that orders the ops
   stage.py            a stage as graph functions: forward, backward, remat
@@ -72,13 +69,21 @@ _PUBLIC = {
     'PartitionByCost': ('gpipe.partition', 'PartitionByCost'),
     'PipeliningLayer': ('gpipe.pipeline', 'PipeliningLayer'),
     'StageCut': ('gpipe.partition', 'StageCut'),
-    'schedule': ('gpipe.schedule', None),  # modules
-    'timeline': ('gpipe.measure.timeline', None),
+    'timeline': ('gpipe.measure.timeline', None),  # a module
+}
+
+
+# Former public names: where their contents went.
+_REMOVED = {
+    'schedule': 'gpipe.schedules (registry, orders, simulate, render)',
 }
 
 
 def __getattr__(name):
   """A public name (``_PUBLIC``), imported on first use."""
+  if name in _REMOVED:
+    raise AttributeError('module %r has no attribute %r any more: use %s' %
+                         (__name__, name, _REMOVED[name]))
   if name not in _PUBLIC:
     raise AttributeError('module %r has no attribute %r' % (__name__, name))
   module, attr = _PUBLIC[name]
@@ -95,5 +100,5 @@ def __dir__():
 
 __all__ = [
     'Dropout', 'FromLingvo', 'LocalCluster', 'MicroBatchBatchNormLayer', 'PartitionByCost',
-    'PipeliningLayer', 'StageCut', 'schedule', 'timeline',
+    'PipeliningLayer', 'StageCut', 'timeline',
 ]
