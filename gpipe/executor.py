@@ -16,7 +16,7 @@ from gpipe.compat import lingvo_import  # pylint: disable=unused-import
 from gpipe import accumulation
 from gpipe import batch_norm
 from gpipe import micro_batch
-from gpipe import pipeline_tasks
+from gpipe.schedules import pipeline_tasks
 from gpipe import precision
 from gpipe import randomness
 from gpipe import replicas

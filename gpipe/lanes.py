@@ -42,7 +42,7 @@ and the other lanes go on.
 import collections
 
 from gpipe.compat import lingvo_import  # pylint: disable=unused-import
-from gpipe import pipeline_tasks
+from gpipe.schedules import pipeline_tasks
 from gpipe import randomness
 from gpipe import replicas
 from gpipe import stage as stage_lib

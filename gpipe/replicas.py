@@ -31,7 +31,7 @@ and the schedule orders of replica r.
 """
 
 from gpipe.compat import lingvo_import  # pylint: disable=unused-import
-from gpipe import pipeline_tasks
+from gpipe.schedules import pipeline_tasks
 from lingvo import compat as tf
 
 

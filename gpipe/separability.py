@@ -12,7 +12,7 @@ would deadlock. ``Checker`` finds this while the gradient graph is built and
 raises an error that says what to change, instead of a hang.
 """
 
-from gpipe import pipeline_tasks
+from gpipe.schedules import pipeline_tasks
 
 
 class Checker:

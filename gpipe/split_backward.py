@@ -33,7 +33,7 @@ import collections
 
 from gpipe.compat import lingvo_import  # pylint: disable=unused-import
 from gpipe import micro_batch as micro_batch_lib
-from gpipe import pipeline_tasks
+from gpipe.schedules import pipeline_tasks
 from gpipe import stage as stage_lib
 from gpipe import weight_batching
 from gpipe.compat import tf_internal

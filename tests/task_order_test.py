@@ -11,7 +11,7 @@ from gpipe.compat import lingvo_import  # pylint: disable=unused-import
 
 from absl.testing import parameterized
 from gpipe import pipeline
-from gpipe import pipeline_tasks
+from gpipe.schedules import pipeline_tasks
 from gpipe import replicas
 from gpipe import schedules
 from gpipe import weight_batching

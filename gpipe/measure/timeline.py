@@ -2,11 +2,11 @@
 
 Run a training step with ``RunOptions(trace_level=FULL_TRACE)`` and pass its
 ``RunMetadata.step_stats`` to ``ParseStepStats``: every stage task is one call
-op named by ``gpipe.pipeline_tasks.OpScope`` (``stage<k>_F<m>`` forward,
-``.../stage<k>_B<m>`` backward, ``.../stage<k>_W<m>`` weight gradient of a
-split backward, ``.../stage<k>_D<m>`` a step of pipelined decoding on lane m,
-once per step), so its device, start and end are in the trace. The ops inside a re-materializing
-backward call are traced too: those under the ``recompute/`` name scope are
+op named by ``gpipe.schedules.pipeline_tasks.OpScope`` (``stage<k>_F<m>``
+forward, ``.../stage<k>_B<m>`` backward, ``.../stage<k>_W<m>`` weight
+gradient of a split backward, ``.../stage<k>_D<m>`` a step of pipelined
+decoding on lane m, once per step), so its device, start and end are in the
+trace. The ops inside a re-materializing backward call are traced too: those under the ``recompute/`` name scope are
 the recomputed forward pass.
 
 From the tasks: per-stage busy time, the measured bubble (idle) fraction of
@@ -19,7 +19,7 @@ import collections
 import io
 import json
 
-from gpipe import pipeline_tasks
+from gpipe.schedules import pipeline_tasks
 from gpipe import stage
 
 TaskTime = collections.namedtuple(
