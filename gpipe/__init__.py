@@ -53,8 +53,15 @@ Before training, the planner chooses a configuration:
                       cap), choice.py (the chosen plan, JSON, applied)
 """
 
-from gpipe.compat import lingvo_import  # pylint: disable=unused-import  # must be first
 import importlib
+
+from gpipe.compat import lingvo_alias
+
+# Lingvo imported after gpipe finds the TensorFlow module it expects
+# (gpipe.compat.lingvo_import says why), without importing TensorFlow here:
+# the package's pure layers (gpipe.schedules, the planner's simulator) import
+# without it.
+lingvo_alias.InstallFinder()
 
 # The public names and the modules that define them, imported on first use:
 # a process that needs only part of the library (a worker process, a test of

@@ -23,6 +23,7 @@ from gpipe import replicas
 from gpipe import separability
 from gpipe import split_backward
 from gpipe import stage as stage_lib
+from gpipe import task_ops
 from gpipe import weight_batching
 from gpipe.schedules import inference
 from gpipe.schedules import registry as schedules
@@ -33,7 +34,7 @@ from lingvo.core import py_utils
 
 class PipelinePlan(
     collections.namedtuple('PipelinePlan', [
-        'num_micro_batches', 'per_replica', 'replica_orders', 'registry',
+        'num_micro_batches', 'per_replica', 'replica_orders', 'scheduled_ops',
         'check', 'seeds', 'inputs', 'targets', 'weight_phase'
     ])):
   """A pipelined mini-batch before its first task (``_Plan``).
@@ -43,7 +44,7 @@ class PipelinePlan(
     per_replica: M.
     replica_orders: per replica, per device, its Tasks in run order (with
       the replica's global micro-batch indices).
-    registry: the pipeline_tasks.TaskRegistry imposing those orders.
+    scheduled_ops: the task_ops.ScheduledOps imposing those orders.
     check: the separability.Checker of the schedule's per-micro-batch loss,
       or None.
     seeds: per micro-batch, its seed.
@@ -214,7 +215,7 @@ class PipelineExecutor:
 
     Runs the layers before the pipeline, casts to the compute dtype, resolves
     R x M, builds each replica's task orders (shifted to its micro-batches)
-    and the registry that imposes them, and splits inputs and targets.
+    and the ScheduledOps that imposes them, and splits inputs and targets.
 
     Args:
       theta: this layer's theta.
@@ -252,11 +253,11 @@ class PipelineExecutor:
       if self._BatchedWeights():
         orders = weight_batching.Orders(orders)
       replica_orders.append(replicas.ShiftOrders(orders, r * per_replica))
-    registry = pipeline_tasks.TaskRegistry(
+    scheduled_ops = task_ops.ScheduledOps(
         [order for orders in replica_orders for order in orders])
     check = None
     if spec.per_micro_batch_loss and not forward_only:
-      check = separability.Checker(p.name, p.schedule, registry,
+      check = separability.Checker(p.name, p.schedule, scheduled_ops,
                                    self.num_stages, num_mb,
                                    targets is not None)
     with tf.device(devices[0]):
@@ -274,9 +275,9 @@ class PipelineExecutor:
       weight_phase = pipeline_tasks.FORWARD
     return PipelinePlan(
         num_micro_batches=num_mb, per_replica=per_replica,
-        replica_orders=replica_orders, registry=registry, check=check,
-        seeds=self._Seeds(num_mb), inputs=inputs_mb, targets=split_targets,
-        weight_phase=weight_phase)
+        replica_orders=replica_orders, scheduled_ops=scheduled_ops,
+        check=check, seeds=self._Seeds(num_mb), inputs=inputs_mb,
+        targets=split_targets, weight_phase=weight_phase)
 
   def _RunStage(self, plan, theta, fns, replica, current, accumulated):
     """Stage `fns`'s calls for every micro-batch of one replica.
@@ -315,7 +316,7 @@ class PipelineExecutor:
           targets=plan.targets[first + m] if last else None,
           check_d_outputs=(plan.check.Check if (plan.check and last) else
                            None),
-          accumulator_values=accumulated), plan.registry)
+          accumulator_values=accumulated), plan.scheduled_ops)
       accumulated = result.accumulator_values
       results.append(result)
     return results

@@ -424,7 +424,7 @@ class SplitStageFunctions(stage_lib.StageFunctions):
     self._pieces['W*'] = _Piece('W*', whole.graph, whole.weight,
                                 whole_feeds, wg.d_theta)
 
-  def Call(self, call, registry):
+  def Call(self, call, scheduled_ops):
     """Runs the stage on one micro-batch as tasks F, then B and W.
 
     Args and returns as ``StageFunctions.Call``; the backward of the call is
@@ -456,7 +456,7 @@ class SplitStageFunctions(stage_lib.StageFunctions):
         with tf.device(self.device):
           op, results = self._pieces[piece or phase].Call(
               env if values is None else values)
-      registry.Register(task, [op], gradient_pass)
+      scheduled_ops.Register(task, [op], gradient_pass)
       return op, results
 
     call_op, results = Run(pipeline_tasks.FORWARD)

@@ -322,12 +322,12 @@ class StageFunctions:
     with tf.device(self.device):
       return [acc.GetValue() for acc in self.accumulators]
 
-  def Call(self, call, registry):
+  def Call(self, call, scheduled_ops):
     """Runs the stage on one micro-batch.
 
     Args:
       call: a MicroBatchCall.
-      registry: the pipeline_tasks.TaskRegistry that orders the ops of this
+      scheduled_ops: the task_ops.ScheduledOps that orders the ops of this
         stage's forward (F) and backward (B, W) tasks.
 
     Returns:
@@ -350,7 +350,7 @@ class StageFunctions:
         results
     ]
     call_op = results[0].op
-    registry.Register(
+    scheduled_ops.Register(
         pipeline_tasks.Task(self.index, micro_batch, pipeline_tasks.FORWARD),
         [call_op])
     # TensorFlow's own gradient of the call (used without remat): it rewrites
@@ -380,7 +380,7 @@ class StageFunctions:
             grads = list(all_grads[:num_theta]) + [
                 all_grads[num_theta + i] for i in self._float_args
             ]
-      registry.Register(
+      scheduled_ops.Register(
           pipeline_tasks.Task(self.index, micro_batch,
                               pipeline_tasks.BACKWARD), ops, gradient_pass)
       d_args = [None] * num_args
