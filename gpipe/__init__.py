@@ -73,7 +73,7 @@ _PUBLIC = {
     'LocalCluster': ('gpipe.runtime.local_cluster', 'LocalCluster'),
     'MicroBatchBatchNormLayer': ('gpipe.batch_norm',
                                  'MicroBatchBatchNormLayer'),
-    'PartitionByCost': ('gpipe.partition', 'PartitionByCost'),
+    'PartitionByCost': ('gpipe.balance', 'PartitionByCost'),
     'PipeliningLayer': ('gpipe.pipeline', 'PipeliningLayer'),
     'StageCut': ('gpipe.partition', 'StageCut'),
     'timeline': ('gpipe.measure.timeline', None),  # a module
