@@ -69,7 +69,7 @@ lingvo_alias.InstallFinder()
 # FromLingvo pulls in matplotlib, half a second).
 _PUBLIC = {
     'Dropout': ('gpipe.randomness', 'Dropout'),
-    'FromLingvo': ('gpipe.compat.lingvo_gpipe', 'FromLingvo'),
+    'FromLingvo': ('gpipe.lingvo_adapter', 'FromLingvo'),
     'LocalCluster': ('gpipe.runtime.local_cluster', 'LocalCluster'),
     'MicroBatchBatchNormLayer': ('gpipe.batch_norm',
                                  'MicroBatchBatchNormLayer'),

@@ -6,7 +6,7 @@ split into micro-batches, one call per (stage, micro-batch) in the schedule's
 order, gradient accumulation, batch-norm and accumulator updates, and the
 merge. It does not decide which layers form a stage: the layer class mixing it
 in does. ``gpipe.PipeliningLayer`` cuts its layers itself;
-``gpipe.compat.lingvo_gpipe`` runs the cells that Lingvo's own GPipe layers (and
+``gpipe.lingvo_adapter`` runs the cells that Lingvo's own GPipe layers (and
 their stacks) built, with their variable names.
 """
 

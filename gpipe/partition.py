@@ -197,7 +197,7 @@ def Report(layer_params, stage_sizes, costs=None, cost_name='cost',
   """A readable table: one row per stage with its layers, params and cost.
 
   The one stage table of the library: ``PipeliningLayer`` and Lingvo's GPipe
-  layers on this executor (``gpipe.compat.lingvo_gpipe``) both print it.
+  layers on this executor (``gpipe.lingvo_adapter``) both print it.
 
   Args:
     layer_params: the layers' params, in order.

@@ -41,8 +41,8 @@ class ScheduledOps:
       for i, task in enumerate(order):
         if task in self._position:
           raise ValueError('task %s is twice in the orders (devices %d and '
-                           '%d)' % (pipeline_tasks.Label(task), self._position[task][0],
-                                    lane))
+                           '%d)' % (pipeline_tasks.Label(task),
+                                    self._position[task][0], lane))
         self._position[task] = (lane, i)
     self._ops = {}
     self._repeated = {}
@@ -70,12 +70,14 @@ class ScheduledOps:
         this pass (a bug in the caller: its ops would be left unordered).
     """
     if task not in self._position:
-      forward_only = all(t.phase == pipeline_tasks.FORWARD for t in self._position)
+      forward_only = all(t.phase == pipeline_tasks.FORWARD
+                         for t in self._position)
       raise ValueError(
           'task %s (%r) is in no device order of this pipeline; the orders '
           'hold %d tasks, e.g. %s%s' % (
               pipeline_tasks.Label(task), task, len(self._position),
-              ', '.join(pipeline_tasks.Label(t) for t in list(self._position)[:6]),
+              ', '.join(pipeline_tasks.Label(t)
+                        for t in list(self._position)[:6]),
               '. The pipeline runs forward only (it was built in eval mode, '
               'which computes no gradients): take gradients of a pipeline '
               'built outside eval mode' if forward_only and

@@ -6,8 +6,8 @@ op named by ``gpipe.schedules.pipeline_tasks.OpScope`` (``stage<k>_F<m>``
 forward, ``.../stage<k>_B<m>`` backward, ``.../stage<k>_W<m>`` weight
 gradient of a split backward, ``.../stage<k>_D<m>`` a step of pipelined
 decoding on lane m, once per step), so its device, start and end are in the
-trace. The ops inside a re-materializing backward call are traced too: those under the ``recompute/`` name scope are
-the recomputed forward pass.
+trace. The ops inside a re-materializing backward call are traced too: those
+under the ``recompute/`` name scope are the recomputed forward pass.
 
 From the tasks: per-stage busy time, the measured bubble (idle) fraction of
 each stage over the pipeline's span, a PNG of stages x time with forward,

@@ -137,7 +137,7 @@ def ExecutorClass(cls):
     # PipeliningLayer, ...: cls's `super().FProp` reaches our executor.
     new = type(cls)(cls.__name__, (cls, LingvoPipeliningLayer), {
         '__module__': __name__,
-        '__doc__': '%s.%s on gpipe\'s executor (gpipe.compat.lingvo_gpipe).' %
+        '__doc__': '%s.%s on gpipe\'s executor (gpipe.lingvo_adapter).' %
                    (cls.__module__, cls.__name__),
     })
     _CLASSES[cls] = new
