@@ -27,6 +27,7 @@ from gpipe.compat import lingvo_import  # pylint: disable=unused-import
 from gpipe import balance
 from gpipe.measure import param_count
 from gpipe.measure import run_time
+from gpipe.runtime import background
 import numpy as np
 from lingvo import compat as tf
 from lingvo.core import py_utils
@@ -131,12 +132,12 @@ def TimeCosts(layer_params, input_specs, repeats=3, config=None):
   if input_specs is None:
     raise ValueError("partition_cost='time' needs input_shapes given as "
                      'tf.TensorSpec (shape and dtype of one micro-batch)')
-  return param_count.RunIsolated(
+  return background.RunIsolated(
       lambda: _MeasureTimes(layer_params, input_specs, repeats, config))
 
 
 def _MeasureTimes(layer_params, input_specs, repeats, config):
-  """TimeCosts' body, run in its own thread (see param_count.RunIsolated)."""
+  """TimeCosts' body, run in its own thread (see background.RunIsolated)."""
 
   def _Sample(spec):
     if not isinstance(spec, tf.TensorSpec):

@@ -366,7 +366,7 @@ class SplitStageFunctions(stage_lib.StageFunctions):
         g.outs + g.stats + g.acc_out + t.f_saved)
     self._pieces['B'] = _Piece(
         'B', graph, b_ops, b_feeds, t.b_targets, prefix_ops=t.forward,
-        prefix=stage_lib.RECOMPUTE_SCOPE + '/',
+        prefix=pipeline_tasks.RECOMPUTE_SCOPE + '/',
         swapped=_SmallTransposedMatMuls(b_ops, g.theta, t.stop,
                                         self._small_matmul_rows))
     self._pieces['W'] = _Piece('W', graph, t.weight, t.w_feeds, g.d_theta)

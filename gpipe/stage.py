@@ -55,9 +55,6 @@ from lingvo.core import py_utils
 # the memory bound of re-materialization. Each call stays one unit of work.
 NO_INLINE = {'_noinline': True}
 
-# Ops of the recomputed forward pass inside a backward function.
-RECOMPUTE_SCOPE = 'recompute'
-
 
 
 def ChainFProp(layers, thetas, args):
@@ -283,7 +280,7 @@ class StageFunctions:
 
     def Backward(theta_flat, args_flat, seed, step, d_outs):
       # The name scope lets execution traces tell recomputation apart.
-      with tf.name_scope(RECOMPUTE_SCOPE):
+      with tf.name_scope(pipeline_tasks.RECOMPUTE_SCOPE):
         outs, _, _ = self._Body(theta_flat, args_flat, seed, step, False)
       ys = [outs[i] for i in self._float_outs]
       xs = list(theta_flat) + [args_flat[i] for i in self._float_args]

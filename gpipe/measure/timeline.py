@@ -20,7 +20,6 @@ import io
 import json
 
 from gpipe.schedules import pipeline_tasks
-from gpipe import stage
 
 TaskTime = collections.namedtuple(
     'TaskTime',
@@ -29,7 +28,7 @@ TaskTime = collections.namedtuple(
 
 
 
-_RECOMPUTE_PREFIX = stage.RECOMPUTE_SCOPE + '/'
+_RECOMPUTE_PREFIX = pipeline_tasks.RECOMPUTE_SCOPE + '/'
 
 
 def ParseStepStats(step_stats):

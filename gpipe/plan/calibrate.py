@@ -44,13 +44,13 @@ import statistics
 
 from gpipe.compat import lingvo_import  # pylint: disable=unused-import
 from gpipe import pipeline
-from gpipe.measure import param_count
 from gpipe.measure import timeline
 from gpipe.plan import measure
 from gpipe.plan import profile as profile_lib
 from gpipe.plan import search
 from gpipe.plan import simulator
 from gpipe.plan import traced
+from gpipe.runtime import background
 from lingvo import compat as tf
 from lingvo.core import py_utils
 
@@ -185,7 +185,7 @@ def Calibrate(target, devices, profile, layer_params, input_specs, rows,
       if log:
         log('contention of two devices computing at once: %.2f' % contention)
     return factors, contention
-  return param_count.RunIsolated(Run)
+  return background.RunIsolated(Run)
 
 
 def _Contention(target, devices, layer_params, input_specs, loss, batch_dim,
@@ -277,7 +277,7 @@ def CalibrateHandover(target, devices, profile, layer_params, input_specs,
         delays += traced.HandoverDelays(_TracedTasks(sess, pipelined))
       return seconds, delays
 
-  measured, delays = param_count.RunIsolated(Run)
+  measured, delays = background.RunIsolated(Run)
   handover = profile.handover
   each = handover.Seconds(boundary) + (measured - predicted) / 2
   if boundary and each > handover.Seconds(boundary):

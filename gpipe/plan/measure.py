@@ -39,6 +39,7 @@ from gpipe.measure import memory
 from gpipe.measure import param_count
 from gpipe.measure import run_time
 from gpipe.plan import profile as profile_lib
+from gpipe.runtime import background
 import numpy as np
 from lingvo import compat as tf
 from lingvo.core import py_utils
@@ -359,7 +360,7 @@ def _MeasureSize(layer_params, input_specs, rows, dtype, loss, batch_dim,
     key = (_Key(p), _Signature(specs), last)
     if key not in seen:
       start = time.time()
-      seen[key] = param_count.RunIsolated(lambda p=p, specs=specs, last=last:
+      seen[key] = background.RunIsolated(lambda p=p, specs=specs, last=last:
                                           _MeasureOne(
                                               p, specs, rows, dtype,
                                               loss if last else None,
@@ -456,7 +457,7 @@ def MeasureDevice(session_config=None, repeats=7, warmup=2):
       seconds = max(timer.Seconds(add), 1e-9)
       return dict(call_seconds=call, memory_bandwidth=2 * 32 * (1 << 20) /
                   seconds)
-  return param_count.RunIsolated(Run)
+  return background.RunIsolated(Run)
 
 
 def MeasureHandover(target, devices, sizes=(1 << 12, 1 << 18, 1 << 22),
@@ -500,7 +501,7 @@ def MeasureHandover(target, devices, sizes=(1 << 12, 1 << 18, 1 << 22),
           latency=max(float(intercept), 0.0),
           bandwidth=1.0 / max(float(slope), 1e-12)),
                   step_seconds=timer.empty_seconds)
-  return param_count.RunIsolated(Run)
+  return background.RunIsolated(Run)
 
 
 def MeasureModel(model, layer_params, input_specs, batch, rows,

@@ -122,6 +122,11 @@ def Label(task):
                       task.stage)
 
 
+# The name scope of the recomputed forward pass inside a re-materializing
+# backward task's function (what a trace shows as recomputation).
+RECOMPUTE_SCOPE = 'recompute'
+
+
 def OpScope(stage, phase, micro_batch):
   """The name scope of a task's call op: 'stage1_B3', 'stage1_Wall0to7'."""
   if IsAll(micro_batch):
