@@ -45,7 +45,7 @@ import statistics
 from gpipe.compat import lingvo_import  # pylint: disable=unused-import
 from gpipe import pipeline
 from gpipe.measure import timeline
-from gpipe.plan import measure
+from gpipe.plan import profiling as measure
 from gpipe.plan import profile as profile_lib
 from gpipe.plan import search
 from gpipe.plan import simulator

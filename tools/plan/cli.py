@@ -104,7 +104,7 @@ def MeasureProfile(args, log):
   """The registered model's profile, measured (see the module docstring)."""
   # pylint: disable=g-import-not-at-top
   from gpipe.plan import calibrate
-  from gpipe.plan import measure
+  from gpipe.plan import profiling as measure
   from tools.benchmark import runner
   from tools.plan import model_profile
   from tools.trainer import model_select
