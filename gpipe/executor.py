@@ -16,7 +16,6 @@ from gpipe.compat import lingvo_import  # pylint: disable=unused-import
 from gpipe import accumulation
 from gpipe import batch_norm
 from gpipe import micro_batch
-from gpipe.schedules import pipeline_tasks
 from gpipe import precision
 from gpipe import randomness
 from gpipe import replicas
@@ -26,6 +25,7 @@ from gpipe import stage as stage_lib
 from gpipe import task_ops
 from gpipe import weight_batching
 from gpipe.schedules import inference
+from gpipe.schedules import pipeline_tasks
 from gpipe.schedules import registry as schedules
 from gpipe.schedules import timed
 from lingvo import compat as tf

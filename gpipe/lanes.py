@@ -42,13 +42,13 @@ and the other lanes go on.
 import collections
 
 from gpipe.compat import lingvo_import  # pylint: disable=unused-import
-from gpipe.schedules import pipeline_tasks
 from gpipe import randomness
 from gpipe import replicas
 from gpipe import stage as stage_lib
 from gpipe import task_ops
 from gpipe.schedules import decode_lanes
 from gpipe.schedules import inference
+from gpipe.schedules import pipeline_tasks
 from lingvo import compat as tf
 
 DECODE = pipeline_tasks.DECODE

@@ -33,10 +33,10 @@ import collections
 
 from gpipe.compat import lingvo_import  # pylint: disable=unused-import
 from gpipe import micro_batch as micro_batch_lib
-from gpipe.schedules import pipeline_tasks
 from gpipe import stage as stage_lib
 from gpipe import weight_batching
 from gpipe.compat import tf_internal
+from gpipe.schedules import pipeline_tasks
 from lingvo import compat as tf
 
 # Attributes that tie an op to others of its original graph.

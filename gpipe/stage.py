@@ -41,10 +41,10 @@ import contextlib
 from gpipe.compat import lingvo_import  # pylint: disable=unused-import
 from gpipe import batch_norm
 from gpipe import micro_batch as micro_batch_lib
-from gpipe.schedules import pipeline_tasks
 from gpipe import precision
 from gpipe import randomness
 from gpipe.compat import tf_internal
+from gpipe.schedules import pipeline_tasks
 from lingvo import compat as tf
 from lingvo.core import py_utils
 
