@@ -72,12 +72,12 @@ public names are imported on first use).
                   plan, JSON, applied); profile, simulator, search, choice
                   and traced are pure
 
-Deprecated paths, kept for one release (each hands out the new objects and
-warns on import; tests/deprecated_paths_test.py): pipeline_tasks.py
+Deprecated paths, kept for one release (each hands out the new objects, the
+modules warn on import; tests/deprecated_paths_test.py): pipeline_tasks.py
 (schedules/pipeline_tasks.py, and TaskRegistry: task_ops.ScheduledOps),
-compat/lingvo_gpipe.py (lingvo_adapter.py), plan/measure.py
-(plan/profiling.py), measure.param_count.RunIsolated
-(runtime.background.RunIsolated).
+compat/lingvo_gpipe.py (lingvo_adapter.py: the one import up a layer, named
+as such in tests/layering_test.py), plan/measure.py (plan/profiling.py), and
+the name measure.param_count.RunIsolated (runtime.background.RunIsolated).
 """
 
 import importlib
