@@ -6,7 +6,7 @@ split into micro-batches, one call per (stage, micro-batch) in the schedule's
 order, gradient accumulation, batch-norm and accumulator updates, and the
 merge. It does not decide which layers form a stage: the layer class mixing it
 in does. ``gpipe.PipeliningLayer`` cuts its layers itself;
-``gpipe.compat.lingvo_gpipe`` runs the cells that Lingvo's own GPipe layers (and
+``gpipe.lingvo_adapter`` runs the cells that Lingvo's own GPipe layers (and
 their stacks) built, with their variable names.
 """
 
@@ -16,34 +16,35 @@ from gpipe.compat import lingvo_import  # pylint: disable=unused-import
 from gpipe import accumulation
 from gpipe import batch_norm
 from gpipe import micro_batch
-from gpipe import pipeline_tasks
 from gpipe import precision
 from gpipe import randomness
 from gpipe import replicas
 from gpipe import separability
 from gpipe import split_backward
 from gpipe import stage as stage_lib
+from gpipe import task_ops
 from gpipe import weight_batching
 from gpipe.schedules import inference
+from gpipe.schedules import pipeline_tasks
 from gpipe.schedules import registry as schedules
 from gpipe.schedules import timed
 from lingvo import compat as tf
 from lingvo.core import py_utils
 
 
-class PipelinePlan(
-    collections.namedtuple('PipelinePlan', [
-        'num_micro_batches', 'per_replica', 'replica_orders', 'registry',
+class StepSetup(
+    collections.namedtuple('StepSetup', [
+        'num_micro_batches', 'per_replica', 'replica_orders', 'scheduled_ops',
         'check', 'seeds', 'inputs', 'targets', 'weight_phase'
     ])):
-  """A pipelined mini-batch before its first task (``_Plan``).
+  """A pipelined mini-batch before its first task (``_SetUpStep``).
 
   Attributes:
     num_micro_batches: R x M.
     per_replica: M.
     replica_orders: per replica, per device, its Tasks in run order (with
       the replica's global micro-batch indices).
-    registry: the pipeline_tasks.TaskRegistry imposing those orders.
+    scheduled_ops: the task_ops.ScheduledOps imposing those orders.
     check: the separability.Checker of the schedule's per-micro-batch loss,
       or None.
     seeds: per micro-batch, its seed.
@@ -209,12 +210,12 @@ class PipelineExecutor:
       return stage_lib.ChainFProp(layers, [theta[k] for k in keys],
                                   tuple(inputs))
 
-  def _Plan(self, theta, inputs, targets):
+  def _SetUpStep(self, theta, inputs, targets):
     """Everything a pipelined mini-batch needs before its first task.
 
     Runs the layers before the pipeline, casts to the compute dtype, resolves
     R x M, builds each replica's task orders (shifted to its micro-batches)
-    and the registry that imposes them, and splits inputs and targets.
+    and the ScheduledOps that imposes them, and splits inputs and targets.
 
     Args:
       theta: this layer's theta.
@@ -222,7 +223,7 @@ class PipelineExecutor:
       targets: the loss layer's targets, or None.
 
     Returns:
-      A PipelinePlan.
+      A StepSetup.
     """
     p = self.params
     self._CheckTargets(targets)
@@ -252,11 +253,11 @@ class PipelineExecutor:
       if self._BatchedWeights():
         orders = weight_batching.Orders(orders)
       replica_orders.append(replicas.ShiftOrders(orders, r * per_replica))
-    registry = pipeline_tasks.TaskRegistry(
+    scheduled_ops = task_ops.ScheduledOps(
         [order for orders in replica_orders for order in orders])
     check = None
     if spec.per_micro_batch_loss and not forward_only:
-      check = separability.Checker(p.name, p.schedule, registry,
+      check = separability.Checker(p.name, p.schedule, scheduled_ops,
                                    self.num_stages, num_mb,
                                    targets is not None)
     with tf.device(devices[0]):
@@ -272,17 +273,17 @@ class PipelineExecutor:
                     not self._BatchedWeights() else pipeline_tasks.BACKWARD)
     if forward_only:
       weight_phase = pipeline_tasks.FORWARD
-    return PipelinePlan(
+    return StepSetup(
         num_micro_batches=num_mb, per_replica=per_replica,
-        replica_orders=replica_orders, registry=registry, check=check,
-        seeds=self._Seeds(num_mb), inputs=inputs_mb, targets=split_targets,
-        weight_phase=weight_phase)
+        replica_orders=replica_orders, scheduled_ops=scheduled_ops,
+        check=check, seeds=self._Seeds(num_mb), inputs=inputs_mb,
+        targets=split_targets, weight_phase=weight_phase)
 
-  def _RunStage(self, plan, theta, fns, replica, current, accumulated):
+  def _RunStage(self, setup, theta, fns, replica, current, accumulated):
     """Stage `fns`'s calls for every micro-batch of one replica.
 
     Args:
-      plan: the PipelinePlan.
+      setup: the StepSetup.
       theta: this layer's theta.
       fns: the stage's StageFunctions for this replica.
       replica: r.
@@ -293,29 +294,29 @@ class PipelineExecutor:
       The list of the calls' StageResults, in micro-batch order.
     """
     k = fns.index
-    first = replica * plan.per_replica
+    first = replica * setup.per_replica
     fns.BeginStep()
     theta_k, low_dtypes = precision.MasterTheta(
         stage_lib.NestedTheta(theta, fns.keys))
     theta_k = stage_lib.ReadTheta(theta_k, fns.device)
     # The replica's own micro-batches 0 .. M-1, in weight-gradient order.
     weight_order = [
-        t.micro_batch - first for order in plan.replica_orders[replica]
-        for t in order if t.stage == k and t.phase == plan.weight_phase
+        t.micro_batch - first for order in setup.replica_orders[replica]
+        for t in order if t.stage == k and t.phase == setup.weight_phase
     ]
     thetas = accumulation.AccumulationViews(theta_k, weight_order, fns.device,
                                          low_dtypes)
     last = k == self.num_stages - 1
     step = stage_lib.StepOnDevice(fns.device)
     results = []
-    for m in range(plan.per_replica):
+    for m in range(setup.per_replica):
       result = fns.Call(stage_lib.MicroBatchCall(
-          theta=thetas[m], args=current[m], seed=plan.seeds[first + m],
+          theta=thetas[m], args=current[m], seed=setup.seeds[first + m],
           step=step, micro_batch=first + m,
-          targets=plan.targets[first + m] if last else None,
-          check_d_outputs=(plan.check.Check if (plan.check and last) else
+          targets=setup.targets[first + m] if last else None,
+          check_d_outputs=(setup.check.Check if (setup.check and last) else
                            None),
-          accumulator_values=accumulated), plan.registry)
+          accumulator_values=accumulated), setup.scheduled_ops)
       accumulated = result.accumulator_values
       results.append(result)
     return results
@@ -323,7 +324,7 @@ class PipelineExecutor:
   def _RunPipeline(self, theta, inputs, targets):
     """FProp of the pipeline (see gpipe.PipeliningLayer.FProp)."""
     p = self.params
-    plan = self._Plan(theta, inputs, targets)
+    setup = self._SetUpStep(theta, inputs, targets)
     devices = self.stage_devices
     outputs = []
     stage_stats = [[] for _ in range(self.num_stages)]
@@ -332,13 +333,13 @@ class PipelineExecutor:
     # after replica (only layers with accumulators are chained so).
     accumulated = [None] * self.num_stages
     for r in range(self.num_replicas):
-      first = r * plan.per_replica
-      current = plan.inputs[first:first + plan.per_replica]
-      for fns in self._StageFns(current[0], r, plan.per_replica):
+      first = r * setup.per_replica
+      current = setup.inputs[first:first + setup.per_replica]
+      for fns in self._StageFns(current[0], r, setup.per_replica):
         k = fns.index
         if accumulated[k] is None:
           accumulated[k] = fns.InitialAccumulatorValues()
-        results = self._RunStage(plan, theta, fns, r, current, accumulated[k])
+        results = self._RunStage(setup, theta, fns, r, current, accumulated[k])
         if r == 0 and not (k == self.num_stages - 1 and targets is not None):
           self._CheckStageOutputs(k, results[0].outputs)
         accumulated[k] = results[-1].accumulator_values

@@ -24,7 +24,7 @@ reads, and ``step(theta, t, carry, state, constants) -> (carry, state)``:
 step function (traced once per stage, ``_StepFunction``), named
 ``stage<k>_D<m>`` (``pipeline_tasks``: phase D, lane m) so that traces give
 the measured timeline. Each device's calls are chained by control
-dependencies in the schedule's order (``pipeline_tasks.TaskRegistry``), and
+dependencies in the schedule's order (``task_ops.ScheduledOps``), and
 from one step to the next by the device's own step counter, a loop variable
 every call reads: TensorFlow's dataflow loop runs several steps at once
 (``parallel_iterations``), so lane 0's step t+1 starts as soon as its token
@@ -42,12 +42,13 @@ and the other lanes go on.
 import collections
 
 from gpipe.compat import lingvo_import  # pylint: disable=unused-import
-from gpipe import pipeline_tasks
 from gpipe import randomness
 from gpipe import replicas
 from gpipe import stage as stage_lib
+from gpipe import task_ops
 from gpipe.schedules import decode_lanes
 from gpipe.schedules import inference
+from gpipe.schedules import pipeline_tasks
 from lingvo import compat as tf
 
 DECODE = pipeline_tasks.DECODE
@@ -246,7 +247,7 @@ def Decode(stages, feedback, states, constants, num_steps, lane_done=None,
       dones = [lane_done(f) for f in feedback]
 
   def Body(i, counters, feedback, dones, states):
-    registry = pipeline_tasks.TaskRegistry(orders)
+    scheduled_ops = task_ops.ScheduledOps(orders)
     carries = {}
     ops = {}
     new_states = [list(lanes) for lanes in states]
@@ -256,12 +257,12 @@ def Decode(stages, feedback, states, constants, num_steps, lane_done=None,
                     for m in range(num_lanes)), key=lambda x: (sum(x), x[0]))
     for s, m in tasks:
       carry = feedback[m] if s == 0 else carries[(s - 1, m)]
-      carries[(s, m)], new_states[s][m], task_ops = fns[s].Call(
+      carries[(s, m)], new_states[s][m], call_ops = fns[s].Call(
           m, counters[device_of[s]], dones[m] if early_stop else None, carry,
           states[s][m], constants[s][m])
-      registry.Register(pipeline_tasks.Task(stages[s].stage, m, DECODE),
-                        task_ops)
-      ops[(s, m)] = task_ops[-1]
+      scheduled_ops.Register(pipeline_tasks.Task(stages[s].stage, m, DECODE),
+                             call_ops)
+      ops[(s, m)] = call_ops[-1]
     new_counters = []
     for d, order in enumerate(step_orders):
       with tf.device(stages[order[-1][0]].device):
@@ -317,7 +318,7 @@ def ForwardInLanes(stage_fns, thetas, lane_inputs, seed=0):
   # The orders count stages from 0; the tasks keep their pipeline indices.
   orders = [[t._replace(stage=t.stage + first) for t in order]
             for order in orders]
-  registry = pipeline_tasks.TaskRegistry(orders)
+  scheduled_ops = task_ops.ScheduledOps(orders)
   current = list(lane_inputs)
   for fns, theta in zip(stage_fns, thetas):
     step = stage_lib.StepOnDevice(fns.device)
@@ -330,7 +331,7 @@ def ForwardInLanes(stage_fns, thetas, lane_inputs, seed=0):
       result = fns.Call(stage_lib.MicroBatchCall(
           theta=theta, args=current[m], seed=lane_seed, step=step,
           micro_batch=m, targets=None, check_d_outputs=None,
-          accumulator_values=accumulated), registry)
+          accumulator_values=accumulated), scheduled_ops)
       accumulated = result.accumulator_values
       outputs.append(tuple(result.outputs))
     current = outputs

@@ -3,9 +3,8 @@
 GPipe's partitioner balances the estimated cost of the K cells. Here the
 objective is the one that bounds pipeline throughput: minimize the cost of the
 most expensive stage (every stage waits for the slowest one each tick). The
-cut is exact, by dynamic programming over prefix sums; the inner search is a
-binary search because the cost of the first k stages only grows as more
-layers are given to them, so a 1663-layer, 128-stage cut takes seconds.
+cut is exact (``PartitionByCost``, from ``gpipe.balance``: pure Python, for the
+planner too).
 
 Costs per layer come from one of:
 
@@ -25,8 +24,10 @@ that does: the layer and the trainer's ``inspect_model`` both call it), and
 import collections
 
 from gpipe.compat import lingvo_import  # pylint: disable=unused-import
+from gpipe import balance
 from gpipe.measure import param_count
 from gpipe.measure import run_time
+from gpipe.runtime import background
 import numpy as np
 from lingvo import compat as tf
 from lingvo.core import py_utils
@@ -34,66 +35,9 @@ from lingvo.core import tshape
 
 COST_METHODS = ('uniform', 'flops', 'params', 'time')
 
-
-def CheckStageCount(num_layers, num_stages):
-  """Raises a clear error when `num_stages` cannot hold `num_layers`."""
-  if num_stages < 1:
-    raise ValueError('num_stages must be >= 1, got %d' % num_stages)
-  if num_layers < num_stages:
-    raise ValueError(
-        'cannot cut %d layers into %d stages: each stage needs at least one '
-        'layer; use at most %d stages or split the layers finer' %
-        (num_layers, num_stages, num_layers))
-
-
-def PartitionByCost(costs, num_stages):
-  """Stage sizes (layers per stage) minimizing the most expensive stage.
-
-  Args:
-    costs: a list of non-negative per-layer costs, in layer order.
-    num_stages: K, the number of consecutive stages.
-
-  Returns:
-    A list of K positive ints summing to len(costs).
-  """
-  n = len(costs)
-  CheckStageCount(n, num_stages)
-  costs = np.asarray(costs, dtype=np.float64)
-  if np.any(costs < 0) or not np.all(np.isfinite(costs)):
-    raise ValueError('layer costs must be finite and >= 0, got %s' % costs)
-  prefix = np.concatenate([[0.0], np.cumsum(costs)])
-  inf = float('inf')
-  # best[k][j]: the smallest bottleneck putting the first j layers in k+1
-  # stages; cut[k][j]: where the last of those stages starts.
-  best = [[inf] * (n + 1) for _ in range(num_stages)]
-  cut = [[0] * (n + 1) for _ in range(num_stages)]
-  for j in range(1, n + 1):
-    best[0][j] = prefix[j]
-  for k in range(1, num_stages):
-    prev = best[k - 1]
-    for j in range(k + 1, n + 1):
-      # The last stage holds layers [i, j) with k <= i <= j - 1. prev[i] grows
-      # with i and the last stage's cost shrinks: binary search the crossing.
-      lo, hi = k, j - 1
-      while lo < hi:
-        mid = (lo + hi) // 2
-        if prev[mid] < prefix[j] - prefix[mid]:
-          lo = mid + 1
-        else:
-          hi = mid
-      choice, value = lo, max(prev[lo], prefix[j] - prefix[lo])
-      if lo - 1 >= k:
-        other = max(prev[lo - 1], prefix[j] - prefix[lo - 1])
-        if other < value:
-          choice, value = lo - 1, other
-      best[k][j], cut[k][j] = value, choice
-  sizes = []
-  j = n
-  for k in reversed(range(num_stages)):
-    i = cut[k][j] if k > 0 else 0
-    sizes.append(j - i)
-    j = i
-  return list(reversed(sizes))
+# The cut itself, pure (gpipe.balance); here beside the costs it cuts.
+CheckStageCount = balance.CheckStageCount
+PartitionByCost = balance.PartitionByCost
 
 
 def _ToTShape(shape):
@@ -188,12 +132,12 @@ def TimeCosts(layer_params, input_specs, repeats=3, config=None):
   if input_specs is None:
     raise ValueError("partition_cost='time' needs input_shapes given as "
                      'tf.TensorSpec (shape and dtype of one micro-batch)')
-  return param_count.RunIsolated(
+  return background.RunIsolated(
       lambda: _MeasureTimes(layer_params, input_specs, repeats, config))
 
 
 def _MeasureTimes(layer_params, input_specs, repeats, config):
-  """TimeCosts' body, run in its own thread (see param_count.RunIsolated)."""
+  """TimeCosts' body, run in its own thread (see background.RunIsolated)."""
 
   def _Sample(spec):
     if not isinstance(spec, tf.TensorSpec):
@@ -254,7 +198,7 @@ def Report(layer_params, stage_sizes, costs=None, cost_name='cost',
   """A readable table: one row per stage with its layers, params and cost.
 
   The one stage table of the library: ``PipeliningLayer`` and Lingvo's GPipe
-  layers on this executor (``gpipe.compat.lingvo_gpipe``) both print it.
+  layers on this executor (``gpipe.lingvo_adapter``) both print it.
 
   Args:
     layer_params: the layers' params, in order.

@@ -105,7 +105,7 @@ class PipeliningLayer(executor.PipelineExecutor, base_layer.BaseLayer):
   ``None`` inputs pass through as absent and Lingvo accumulators of the stage
   layers are updated by every micro-batch. To keep a Lingvo GPipe layer or
   stack (its variable names and checkpoints) and only change the executor,
-  see ``gpipe.compat.lingvo_gpipe.FromLingvo`` and docs/MIGRATING.md.
+  see ``gpipe.lingvo_adapter.FromLingvo`` and docs/MIGRATING.md.
   """
 
   @classmethod

@@ -31,7 +31,7 @@ and the schedule orders of replica r.
 """
 
 from gpipe.compat import lingvo_import  # pylint: disable=unused-import
-from gpipe import pipeline_tasks
+from gpipe.schedules import pipeline_tasks
 from lingvo import compat as tf
 
 
@@ -86,7 +86,7 @@ def ShiftOrders(orders, offset):
 
   Replica r runs micro-batches r M .. r M + M - 1: its tasks are named and
   ordered under those global indices, so the tasks of all replicas live in
-  one TaskRegistry (their devices differ) and traces tell them apart.
+  one task_ops.ScheduledOps (their devices differ) and traces tell them apart.
 
   Args:
     orders: per device, a list of pipeline_tasks.Task.

@@ -12,27 +12,28 @@ would deadlock. ``Checker`` finds this while the gradient graph is built and
 raises an error that says what to change, instead of a hang.
 """
 
-from gpipe import pipeline_tasks
+from gpipe.schedules import pipeline_tasks
 
 
 class Checker:
   """Walks the graph behind each last-stage output gradient."""
 
-  def __init__(self, pipeline_name, schedule_name, registry, num_stages,
+  def __init__(self, pipeline_name, schedule_name, scheduled_ops, num_stages,
                num_micro_batches, has_loss_layer):
     """Constructor.
 
     Args:
       pipeline_name: the PipeliningLayer's name (for messages).
       schedule_name: its schedule.
-      registry: the TaskRegistry holding every forward task's ops.
+      scheduled_ops: the task_ops.ScheduledOps holding every forward task's
+        ops.
       num_stages: K.
       num_micro_batches: M.
       has_loss_layer: whether the pipeline ends with p.loss_tpl.
     """
     self._pipeline = pipeline_name
     self._schedule = schedule_name
-    self._registry = registry
+    self._scheduled_ops = scheduled_ops
     self._num_stages = num_stages
     self._num_micro_batches = num_micro_batches
     self._has_loss = has_loss_layer
@@ -43,7 +44,7 @@ class Checker:
     return {
         op: m for s in range(self._num_stages)
         for m in range(self._num_micro_batches)
-        for op in self._registry.Ops(
+        for op in self._scheduled_ops.Ops(
             pipeline_tasks.Task(s, m, pipeline_tasks.FORWARD))
     }
 

@@ -33,10 +33,10 @@ import collections
 
 from gpipe.compat import lingvo_import  # pylint: disable=unused-import
 from gpipe import micro_batch as micro_batch_lib
-from gpipe import pipeline_tasks
 from gpipe import stage as stage_lib
 from gpipe import weight_batching
 from gpipe.compat import tf_internal
+from gpipe.schedules import pipeline_tasks
 from lingvo import compat as tf
 
 # Attributes that tie an op to others of its original graph.
@@ -366,7 +366,7 @@ class SplitStageFunctions(stage_lib.StageFunctions):
         g.outs + g.stats + g.acc_out + t.f_saved)
     self._pieces['B'] = _Piece(
         'B', graph, b_ops, b_feeds, t.b_targets, prefix_ops=t.forward,
-        prefix=stage_lib.RECOMPUTE_SCOPE + '/',
+        prefix=pipeline_tasks.RECOMPUTE_SCOPE + '/',
         swapped=_SmallTransposedMatMuls(b_ops, g.theta, t.stop,
                                         self._small_matmul_rows))
     self._pieces['W'] = _Piece('W', graph, t.weight, t.w_feeds, g.d_theta)
@@ -424,7 +424,7 @@ class SplitStageFunctions(stage_lib.StageFunctions):
     self._pieces['W*'] = _Piece('W*', whole.graph, whole.weight,
                                 whole_feeds, wg.d_theta)
 
-  def Call(self, call, registry):
+  def Call(self, call, scheduled_ops):
     """Runs the stage on one micro-batch as tasks F, then B and W.
 
     Args and returns as ``StageFunctions.Call``; the backward of the call is
@@ -456,7 +456,7 @@ class SplitStageFunctions(stage_lib.StageFunctions):
         with tf.device(self.device):
           op, results = self._pieces[piece or phase].Call(
               env if values is None else values)
-      registry.Register(task, [op], gradient_pass)
+      scheduled_ops.Register(task, [op], gradient_pass)
       return op, results
 
     call_op, results = Run(pipeline_tasks.FORWARD)

@@ -41,10 +41,10 @@ import contextlib
 from gpipe.compat import lingvo_import  # pylint: disable=unused-import
 from gpipe import batch_norm
 from gpipe import micro_batch as micro_batch_lib
-from gpipe import pipeline_tasks
 from gpipe import precision
 from gpipe import randomness
 from gpipe.compat import tf_internal
+from gpipe.schedules import pipeline_tasks
 from lingvo import compat as tf
 from lingvo.core import py_utils
 
@@ -54,9 +54,6 @@ from lingvo.core import py_utils
 # finish (e.g. all recomputations first), breaking the schedule's order and
 # the memory bound of re-materialization. Each call stays one unit of work.
 NO_INLINE = {'_noinline': True}
-
-# Ops of the recomputed forward pass inside a backward function.
-RECOMPUTE_SCOPE = 'recompute'
 
 
 
@@ -283,7 +280,7 @@ class StageFunctions:
 
     def Backward(theta_flat, args_flat, seed, step, d_outs):
       # The name scope lets execution traces tell recomputation apart.
-      with tf.name_scope(RECOMPUTE_SCOPE):
+      with tf.name_scope(pipeline_tasks.RECOMPUTE_SCOPE):
         outs, _, _ = self._Body(theta_flat, args_flat, seed, step, False)
       ys = [outs[i] for i in self._float_outs]
       xs = list(theta_flat) + [args_flat[i] for i in self._float_args]
@@ -322,12 +319,12 @@ class StageFunctions:
     with tf.device(self.device):
       return [acc.GetValue() for acc in self.accumulators]
 
-  def Call(self, call, registry):
+  def Call(self, call, scheduled_ops):
     """Runs the stage on one micro-batch.
 
     Args:
       call: a MicroBatchCall.
-      registry: the pipeline_tasks.TaskRegistry that orders the ops of this
+      scheduled_ops: the task_ops.ScheduledOps that orders the ops of this
         stage's forward (F) and backward (B, W) tasks.
 
     Returns:
@@ -350,7 +347,7 @@ class StageFunctions:
         results
     ]
     call_op = results[0].op
-    registry.Register(
+    scheduled_ops.Register(
         pipeline_tasks.Task(self.index, micro_batch, pipeline_tasks.FORWARD),
         [call_op])
     # TensorFlow's own gradient of the call (used without remat): it rewrites
@@ -380,7 +377,7 @@ class StageFunctions:
             grads = list(all_grads[:num_theta]) + [
                 all_grads[num_theta + i] for i in self._float_args
             ]
-      registry.Register(
+      scheduled_ops.Register(
           pipeline_tasks.Task(self.index, micro_batch,
                               pipeline_tasks.BACKWARD), ops, gradient_pass)
       d_args = [None] * num_args

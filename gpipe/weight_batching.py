@@ -40,7 +40,7 @@ a tensor that cannot be concatenated (a scalar per micro-batch, a shape
 that does not scale with the batch) is refused with the tensor's name.
 """
 
-from gpipe import pipeline_tasks
+from gpipe.schedules import pipeline_tasks
 
 Task = pipeline_tasks.Task
 

@@ -1,4 +1,4 @@
-"""BackgroundCall (gpipe.runtime.background) and memory.FormatMiB."""
+"""BackgroundCall and RunIsolated (gpipe.runtime.background), memory.FormatMiB."""
 
 import threading
 
@@ -44,6 +44,30 @@ class BackgroundCallTest(absltest.TestCase):
     release.set()
     self.assertTrue(call.Wait())
     self.assertTrue(call.Result())
+
+
+class RunIsolatedTest(absltest.TestCase):
+
+  def testRunsInAFreshThreadOfItsOwnAndWaitsForIt(self):
+    # Lingvo's stack of layers under construction is thread-local: a fresh
+    # thread starts with it empty.
+    local = threading.local()
+    local.building = 'outer layer'
+    seen = background.RunIsolated(
+        lambda: (getattr(local, 'building', None), threading.current_thread()))
+    self.assertIsNone(seen[0])
+    self.assertIsNot(threading.current_thread(), seen[1])
+    self.assertFalse(seen[1].daemon)
+
+  def testRaisesTheFunctionsOwnError(self):
+    error = ValueError('bad layer')
+
+    def Fn():
+      raise error
+
+    with self.assertRaises(ValueError) as raised:
+      background.RunIsolated(Fn)
+    self.assertIs(error, raised.exception)
 
 
 class FormatMiBTest(absltest.TestCase):

@@ -13,7 +13,7 @@ import signal
 
 from gpipe.runtime import local_cluster
 from gpipe import pipeline
-from gpipe import pipeline_tasks
+from gpipe.schedules import pipeline_tasks
 from gpipe import schedules
 from gpipe.measure import timeline
 import numpy as np

@@ -10,7 +10,7 @@ forward half of fill-drain, drawn as the module says.
 from gpipe.compat import lingvo_import  # pylint: disable=unused-import
 
 from absl.testing import parameterized
-from gpipe import pipeline_tasks
+from gpipe.schedules import pipeline_tasks
 from gpipe.schedules import inference
 from gpipe.schedules import orders as orders_lib
 from gpipe.schedules import registry

@@ -1,14 +1,14 @@
 """Lingvo's GPipe layers and stacks on our executor equal Lingvo's executor.
 
 Each case builds the same Lingvo params twice, once as they are (Lingvo's
-StackedRecurrent executor) and once through ``gpipe.compat.lingvo_gpipe.FromLingvo``,
+StackedRecurrent executor) and once through ``gpipe.lingvo_adapter.FromLingvo``,
 gives both the same variable values, and compares outputs and every gradient.
 """
 
 from absl import flags
 from absl.testing import parameterized
 from gpipe.compat import lingvo_import  # pylint: disable=unused-import
-from gpipe.compat import lingvo_gpipe
+from gpipe import lingvo_adapter
 from gpipe.runtime import local_cluster
 import numpy as np
 from lingvo import compat as tf
@@ -149,10 +149,10 @@ class TransformerStacksTest(test_utils.TestCase, parameterized.TestCase):
 
     _, values, ref_out, ref_grads = _Values(p, FProp)
     # In one process with 2 devices, as Lingvo's executor ran.
-    ours = lingvo_gpipe.FromLingvo(p)
+    ours = lingvo_adapter.FromLingvo(p)
     net, own, out, grads = _Values(ours, FProp, values)
     self.assertIsInstance(net, cls)
-    self.assertIsInstance(net, lingvo_gpipe.LingvoPipeliningLayer)
+    self.assertIsInstance(net, lingvo_adapter.LingvoPipeliningLayer)
     # Same variables, same names: a checkpoint fits either executor.
     self.assertCountEqual(values, own)
     self._AssertClose(ref_out, ref_grads, out, grads)
@@ -179,7 +179,7 @@ def _LmGraph(executor):
       residual_dropout_prob=0.0)
   p.random_seed = 3
   if executor == 'ours':
-    p.stack = lingvo_gpipe.FromLingvo(p.stack)  # The one line.
+    p.stack = lingvo_adapter.FromLingvo(p.stack)  # The one line.
   rng = np.random.RandomState(4)
   with cluster_factory.ForTestingWorker(cpus=K, split_size=K):
     step = py_utils.GetOrCreateGlobalStepVar()
@@ -205,7 +205,7 @@ class LanguageModelTest(test_utils.TestCase):
     ckpt_dir = self.create_tempdir().full_path
     with tf.Graph().as_default(), self._Session() as sess:
       net, loss, train_op = _LmGraph('ours')
-      self.assertIsInstance(net.stack, lingvo_gpipe.LingvoPipeliningLayer)
+      self.assertIsInstance(net.stack, lingvo_adapter.LingvoPipeliningLayer)
       sess.run(tf.global_variables_initializer())
       losses = [sess.run([loss, train_op])[0] for _ in range(4)]
       ours_loss = sess.run(loss)
@@ -214,7 +214,7 @@ class LanguageModelTest(test_utils.TestCase):
     # Ours -> Lingvo's executor: same variables, same loss.
     with tf.Graph().as_default(), self._Session() as sess:
       net, loss, train_op = _LmGraph('lingvo')
-      self.assertNotIsInstance(net.stack, lingvo_gpipe.LingvoPipeliningLayer)
+      self.assertNotIsInstance(net.stack, lingvo_adapter.LingvoPipeliningLayer)
       tf.train.Saver().restore(sess, ours_path)
       self.assertAllClose(ours_loss, sess.run(loss), rtol=1e-5)
       sess.run(train_op)  # Adam's slots came along too.

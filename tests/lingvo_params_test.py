@@ -2,14 +2,14 @@
 
 Each case runs the same cells on Lingvo's executor
 (``lingvo.core.gpipe.PipeliningLayer``), on ``gpipe.PipeliningLayer`` with the
-same params, and through ``gpipe.compat.lingvo_gpipe.FromLingvo``, with the same
+same params, and through ``gpipe.lingvo_adapter.FromLingvo``, with the same
 variable values, and compares outputs, every gradient and the accumulators.
 """
 
 from absl.testing import parameterized
 import gpipe
 from gpipe.compat import lingvo_import  # pylint: disable=unused-import
-from gpipe.compat import lingvo_gpipe
+from gpipe import lingvo_adapter
 import numpy as np
 from lingvo import compat as tf
 from lingvo.core import base_layer
@@ -129,7 +129,7 @@ def _Params(executor, case):
                [x.Copy() for x in v] if isinstance(v, list) else v)
            for k, v in settings.items()})
   if executor == 'from_lingvo':
-    p = lingvo_gpipe.FromLingvo(p)
+    p = lingvo_adapter.FromLingvo(p)
   return p
 
 
@@ -242,7 +242,7 @@ class RefusedTest(test_utils.TestCase):
     with self.assertRaisesRegex(TypeError, 'FromLingvo takes the params of '
                                 'lingvo.core.gpipe.PipeliningLayer .* got '
                                 'params of _Dense'):
-      lingvo_gpipe.FromLingvo(_Dense.Params())
+      lingvo_adapter.FromLingvo(_Dense.Params())
 
   def testScheduleThatNeedsTheLossInsideThePipeline(self):
     p = _Params('from_lingvo', 'extra_inputs').Set(schedule='1f1b')

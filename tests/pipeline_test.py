@@ -7,7 +7,7 @@ import itertools
 
 from absl.testing import parameterized
 from gpipe import pipeline
-from gpipe import pipeline_tasks
+from gpipe.schedules import pipeline_tasks
 from gpipe import randomness
 import numpy as np
 from lingvo import compat as tf

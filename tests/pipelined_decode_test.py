@@ -16,7 +16,7 @@ import re
 from gpipe.compat import lingvo_import  # pylint: disable=unused-import
 
 import numpy as np
-from gpipe import pipeline_tasks
+from gpipe.schedules import pipeline_tasks
 from gpipe.measure import timeline
 from lingvo import compat as tf
 from lingvo.core import cluster_factory

@@ -3,7 +3,7 @@
 from gpipe.compat import lingvo_import  # pylint: disable=unused-import
 
 from gpipe.plan import calibrate
-from gpipe.plan import measure
+from gpipe.plan import profiling
 from gpipe.plan import simulator
 from lingvo import compat as tf
 from lingvo.core import py_utils
@@ -30,7 +30,7 @@ class MeasureTest(test_utils.TestCase):
   def testBytesFromTheGraphAndEqualLayersMeasuredOnce(self):
     layers = [_Dense('a'), _Dense('b'), _Dense('c', 16)]
     specs = (tf.TensorSpec([32, 16], tf.float32),)
-    got = measure.MeasureLayers(layers, specs, [4, 8], repeats=1, warmup=0)
+    got = profiling.MeasureLayers(layers, specs, [4, 8], repeats=1, warmup=0)
     self.assertLen(got, 3)
     for layer in got:
       self.assertEqual(layer.param_bytes, 4 * (16 * 16 + 16))
@@ -53,22 +53,22 @@ class MeasureTest(test_utils.TestCase):
     specs = (tf.TensorSpec([8, 16], tf.float64),)
     loss = (toy_layers.SquaredErrorLoss.Params(),
             tf.TensorSpec([8, 16], tf.float32))
-    got = measure.MeasureLayers(layers, specs, [4], loss=loss, repeats=1,
-                                warmup=0)
+    got = profiling.MeasureLayers(layers, specs, [4], loss=loss, repeats=1,
+                                  warmup=0)
     first, last = got[0].measurements[0], got[1].measurements[0]
     self.assertGreater(last.activation_bytes, first.activation_bytes)
     self.assertNotEqual(last.output_bytes, first.output_bytes)
 
   def testDeviceAndCalibration(self):
-    device = measure.MeasureDevice(repeats=1, warmup=0)
+    device = profiling.MeasureDevice(repeats=1, warmup=0)
     self.assertGreater(device['memory_bandwidth'], 1e6)
     self.assertGreaterEqual(device['call_seconds'], 0.0)
     layers = [_Dense('a'), _Dense('b')]
     specs = (tf.TensorSpec([8, 16], tf.float32),)
     loss = (toy_layers.SquaredErrorLoss.Params(),
             tf.TensorSpec([8, 16], tf.float32))
-    profile = measure.MeasureModel('toy', layers, specs, 8, [2, 4],
-                                   loss=loss, repeats=1, warmup=0)
+    profile = profiling.MeasureModel('toy', layers, specs, 8, [2, 4],
+                                     loss=loss, repeats=1, warmup=0)
     calibrated = calibrate.CalibrateProfile(
         profile, '', DEVICES, layers, specs, [2, 4], loss=loss)
     self.assertLen(calibrated.factors, 2)
@@ -90,8 +90,8 @@ class MeasureTest(test_utils.TestCase):
   def testCalibrationOnASampleOfTheLayers(self):
     layers = [_Dense('a'), _Dense('b')]
     specs = (tf.TensorSpec([64, 16], tf.float32),)
-    profile = measure.MeasureModel('toy', layers, specs, 64, [2, 4],
-                                   repeats=1, warmup=0)
+    profile = profiling.MeasureModel('toy', layers, specs, 64, [2, 4],
+                                     repeats=1, warmup=0)
     # A second layer that cannot be built on the first one's output: only
     # the sample of the first layer may be calibrated.
     unbuildable = [layers[0], _Dense('b', width=8)]

@@ -5,7 +5,7 @@ import os
 
 from absl.testing import absltest
 from absl.testing import parameterized
-from gpipe import pipeline_tasks
+from gpipe.schedules import pipeline_tasks
 from gpipe.schedules import orders as orders_lib
 from gpipe.schedules import registry
 from gpipe.schedules import simulate

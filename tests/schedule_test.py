@@ -5,7 +5,7 @@ from gpipe.compat import lingvo_import  # pylint: disable=unused-import
 import itertools
 
 from absl.testing import parameterized
-from gpipe import pipeline_tasks
+from gpipe.schedules import pipeline_tasks
 from gpipe import schedules
 from lingvo import compat as tf
 from lingvo.core import test_utils

@@ -3,7 +3,7 @@
 from gpipe.compat import lingvo_import  # pylint: disable=unused-import
 
 from gpipe import pipeline
-from gpipe import pipeline_tasks
+from gpipe.schedules import pipeline_tasks
 from gpipe import schedules
 import numpy as np
 from lingvo import compat as tf

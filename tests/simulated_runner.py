@@ -26,7 +26,7 @@ test can predict what a subcommand reports. The other implementations than
 times a fixed factor, and traced like it.
 """
 
-from gpipe import pipeline_tasks
+from gpipe.schedules import pipeline_tasks
 from gpipe import schedules
 from tensorflow.core.protobuf import config_pb2
 from tools.benchmark import models

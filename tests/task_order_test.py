@@ -1,19 +1,20 @@
 """Every device of every replica runs its tasks in the schedule's order.
 
 The executor imposes each device's order with control dependencies between
-the tasks' call ops (``pipeline_tasks.TaskRegistry``). These tests build the
+the tasks' call ops (``task_ops.ScheduledOps``). These tests build the
 graph of a pipelined step (no session) and follow the chain on every device
 of every data-parallel replica, for every schedule, with and without batched
-weight gradients; and check the registry's errors.
+weight gradients; and check ScheduledOps' errors.
 """
 
 from gpipe.compat import lingvo_import  # pylint: disable=unused-import
 
 from absl.testing import parameterized
 from gpipe import pipeline
-from gpipe import pipeline_tasks
+from gpipe.schedules import pipeline_tasks
 from gpipe import replicas
 from gpipe import schedules
+from gpipe import task_ops
 from gpipe import weight_batching
 import numpy as np
 from lingvo import compat as tf
@@ -163,48 +164,48 @@ class HandWrittenOrderTest(test_utils.TestCase):
                       '%s: %s before %s' % (device, prev, nxt))
 
 
-class TaskRegistryTest(test_utils.TestCase):
+class ScheduledOpsTest(test_utils.TestCase):
 
-  def _Registry(self):
+  def _ScheduledOps(self):
     _, orders = schedules.Orders('gpipe', 2, 2)
-    return pipeline_tasks.TaskRegistry(orders)
+    return task_ops.ScheduledOps(orders)
 
   def _Op(self, name):
     return tf.no_op(name=name)
 
   def testUnknownTaskIsAnError(self):
     with tf.Graph().as_default():
-      registry = self._Registry()
+      scheduled_ops = self._ScheduledOps()
       with self.assertRaisesRegex(ValueError, 'F5s0.*in no device order'):
-        registry.Register(pipeline_tasks.Task(0, 5, 'F'), [self._Op('a')])
+        scheduled_ops.Register(pipeline_tasks.Task(0, 5, 'F'), [self._Op('a')])
 
   def testSecondRegistrationInTheSamePassIsAnError(self):
     with tf.Graph().as_default():
-      registry = self._Registry()
+      scheduled_ops = self._ScheduledOps()
       task = pipeline_tasks.Task(0, 0, 'F')
-      registry.Register(task, [self._Op('a')])
+      scheduled_ops.Register(task, [self._Op('a')])
       with self.assertRaisesRegex(ValueError, 'F0s0 was registered twice'):
-        registry.Register(task, [self._Op('b')])
+        scheduled_ops.Register(task, [self._Op('b')])
 
   def testALaterGradientPassIsRecordedUnordered(self):
     with tf.Graph().as_default():
-      registry = self._Registry()
+      scheduled_ops = self._ScheduledOps()
       f0, f1 = (pipeline_tasks.Task(0, m, 'F') for m in (0, 1))
       b1 = pipeline_tasks.Task(0, 1, 'B')
       ops = {t: self._Op(pipeline_tasks.Label(t)) for t in (f0, f1, b1)}
       for t in (f0, f1, b1):
-        registry.Register(t, [ops[t]])
+        scheduled_ops.Register(t, [ops[t]])
       again = self._Op('again')
-      registry.Register(b1, [again], gradient_pass=1)
+      scheduled_ops.Register(b1, [again], gradient_pass=1)
       self.assertIn(ops[f0], ops[f1].control_inputs)
       self.assertIn(ops[f1], ops[b1].control_inputs)
       self.assertEmpty(again.control_inputs)
-      self.assertEqual(registry.Ops(b1), [ops[b1]])
+      self.assertEqual(scheduled_ops.Ops(b1), [ops[b1]])
 
   def testATaskTwiceInTheOrdersIsAnError(self):
     task = pipeline_tasks.Task(0, 0, 'F')
     with self.assertRaisesRegex(ValueError, 'F0s0 is twice in the orders'):
-      pipeline_tasks.TaskRegistry([[task], [task]])
+      task_ops.ScheduledOps([[task], [task]])
 
 
 if __name__ == '__main__':

@@ -5,7 +5,7 @@ from gpipe.compat import lingvo_import  # pylint: disable=unused-import
 import random
 
 from absl.testing import parameterized
-from gpipe import pipeline_tasks
+from gpipe.schedules import pipeline_tasks
 from gpipe.schedules import orders as orders_lib
 from gpipe.schedules import registry
 from gpipe.schedules import render

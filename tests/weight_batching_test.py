@@ -4,7 +4,7 @@ from gpipe.compat import lingvo_import  # pylint: disable=unused-import
 
 from absl.testing import parameterized
 from gpipe import pipeline
-from gpipe import pipeline_tasks
+from gpipe.schedules import pipeline_tasks
 from gpipe import precision
 from gpipe import schedules
 from gpipe import weight_batching

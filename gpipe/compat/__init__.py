@@ -1,11 +1,17 @@
-"""Compatibility with the outside: Lingvo on TensorFlow 2.15, Lingvo's GPipe.
+"""Compatibility with the outside: Lingvo 0.14 on TensorFlow 2.15.
+
+The bottom layer (beside ``gpipe.schedules``): it imports nothing of the
+library outside ``compat/`` (``gpipe/__init__.py`` has the layer map).
 
 * ``lingvo_import``: makes Lingvo 0.14 import on TensorFlow 2.15 (imported
-  first by every module of the library);
+  first by every module that uses TensorFlow or Lingvo);
 * ``quiet_import``: imports TensorFlow without the CUDA-plugin noise of a
   machine without GPUs;
-* ``lingvo_gpipe``: ``FromLingvo``, Lingvo's own GPipe layers and stacks on
-  this library's executor, with their variable names;
+* ``lingvo_alias``: the same alias for Lingvo, installed lazily by
+  ``import gpipe`` (which imports no TensorFlow);
 * ``tf_internal``: every private TensorFlow call the library makes, each
   tested on the installed TensorFlow.
+
+``lingvo_gpipe`` is a deprecated path of ``gpipe.lingvo_adapter`` (Lingvo's
+GPipe layers on this executor), kept for one release.
 """

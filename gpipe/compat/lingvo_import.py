@@ -8,34 +8,24 @@ have been fixed) ship custom ops that need glibc 2.38, so on Debian 12 we pin
 lingvo 0.14.0 + TensorFlow 2.15.1 and register the module under its old name.
 
 When it can go: once the project moves to a Lingvo release that imports the new
-path (or to a TensorFlow that still has the old one). Then delete this module and
-its imports; nothing else depends on it.
+path (or to a TensorFlow that still has the old one). Then delete this module,
+``lingvo_alias.py`` and their imports (``gpipe/__init__.py`` installs the
+alias's finder); nothing else depends on them.
 
-Every entry point (``gpipe/__init__.py``, tools, tests) imports it first; it is
-idempotent.
+Every module of the library that uses TensorFlow or Lingvo, every tool and
+every test imports it first; it is idempotent. ``import gpipe`` itself does
+not (its pure layers import without TensorFlow): it installs the lazy form of
+the same alias (``gpipe.compat.lingvo_alias.InstallFinder``), so Lingvo
+imported after ``gpipe`` still works, without the noise filter below.
 
-Being first, it also imports TensorFlow through gpipe.compat.quiet_import, which drops
-TensorFlow's CUDA plugin registration noise from stderr; move that call to
-``gpipe/__init__.py`` when deleting this module.
+Being first, it also imports TensorFlow through gpipe.compat.quiet_import,
+which drops TensorFlow's CUDA plugin registration noise from stderr; keep
+that call (in the modules that import this one) when deleting this module.
 """
 
-import sys
-import types
-
+from gpipe.compat import lingvo_alias
 from gpipe.compat import quiet_import
 
 # Before anything imports TensorFlow, so its import noise is filtered.
 quiet_import.ImportTensorFlowQuietly()
-
-_OLD_PACKAGE = 'tensorflow.python.training.tracking'
-_OLD_MODULE = _OLD_PACKAGE + '.autotrackable'
-
-if _OLD_MODULE not in sys.modules:
-  from tensorflow.python.trackable import autotrackable as _autotrackable  # pylint: disable=g-import-not-at-top
-  _package = sys.modules.get(_OLD_PACKAGE)
-  if _package is None:
-    _package = types.ModuleType(_OLD_PACKAGE)
-    _package.__path__ = []
-    sys.modules[_OLD_PACKAGE] = _package
-  _package.autotrackable = _autotrackable
-  sys.modules[_OLD_MODULE] = _autotrackable
+lingvo_alias.Register()

@@ -5,4 +5,8 @@
 * ``memory``: peak memory per device from a traced step;
 * ``param_count``: parameter counts and bytes of layers and stages;
 * ``run_time``: how long a session run takes (median of timed runs).
+
+Layer 2 (``gpipe/__init__.py`` has the map): below the executor, which uses
+it (costs, counts), above ``runtime/``; the planner's profiling of a model is
+``gpipe.plan.profiling``.
 """

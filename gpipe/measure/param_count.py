@@ -20,14 +20,9 @@ def _Key(layer_params):
       '\n' + layer_params.ToText())
 
 
-def RunIsolated(fn):
-  """Runs fn() in a fresh thread and returns its result (or raises its error).
-
-  Lingvo tracks the layers under construction in a thread-local stack, so a
-  layer built while another layer's __init__ runs would become its child.
-  Scratch layers (for counting or timing) are built in their own thread.
-  """
-  return background.BackgroundCall(fn, daemon=False).Result()
+# Deprecated, kept for one release: use gpipe.runtime.background.RunIsolated
+# (it serves every scratch build, not only counting).
+RunIsolated = background.RunIsolated
 
 
 def _BuildShapes(layer_params):
@@ -45,7 +40,7 @@ def VariableShapes(layer_params):
   """{variable name: (shape, trainable)} of a layer built in a scratch graph."""
   key = _Key(layer_params)
   if key not in _CACHE:
-    _CACHE[key] = RunIsolated(lambda: _BuildShapes(layer_params))
+    _CACHE[key] = background.RunIsolated(lambda: _BuildShapes(layer_params))
   return _CACHE[key]
 
 

@@ -1,7 +1,7 @@
 """How long a session run takes: the median (or least) of timed runs.
 
 Used wherever a cost is measured by running a graph: the 'time' partition
-cost (``gpipe.partition``), the planner's profile (``gpipe.plan.measure``)
+cost (``gpipe.partition``), the planner's profile (``gpipe.plan.profiling``)
 and the decode cut's step costs (``tasks.mt.decode_cut``).
 """
 

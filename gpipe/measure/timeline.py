@@ -2,12 +2,12 @@
 
 Run a training step with ``RunOptions(trace_level=FULL_TRACE)`` and pass its
 ``RunMetadata.step_stats`` to ``ParseStepStats``: every stage task is one call
-op named by ``gpipe.pipeline_tasks.OpScope`` (``stage<k>_F<m>`` forward,
-``.../stage<k>_B<m>`` backward, ``.../stage<k>_W<m>`` weight gradient of a
-split backward, ``.../stage<k>_D<m>`` a step of pipelined decoding on lane m,
-once per step), so its device, start and end are in the trace. The ops inside a re-materializing
-backward call are traced too: those under the ``recompute/`` name scope are
-the recomputed forward pass.
+op named by ``gpipe.schedules.pipeline_tasks.OpScope`` (``stage<k>_F<m>``
+forward, ``.../stage<k>_B<m>`` backward, ``.../stage<k>_W<m>`` weight
+gradient of a split backward, ``.../stage<k>_D<m>`` a step of pipelined
+decoding on lane m, once per step), so its device, start and end are in the
+trace. The ops inside a re-materializing backward call are traced too: those
+under the ``recompute/`` name scope are the recomputed forward pass.
 
 From the tasks: per-stage busy time, the measured bubble (idle) fraction of
 each stage over the pipeline's span, a PNG of stages x time with forward,
@@ -19,8 +19,7 @@ import collections
 import io
 import json
 
-from gpipe import pipeline_tasks
-from gpipe import stage
+from gpipe.schedules import pipeline_tasks
 
 TaskTime = collections.namedtuple(
     'TaskTime',
@@ -29,7 +28,7 @@ TaskTime = collections.namedtuple(
 
 
 
-_RECOMPUTE_PREFIX = stage.RECOMPUTE_SCOPE + '/'
+_RECOMPUTE_PREFIX = pipeline_tasks.RECOMPUTE_SCOPE + '/'
 
 
 def ParseStepStats(step_stats):

@@ -6,12 +6,16 @@
   dtype) -> predicted step time, idle and peak memory per device;
 * ``search``: every configuration for D devices under a memory cap, the
   best first, with why the others were dropped; the chosen plan as JSON;
-* ``measure``: measuring a profile with TensorFlow (per layer, in a
-  process pinned to one core);
+* ``profiling``: measuring a profile with TensorFlow (per layer, in a
+  process pinned to one core); ``measure`` is its former, deprecated path
+  (``gpipe.measure`` is the traced step's timeline and memory);
 * ``calibrate``: a profile calibrated against the executor's own stage calls
   (a layer timed on its own is not the same work as inside a stage);
 * ``choice``: the chosen plan (one configuration with its prediction) as
   JSON, and applying it to a model's params.
+
+``profile``, ``simulator``, ``search``, ``choice`` and ``traced`` are pure
+Python: they import no TensorFlow (``tests/pure_imports_test.py``).
 
 ``python -m tools.plan`` is the command line; the trainer takes
 ``--plan=auto`` or ``--plan=FILE``.

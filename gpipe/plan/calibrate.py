@@ -44,13 +44,13 @@ import statistics
 
 from gpipe.compat import lingvo_import  # pylint: disable=unused-import
 from gpipe import pipeline
-from gpipe.measure import param_count
 from gpipe.measure import timeline
-from gpipe.plan import measure
+from gpipe.plan import profiling
 from gpipe.plan import profile as profile_lib
 from gpipe.plan import search
 from gpipe.plan import simulator
 from gpipe.plan import traced
+from gpipe.runtime import background
 from lingvo import compat as tf
 from lingvo.core import py_utils
 
@@ -68,8 +68,8 @@ def _Build(layer_params, input_specs, loss, batch_dim, rows, m, schedule,
   One device: the whole model as one stage (K=1). The inputs live on the
   first device, the loss's targets on the last.
   """
-  inputs, _ = measure.Variables(
-      tuple(measure.WithRows(input_specs, rows * m, batch_dim)), name,
+  inputs, _ = profiling.Variables(
+      tuple(profiling.WithRows(input_specs, rows * m, batch_dim)), name,
       tf.float32, devices[0])
   p = pipeline.PipeliningLayer.Params().Set(
       name=name, layers=[lp.Copy() for lp in layer_params],
@@ -80,8 +80,8 @@ def _Build(layer_params, input_specs, loss, batch_dim, rows, m, schedule,
   targets = None
   if loss is not None:
     p.loss_tpl = loss[0].Copy()
-    targets, _ = measure.Variables(
-        measure.WithRows(loss[1], rows * m, batch_dim), name + '_targets',
+    targets, _ = profiling.Variables(
+        profiling.WithRows(loss[1], rows * m, batch_dim), name + '_targets',
         tf.float32, devices[-1])
   net = p.Instantiate()
   out = (net.FProp(net.theta, *inputs, targets=targets) if loss is not None
@@ -152,7 +152,7 @@ def Calibrate(target, devices, profile, layer_params, input_specs, rows,
                                m, key[0], key[1], devices[:1],
                                'calib_%s_%s' % key) for key in _CALIBRATION}
         sess.run(tf.compat.v1.global_variables_initializer())
-        timer = measure.Timer(sess, repeats, warmup)
+        timer = profiling.Timer(sess, repeats, warmup)
         measured = {key: timer.Seconds(f) for key, f in fetches.items()}
         phases = traced.PhaseSeconds(_TracedTasks(sess, fetches[_SPLIT]))
       predicted = {key: _Predicted(profile, r, m, *key)
@@ -186,7 +186,7 @@ def Calibrate(target, devices, profile, layer_params, input_specs, rows,
       if log:
         log('contention of two devices computing at once: %.2f' % contention)
     return factors, contention
-  return param_count.RunIsolated(Run)
+  return background.RunIsolated(Run)
 
 
 def _Contention(target, devices, layer_params, input_specs, loss, batch_dim,
@@ -198,7 +198,7 @@ def _Contention(target, devices, layer_params, input_specs, loss, batch_dim,
                       'zb_h1', 'never', [d], 'contention%d' % i)
                for i, d in enumerate(devices)]
     sess.run(tf.compat.v1.global_variables_initializer())
-    timer = measure.Timer(sess, repeats, warmup)
+    timer = profiling.Timer(sess, repeats, warmup)
     alone = timer.Seconds(fetches[0])
     both = timer.Seconds(fetches[0] + fetches[1])
   return max(both / max(alone, 1e-9), 1.0)
@@ -215,7 +215,7 @@ def CalibrateHandover(target, devices, profile, layer_params, input_specs,
   """The hand-over between two devices as the executor's stages pay it.
 
   A stage boundary between worker processes costs more than a tensor read
-  across them (``measure.MeasureHandover``): the executor's calls send
+  across them (``profiling.MeasureHandover``): the executor's calls send
   their outputs and gradients between the workers' functions.
 
   1. Bandwidth: the model cut in two on the two devices, one micro-batch of
@@ -270,7 +270,7 @@ def CalibrateHandover(target, devices, profile, layer_params, input_specs,
                          m, '1f1b', 'never', devices[:2],
                          'handover_pipelined', stage_sizes=cut)
       sess.run(tf.compat.v1.global_variables_initializer())
-      seconds = measure.Timer(sess, repeats, warmup).Seconds(fetch)
+      seconds = profiling.Timer(sess, repeats, warmup).Seconds(fetch)
       for _ in range(warmup):
         sess.run(pipelined)
       delays = []
@@ -278,7 +278,7 @@ def CalibrateHandover(target, devices, profile, layer_params, input_specs,
         delays += traced.HandoverDelays(_TracedTasks(sess, pipelined))
       return seconds, delays
 
-  measured, delays = param_count.RunIsolated(Run)
+  measured, delays = background.RunIsolated(Run)
   handover = profile.handover
   each = handover.Seconds(boundary) + (measured - predicted) / 2
   if boundary and each > handover.Seconds(boundary):

@@ -1,6 +1,6 @@
 """A model's measured profile: what the planner simulates from (JSON).
 
-Measured once per model and device type (``gpipe.plan.measure``, or
+Measured once per model and device type (``gpipe.plan.profiling``, or
 ``python -m tools.plan --profile_out=...``), saved as JSON and reused:
 
 * per layer, at a few micro-batch sizes (rows) and compute dtypes: the

@@ -8,7 +8,7 @@ schedule of the registry with the stages per device its placement allows, M
 micro-batches per replica that divide the batch, every remat mode, batched
 weight gradients or not, and every compute dtype the profile measured. Each
 pipeline is cut where the measured per-layer time balances the stages
-(``partition.PartitionByCost`` on F + B + W at the micro-batch size).
+(``balance.PartitionByCost`` on F + B + W at the micro-batch size).
 Equivalent configurations are tried once: one stage runs every schedule
 alike ('gpipe' stands for them, and 'except_last' is 'never' there), one
 micro-batch has nothing to batch, looping needs two devices. Every
@@ -30,7 +30,7 @@ deep warm-ups when memory allows and 1F1B-like ones when it does not.
 import collections
 import math
 
-from gpipe import partition
+from gpipe import balance
 from gpipe.plan import simulator
 from gpipe.schedules import registry
 from gpipe.schedules import timed
@@ -120,7 +120,7 @@ def Cut(profile, num_stages, rows, dtype='float32'):
   for layer in profile.layers:
     m = layer.At(rows, dtype)
     costs.append(m.forward + m.backward + m.weight)
-  return tuple(partition.PartitionByCost(costs, num_stages))
+  return tuple(balance.PartitionByCost(costs, num_stages))
 
 
 def Configurations(profile, num_devices, schedules=None, remats=None,

@@ -55,7 +55,7 @@ the registry's bubble formulas (``//tests:plan_simulator_test``).
 
 import collections
 
-from gpipe import pipeline_tasks
+from gpipe.schedules import pipeline_tasks
 from gpipe import weight_batching
 from gpipe.plan import profile as profile_lib
 from gpipe.schedules import registry

@@ -18,7 +18,7 @@ Python:
 
 import collections
 
-from gpipe import pipeline_tasks
+from gpipe.schedules import pipeline_tasks
 
 
 def PhaseSeconds(tasks):

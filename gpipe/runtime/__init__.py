@@ -8,5 +8,9 @@
 * ``layout``: R replicas x K stages on the tasks' devices;
 * ``memory_cap``: a memory cap per worker process;
 * ``background``: work in a thread of its own (a session run watched
-  while it runs), its value or error kept.
+  while it runs), its value or error kept; ``RunIsolated`` for layers built
+  outside the one Lingvo is constructing (counting, timing, profiling).
+
+Layer 1 (``gpipe/__init__.py`` has the map): it imports ``compat/`` and
+``schedules/`` (the placement rules), never ``measure/`` or the executor.
 """

@@ -6,8 +6,10 @@ runs or after, get exactly what it returned or raised.
 * ``LocalCluster.Call`` runs session work while it checks that the worker
   processes are alive (a dead master would make the run wait forever);
 * the trainer runs each step while it probes the session's master;
-* ``measure.param_count.RunIsolated`` builds scratch layers outside the
-  thread-local stack of layers that Lingvo is constructing.
+* ``RunIsolated`` builds scratch layers (to count, time or profile them)
+  outside the thread-local stack of layers that Lingvo is constructing.
+
+Plain ``threading``: no TensorFlow, no Lingvo.
 """
 
 import threading
@@ -68,3 +70,15 @@ class BackgroundCall:
     if self._error is not None:
       raise self._error
     return self._value
+
+
+def RunIsolated(fn):
+  """Runs fn() in a fresh thread and returns its result (or raises its error).
+
+  Lingvo tracks the layers under construction in a thread-local stack, so a
+  layer built while another layer's __init__ runs would become its child.
+  Scratch layers (for counting, timing or profiling) are built in their own
+  thread, whose stack is empty. The thread is not a daemon: the work always
+  finishes.
+  """
+  return BackgroundCall(fn, daemon=False).Result()

@@ -27,12 +27,16 @@ import sys
 import threading
 import time
 
-from gpipe.measure import memory
 from gpipe.runtime import background
 from gpipe.runtime import cluster_spec
 from gpipe.runtime import memory_cap as memory_cap_lib
 
 JOB = cluster_spec.JOB
+
+
+def _MiB(num_bytes):
+  """'512 MiB' (as gpipe.measure.memory.FormatMiB, which sits a layer up)."""
+  return '%.0f MiB' % (num_bytes / 2.0**20)
 
 
 def FreePort():
@@ -195,9 +199,8 @@ class LocalCluster:
             '%s was killed by its memory cap of %s (peak %s): the weights '
             'and activations of its stages do not fit. Cut the model into '
             'more stages on more workers (a larger K), or raise the cap' %
-            (where, memory.FormatMiB(self.memory_cap_bytes),
-             memory.FormatMiB(self._caps[i].PeakBytes() or
-                              self.memory_cap_bytes)))
+            (where, _MiB(self.memory_cap_bytes),
+             _MiB(self._caps[i].PeakBytes() or self.memory_cap_bytes)))
       raise WorkerDiedError('%s exited with code %d' % (where, code))
 
   def Call(self, fn, poll_secs=0.2, grace_secs=2.0):

@@ -1,12 +1,14 @@
 """Pipeline schedules: which task each device runs, in which order.
 
-A schedule says which task (``gpipe.pipeline_tasks``: phase F, B or W of one
-stage on one micro-batch) each device runs, in which order. The executor only
+A schedule says which task (``pipeline_tasks``: phase F, B or W of one stage
+on one micro-batch) each device runs, in which order. The executor only
 needs that *order of tasks on each device*: it chains each device's tasks
 with control dependencies, and the dataflow between stages does the rest.
 
 The package, by job:
 
+* ``pipeline_tasks``: the task vocabulary every layer above shares (``Task``,
+  the phases, ``Label``, ``OpScope``/``ParseOpName``, ``Dependencies``).
 * ``registry``: every schedule by name (``Get``, ``Names``, ``Orders``) with
   its placement rule, its checks on K and M, its bubble and activation
   formulas and a one-line description; the README's table is

@@ -9,7 +9,7 @@ placement and M; the executor chains each device's tasks in this order.
 
 import collections
 
-from gpipe import pipeline_tasks
+from gpipe.schedules import pipeline_tasks
 from gpipe.schedules import simulate
 
 Task = pipeline_tasks.Task

@@ -5,8 +5,8 @@ costs (a B without a split backward draws twice as long, since it also does
 W's work); the drawings in ``gpipe.schedules.orders`` come from here.
 """
 
-from gpipe import pipeline_tasks
 from gpipe.schedules import orders as orders_lib
+from gpipe.schedules import pipeline_tasks
 from gpipe.schedules import registry
 from gpipe.schedules import simulate
 

@@ -7,7 +7,7 @@ stage that re-materializes and one that does not cost what they cost when
 they run (``RematCosts``).
 """
 
-from gpipe import pipeline_tasks
+from gpipe.schedules import pipeline_tasks
 
 Task = pipeline_tasks.Task
 FORWARD = pipeline_tasks.FORWARD

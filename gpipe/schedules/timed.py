@@ -37,8 +37,8 @@ and then waits K-1 ticks for its first B, with no W to run yet.
 
 import math
 
-from gpipe import pipeline_tasks
 from gpipe.schedules import orders as orders_lib
+from gpipe.schedules import pipeline_tasks
 from gpipe.schedules import simulate
 
 Task = pipeline_tasks.Task

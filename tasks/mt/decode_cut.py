@@ -39,7 +39,7 @@ import collections
 from gpipe.compat import lingvo_import  # pylint: disable=unused-import
 import numpy as np
 from gpipe import partition
-from gpipe.measure import param_count
+from gpipe.runtime import background
 from gpipe.measure import run_time
 from lingvo import compat as tf
 from tasks.mt import blocks
@@ -276,7 +276,7 @@ def MeasuredStepCosts(layer_params, rows, src_len, max_len, repeats=5,
   if beam_size < 1 or rows % beam_size:
     raise ValueError('rows (%d) are examples x beams: beam_size %d must '
                      'divide them' % (rows, beam_size))
-  return param_count.RunIsolated(
+  return background.RunIsolated(
       lambda: _MeasureSteps(layer_params, rows, src_len, max_len, repeats,
                             parts, beam_size))
 

@@ -36,7 +36,7 @@ import collections
 import re
 import statistics
 
-from gpipe import pipeline_tasks
+from gpipe.schedules import pipeline_tasks
 from tools.benchmark import floor as floor_lib
 from tools.benchmark import report
 from tools.benchmark import runner as runner_lib

@@ -21,7 +21,7 @@ all-reduce share is (tail of R=2 - tail of R=1, which is the update alone)
 
 import statistics
 
-from gpipe import pipeline_tasks
+from gpipe.schedules import pipeline_tasks
 from tools.benchmark import report
 from tools.benchmark import runner as runner_lib
 from tools.benchmark import throughput

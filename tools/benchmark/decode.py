@@ -17,7 +17,7 @@ Reported per configuration: sentences per second, the time per decoding
 step (the latency of one token of a sentence), the speed-up over the best
 K=1 configuration, and for pipelined ones the measured idle fraction of
 each device over the decoding loop (from execution traces: the ``D`` tasks
-of ``gpipe.pipeline_tasks``) beside the lane schedule's formula
+of ``gpipe.schedules.pipeline_tasks``) beside the lane schedule's formula
 ``gpipe.schedules.decode_lanes.BubbleFraction`` and beside the same lane
 schedule simulated with each stage's traced task time (its imbalance
 without hand-over time), and the traced spans of
@@ -34,7 +34,7 @@ import time
 from gpipe.compat import lingvo_import  # pylint: disable=unused-import
 import numpy as np
 from gpipe import pipeline
-from gpipe import pipeline_tasks
+from gpipe.schedules import pipeline_tasks
 from gpipe.measure import timeline
 from gpipe.schedules import decode_lanes
 from gpipe.schedules import simulate

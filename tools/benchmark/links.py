@@ -36,7 +36,7 @@ import statistics
 import sys
 import tempfile
 
-from gpipe import pipeline_tasks
+from gpipe.schedules import pipeline_tasks
 from gpipe.runtime import cluster_spec as cluster_spec_lib
 from gpipe.schedules import registry
 from tools.benchmark import report

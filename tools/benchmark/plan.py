@@ -3,7 +3,7 @@
 For each benchmark stack (the Transformer, the AmoebaNet-D-like and the
 dense stack of ``models``):
 
-1. its profile (``gpipe.plan.measure``): every layer's F, B and W seconds
+1. its profile (``gpipe.plan.profiling``): every layer's F, B and W seconds
    and bytes at the micro-batch sizes M in 1..32 give, measured in a child
    process pinned to one core with the workers' threads, and the hand-over
    between the runner's two pinned one-core workers;
@@ -37,7 +37,7 @@ import tempfile
 from gpipe.measure import memory
 from gpipe.measure import timeline
 from gpipe.plan import calibrate
-from gpipe.plan import measure
+from gpipe.plan import profiling
 from gpipe.plan import profile as profile_lib
 from gpipe.plan import search
 from gpipe.plan import simulator
@@ -82,12 +82,12 @@ def _ProfileChild(model, shape, rows, core, repeats, handover, step_seconds,
   from gpipe.compat import lingvo_import  # pylint: disable=unused-import
   from lingvo import compat as tf
   # pylint: enable=g-import-not-at-top
-  measure.PinToCore(core)
+  profiling.PinToCore(core)
   config = tf.compat.v1.ConfigProto(
       intra_op_parallelism_threads=INTRA_OP_THREADS,
       inter_op_parallelism_threads=INTER_OP_THREADS)
   layers, specs, loss = _StackSpecs(model, shape)
-  got = measure.MeasureModel(
+  got = profiling.MeasureModel(
       model, layers, specs, shape['batch'], rows, loss=loss,
       optimizer_slots=0, update_traffic=UPDATE_TRAFFIC,
       handover=profile_lib.Handover(*handover), step_seconds=step_seconds,
@@ -214,9 +214,9 @@ def _RunModel(args, name, shape):
   try:
     cluster = runner.Cluster('gpipe', DEVICES)
     if cluster.pids:
-      got = measure.MeasureHandover(cluster.target,
-                                    cluster.devices[:DEVICES],
-                                    repeats=args.repeats)
+      got = profiling.MeasureHandover(cluster.target,
+                                      cluster.devices[:DEVICES],
+                                      repeats=args.repeats)
     else:
       # Devices of one process (the tests' runners): nothing is handed over
       # between processes.

@@ -132,7 +132,7 @@ def MeasureProfile(args, log, cap=None):
   """
   # pylint: disable=g-import-not-at-top
   from gpipe.plan import calibrate
-  from gpipe.plan import measure
+  from gpipe.plan import profiling
   from tools.benchmark import runner
   from tools.plan import model_profile
   from tools.trainer import model_select
@@ -143,7 +143,7 @@ def MeasureProfile(args, log, cap=None):
   slots, traffic = model_profile.OptimizerCosts(cfg)
   # From the built variables: seconds, where measuring takes minutes.
   search.CheckCapHoldsWeights(
-      measure.LayerParamBytes(described.params.layers,
+      profiling.LayerParamBytes(described.params.layers,
                               described.loss[0] if described.loss else None),
       slots, args.devices, cap, args.memory_headroom)
   rows = ([int(r) for r in args.rows.split(',')] if args.rows else
@@ -165,14 +165,14 @@ def MeasureProfile(args, log, cap=None):
     else:
       log('measuring the hand-over between two pinned worker processes')
       with _Timed('measuring the hand-over', log):
-        got = measure.MeasureHandover(cluster.target, cluster.devices,
+        got = profiling.MeasureHandover(cluster.target, cluster.devices,
                                       repeats=args.repeats)
       handover, step = got['handover'], got['step_seconds']
-    measure.PinToCore(args.core)
+    profiling.PinToCore(args.core)
     log('measuring %d layers of %s at %s rows per micro-batch in %s' %
         (len(described.params.layers), args.model, rows, ', '.join(dtypes)))
     with _Timed('measuring the layers', log):
-      profile = measure.MeasureModel(
+      profile = profiling.MeasureModel(
           args.model, described.params.layers, described.input_specs,
           described.batch, rows, dtypes=dtypes, loss=described.loss,
           batch_dim=described.params.batch_dim, optimizer_slots=slots,

@@ -19,7 +19,7 @@ from unittest import mock
 
 from gpipe.compat import lingvo_import  # pylint: disable=unused-import
 from gpipe import executor
-from gpipe.measure import param_count
+from gpipe.runtime import background
 from lingvo import compat as tf
 from lingvo.core import py_utils
 from tools.trainer import model_select
@@ -89,7 +89,7 @@ def _FromInput(cfg):
           pass
     return seen
 
-  seen = param_count.RunIsolated(Run)
+  seen = background.RunIsolated(Run)
   if not seen:
     raise ValueError('the model never ran its pipeline in FProp')
   loss = None

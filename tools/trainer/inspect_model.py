@@ -19,6 +19,7 @@ import collections
 from gpipe.compat import lingvo_import  # pylint: disable=unused-import
 from absl import logging
 from gpipe.measure import param_count
+from gpipe.runtime import background
 from gpipe import partition
 from gpipe.runtime import layout
 from lingvo import compat as tf
@@ -79,7 +80,7 @@ def _RestOfModel(cfg):
     finally:
       logging.set_verbosity(verbosity)
 
-  return param_count.RunIsolated(Build)
+  return background.RunIsolated(Build)
 
 
 def Inspect(cfg, echo=print):
