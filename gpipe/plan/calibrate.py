@@ -8,8 +8,9 @@ caches and the memory bandwidth of their cores. ``Calibrate`` measures the
 difference once per model:
 
 1. On one pinned worker, the whole model as one stage (K=1) of a real
-   ``gpipe.PipeliningLayer`` at a few micro-batch sizes, the whole batch
-   in micro-batches of that size, its loss and gradients timed (untraced:
+   ``gpipe.PipeliningLayer`` at a few micro-batch sizes, up to
+   ``CALIBRATION_MICRO_BATCHES`` micro-batches of that size, its loss and
+   gradients timed less the session run's fixed cost (untraced:
    tracing slows small ops down far more than large ones; a traced step
    only shares the time out over the tasks) under a split backward
    ('zb_h1': F, B, W tasks) without and with re-materialization, and an
@@ -98,6 +99,18 @@ def _Build(layer_params, input_specs, loss, batch_dim, rows, m, schedule,
   return [total.op] + [g.op for g in grads if g is not None]
 
 
+# The most micro-batches a calibration graph runs. The factors are ratios
+# per task: a few micro-batches give them, where the whole batch in small
+# micro-batches built graphs of tens of calls (gigabytes and minutes for
+# AmoebaNet-D at 4 rows).
+CALIBRATION_MICRO_BATCHES = 4
+
+
+def _CalibrationMicroBatches(profile, rows):
+  """Micro-batches of `rows` rows a calibration graph runs."""
+  return max(1, min(profile.batch // rows, CALIBRATION_MICRO_BATCHES))
+
+
 def _TracedTasks(sess, fetch):
   """The task times of one traced run of `fetch` (timeline.TaskTime)."""
   metadata = tf.compat.v1.RunMetadata()
@@ -143,9 +156,8 @@ def Calibrate(target, devices, profile, layer_params, input_specs, rows,
     factors = []
     contention = 1.0
     for r in rows:
-      # The whole batch in micro-batches of r rows: every task a pipeline
-      # of that size runs, and as many of them.
-      m = max(1, profile.batch // r)
+      # Micro-batches of r rows: every task a pipeline of that size runs.
+      m = _CalibrationMicroBatches(profile, r)
       with tf.Graph().as_default(), tf.compat.v1.Session(target) as sess:
         py_utils.GetOrCreateGlobalStepVar()
         fetches = {key: _Build(layer_params, input_specs, loss, batch_dim, r,
@@ -153,7 +165,10 @@ def Calibrate(target, devices, profile, layer_params, input_specs, rows,
                                'calib_%s_%s' % key) for key in _CALIBRATION}
         sess.run(tf.compat.v1.global_variables_initializer())
         timer = profiling.Timer(sess, repeats, warmup)
-        measured = {key: timer.Seconds(f) for key, f in fetches.items()}
+        # Less the session run's fixed cost (the profile's step_seconds),
+        # which the factors of the tasks must not carry.
+        measured = {key: max(timer.Seconds(f) - profile.step_seconds, 1e-9)
+                    for key, f in fetches.items()}
         phases = traced.PhaseSeconds(_TracedTasks(sess, fetches[_SPLIT]))
       predicted = {key: _Predicted(profile, r, m, *key)
                    for key in _CALIBRATION}
@@ -181,7 +196,8 @@ def Calibrate(target, devices, profile, layer_params, input_specs, rows,
       middle = rows[len(rows) // 2]
       contention = _Contention(target, devices[:2], layer_params,
                                input_specs, loss, batch_dim, middle,
-                               max(1, profile.batch // middle), repeats,
+                               _CalibrationMicroBatches(profile, middle),
+                               repeats,
                                warmup)
       if log:
         log('contention of two devices computing at once: %.2f' % contention)
