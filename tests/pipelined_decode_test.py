@@ -133,7 +133,8 @@ class PipelinedDecodeTest(test_utils.TestCase, parameterized.TestCase):
   def testOneStage(self):
     self._AssertDecodesMatch(_Cpus(1))
 
-  # Two stages: testEarlyStoppingDecodesMatch (every M of LANES).
+  # Two stages: testEarlyStoppingDecodesMatch (M = 2, 4), and every M of
+  # LANES on worker processes (pipelined_decode_workers_test).
 
   def testFourStagesOneOfThemEncoderOnly(self):
     # 8 layers cut uniformly: [emb, enc0] [enc1, enc2] [dec0, dec1]
@@ -385,24 +386,23 @@ class PipelinedDecodeTest(test_utils.TestCase, parameterized.TestCase):
                                    max_len=dt.LEN + 1, beam_size=3)
 
   @parameterized.named_parameters(
-      ('TwoStagesEveryLaneEndsBeforeTheLastStep', 8, False, LANES),
-      ('LongCopiesCutAtTheLastStepOnALayerSplitOverTwoDevices', 4, True,
-       (2, 4)))
-  def testEarlyStoppingDecodesMatch(self, max_decode_len, split_layer, lanes):
+      ('TwoStagesEveryLaneEndsBeforeTheLastStep', 8, False),
+      ('LongCopiesCutAtTheLastStepOnALayerSplitOverTwoDevices', 4, True))
+  def testEarlyStoppingDecodesMatch(self, max_decode_len, split_layer):
     # Padded sources whose copies end at different steps within and across
     # lanes (EARLY_LENGTHS), greedy and beam, in 2 and 4 lanes: the done
     # lanes stop while the others go on, with the unpipelined decoder's
-    # tokens and scores. With 8 steps every lane is done before the last
-    # (in one lane too: the whole batch stops early); with 4 the longer
-    # copies have no </s> yet (their lanes are never done) and the decoder
-    # layer split between the devices keeps part of its state on each.
+    # tokens and scores. With 8 steps every lane is done before the last;
+    # with 4 the longer copies have no </s> yet (their lanes are never done)
+    # and the decoder layer split between the devices keeps part of its
+    # state on each.
     cut = None
     if split_layer:
       cut = decode_cut.DecodeCut(dt.Layers(), _Cpus(2),
                                  [[3, 1, 1], [3, 1, 1], [3, 1, 1], 1])
       self.assertEqual(cut.lead_parts, [0, 0, 0, 1])
     graph, values = dt.AssertDecodesMatch(
-        self, self.checkpoint, _Cpus(2), lanes=lanes, cut=cut,
+        self, self.checkpoint, _Cpus(2), lanes=(2, 4), cut=cut,
         max_decode_len=max_decode_len, lengths=EARLY_LENGTHS)
     # The batch is what it is meant to be: the copies end at different
     # steps, and the first lane of 2 is done long before the second.
