@@ -1,9 +1,11 @@
 """A small trained Transformer for the decoding tests, and its decoders.
 
 ``TrainedCheckpoint()`` trains an encoder-decoder T(3, 64, 2) with d_model 32
-to copy 5 tokens (one process, two stages on virtual CPUs) and saves its
-weights; ``DecodeGraph`` restores them into a network cut into any number of
-stages on given devices and builds the unpipelined and pipelined decoders.
+to copy up to 5 tokens (one process, two stages on virtual CPUs; half the
+sources shorter and padded, so that its copies end at different steps) and
+saves its weights; ``DecodeGraph`` restores them into a network cut into any
+number of stages on given devices and builds the unpipelined and pipelined
+decoders.
 """
 
 import os
@@ -27,17 +29,44 @@ BEAM = 3
 CONFIG = graph_rewrites.SessionConfig(device_count={'CPU': 4})
 
 
-def CopyBatch(rng, batch=BATCH):
-  """Source = random tokens; target = the same tokens, then </s>."""
+def CopyBatch(rng, batch=BATCH, lengths=None):
+  """Source = random tokens; target = the same tokens, then </s>.
+
+  Args:
+    rng: a numpy RandomState.
+    batch: examples.
+    lengths: per example, its source's length (1 to LEN), or None for LEN
+      in every example. A shorter source is padded to LEN with random
+      tokens under its padding (a decoder must not read them); its target
+      is the tokens, </s>, then padding.
+
+  Returns:
+    A dict of numpy arrays: src_ids and src_paddings [batch, LEN], tgt_ids,
+    tgt_labels, tgt_paddings and tgt_weights [batch, LEN + 1].
+  """
   tokens = rng.randint(4, VOCAB, size=[batch, LEN]).astype(np.int32)
-  eos = np.full([batch, 1], vocab.EOS_ID, np.int32)
+  lengths = np.full([batch], LEN) if lengths is None else np.asarray(lengths)
+  src_paddings = (np.arange(LEN) >= lengths[:, None]).astype(np.float32)
+  # Target position i: the i-th token, </s> at the source's length, padding
+  # after it.
+  tgt_paddings = (np.arange(LEN + 1) > lengths[:, None]).astype(np.float32)
+  labels = np.concatenate([tokens, np.zeros([batch, 1], np.int32)], 1)
+  labels[np.arange(batch), lengths] = vocab.EOS_ID
+  labels = np.where(tgt_paddings > 0, vocab.PAD_ID, labels).astype(np.int32)
   bos = np.full([batch, 1], vocab.BOS_ID, np.int32)
+  tgt_ids = np.concatenate([bos, labels[:, :-1]], 1)
+  tgt_ids = np.where(tgt_ids == vocab.EOS_ID, vocab.PAD_ID, tgt_ids)
   return dict(
-      src_ids=tokens, src_paddings=np.zeros([batch, LEN], np.float32),
-      tgt_ids=np.concatenate([bos, tokens], 1),
-      tgt_labels=np.concatenate([tokens, eos], 1),
-      tgt_paddings=np.zeros([batch, LEN + 1], np.float32),
-      tgt_weights=np.ones([batch, LEN + 1], np.float32))
+      src_ids=tokens, src_paddings=src_paddings,
+      tgt_ids=tgt_ids.astype(np.int32), tgt_labels=labels,
+      tgt_paddings=tgt_paddings, tgt_weights=1.0 - tgt_paddings)
+
+
+def TrainingBatch(rng, batch=32):
+  """A copy batch in which half the sources (at random) are shorter."""
+  lengths = np.where(rng.rand(batch) < 0.5,
+                     rng.randint(1, LEN + 1, size=batch), LEN)
+  return CopyBatch(rng, batch, lengths)
 
 
 def Layers():
@@ -78,10 +107,10 @@ def TaskParams(devices, max_decode_len=LEN + 1, layers=None, cut=None):
 _CHECKPOINT = {}
 
 
-def TrainedCheckpoint(steps=150):
+def TrainedCheckpoint(steps=200):
   """The path of the copy model's weights, trained once per process.
 
-  Trained with K=2 stages on /device:CPU:0 and :1.
+  Trained with K=2 stages on /device:CPU:0 and :1 on ``TrainingBatch``es.
   """
   if 'path' in _CHECKPOINT:
     return _CHECKPOINT['path']
@@ -92,7 +121,7 @@ def TrainedCheckpoint(steps=150):
     task = TaskParams(['/device:CPU:0', '/device:CPU:1']).Instantiate()
     feeds = {
         k: tf.placeholder(tf.as_dtype(v.dtype), v.shape)
-        for k, v in CopyBatch(rng, 32).items()
+        for k, v in TrainingBatch(rng).items()
     }
     batch = py_utils.NestedMap(feeds)
     metrics, _ = task.ComputeLoss(
@@ -101,7 +130,7 @@ def TrainedCheckpoint(steps=150):
     train = tf.train.AdamOptimizer(3e-3).minimize(loss)
     sess.run(tf.global_variables_initializer())
     for _ in range(steps):
-      sess.run(train, {feeds[k]: v for k, v in CopyBatch(rng, 32).items()})
+      sess.run(train, {feeds[k]: v for k, v in TrainingBatch(rng).items()})
     saver = tf.train.Saver(task.vars.Flatten())
     path = saver.save(sess, os.path.join(tempfile.mkdtemp(), 'copy'))
   _CHECKPOINT['path'] = path
@@ -116,9 +145,20 @@ class DecodeGraph:
   """
 
   def __init__(self, devices, max_decode_len=LEN + 1, batch=BATCH, seed=123,
-               cut=None):
+               cut=None, lengths=None):
+    """Builds the task and its test batch (no decoder yet).
+
+    Args:
+      devices: the stage devices (of a uniform cut).
+      max_decode_len: decoding steps.
+      batch: examples in the test batch.
+      seed: of the test batch's tokens.
+      cut: a ``decode_cut.Cut`` instead of a uniform cut on `devices`.
+      lengths: the test sources' lengths (``CopyBatch``), or None for LEN.
+    """
     self.graph = tf.Graph()
-    self.test = CopyBatch(np.random.RandomState(seed), batch)
+    self.max_decode_len = max_decode_len
+    self.test = CopyBatch(np.random.RandomState(seed), batch, lengths)
     with self.graph.as_default(), cluster_factory.SetEval(True):
       self.task = TaskParams(devices, max_decode_len, cut=cut).Instantiate()
       self.lead_parts = self.task.params.decode_lead_parts
@@ -149,6 +189,11 @@ class DecodeGraph:
     sess.run(tf.global_variables_initializer())
     self._saver.restore(sess, path)
 
+  def Copies(self):
+    """[batch, max_decode_len]: what a perfect copy decodes (0 after </s>)."""
+    labels = self.test['tgt_labels'][:, :self.max_decode_len]
+    return np.pad(labels, [(0, 0), (0, self.max_decode_len - labels.shape[1])])
+
 
 def AssertSameDecodes(test, got, want, what):
   """Token for token the same ids; scores equal up to float rounding."""
@@ -157,7 +202,8 @@ def AssertSameDecodes(test, got, want, what):
 
 
 def AssertDecodesMatch(test, checkpoint, devices, lanes=(1, 2, 4),
-                       target='', config=None, cut=None):
+                       target='', config=None, cut=None,
+                       max_decode_len=LEN + 1, lengths=None):
   """Pipelined decodes in `lanes` equal the unpipelined one, greedy and beam.
 
   Args:
@@ -168,8 +214,14 @@ def AssertDecodesMatch(test, checkpoint, devices, lanes=(1, 2, 4),
     target: the session target ('' in process).
     config: the session ConfigProto (default CONFIG in process).
     cut: a ``decode_cut.Cut`` instead of a uniform cut on `devices`.
+    max_decode_len: decoding steps.
+    lengths: the test sources' lengths (``CopyBatch``), or None for LEN.
+
+  Returns:
+    (the DecodeGraph, {('ref' or M, beam size): (ids, scores)}).
   """
-  graph = DecodeGraph(devices, cut=cut)
+  graph = DecodeGraph(devices, cut=cut, max_decode_len=max_decode_len,
+                      lengths=lengths)
   with graph.graph.as_default():
     fetches = {}
     for beam in (1, BEAM):
@@ -183,7 +235,8 @@ def AssertDecodesMatch(test, checkpoint, devices, lanes=(1, 2, 4),
   # A trained model, not a degenerate one: it copies its source.
   greedy = values['ref', 1][0]
   test.assertGreaterEqual(
-      np.mean(np.all(greedy == graph.test['tgt_labels'], axis=1)), 0.75)
+      np.mean(np.all(greedy == graph.Copies(), axis=1)), 0.75)
   for (m, beam), value in values.items():
     AssertSameDecodes(test, value, values['ref', beam],
                       '%d stages, M=%s, beam %d' % (len(devices), m, beam))
+  return graph, values

@@ -4,9 +4,11 @@ A small Transformer trained with K=2 stages (``decode_testlib``) decodes
 with K = 1, 2 and 4 stages on virtual CPUs in M = 1, 2 and 4 lanes, greedily
 and with beam search, and gives the unpipelined decoder's tokens, also with
 the decode cut (``decode_cut``: the encoder and the decoder each spread over
-the devices, checked in the trace). Also: each
-stage's key/value caches stay on its device (the partitioned graph), a lane
-whose sequences all ended stops computing, and bad inputs are refused.
+the devices, checked in the trace), and with early stopping: padded sources
+whose copies end at different steps within and across lanes. Also: each
+stage's key/value caches and its sources' keys and values stay on its device
+through the decoding loop (the partitioned graph), a lane whose sequences all
+ended stops computing, and bad inputs are refused.
 """
 
 import collections
@@ -15,6 +17,7 @@ import re
 
 from gpipe.compat import lingvo_import  # pylint: disable=unused-import
 
+from absl.testing import parameterized
 import numpy as np
 from gpipe.schedules import pipeline_tasks
 from gpipe.measure import timeline
@@ -32,6 +35,18 @@ from tests import graph_rewrites
 graph_rewrites.Off()
 
 LANES = (1, 2, 4)
+# Source lengths of the early-stopping batch (dt.BATCH = 8 examples): the
+# copies of the first four end at step 2 (a token, then </s>), the others at
+# steps 3 to 6. In 2 lanes the first lane is done long before the second,
+# whose examples end at different steps; in 4 lanes two lanes are done at
+# step 2 and two later, each with examples ending at different steps.
+EARLY_LENGTHS = [1, 1, 1, 1, 5, 2, 4, 3]
+# The nodes that pass a loop variable on unchanged once the runtime lowered
+# the While op: into and out of the decoding loop and from step to step
+# (Enter, Merge, Switch, NextIteration, Exit), and inside its body (Identity;
+# Switch and Merge of a done lane's tf.cond).
+_PASS_NODES = ('Enter', 'Merge', 'Switch', 'NextIteration', 'Exit',
+               'Identity')
 
 
 def _Cpus(k):
@@ -53,6 +68,49 @@ def _Traced(sess, fetch):
   return value, md
 
 
+def _LoopVariableNodes(nodes, consumers, switch):
+  """The nodes carrying one variable of a lowered while loop, and its edges.
+
+  From the variable's loop Switch, follows data edges both ways through
+  ``_PASS_NODES`` (a Switch only by its data input, not its predicate): the
+  Enter of the initial value, the Merge of it and of the NextIteration, the
+  Switch, the Exit, and in the body the Identity, Switch and Merge nodes of a
+  tf.cond that pass the variable through.
+
+  Args:
+    nodes: {name: NodeDef} of every partition graph.
+    consumers: {name: [(consumer name, input index)]} over those graphs.
+    switch: the name of the variable's loop Switch.
+
+  Returns:
+    (the names of the carrying nodes, the names of the nodes outside them
+    that feed them or read them: where the value comes from and goes to).
+  """
+  carrying, edges, todo = set(), set(), [switch]
+  while todo:
+    name = todo.pop()
+    if name in carrying:
+      continue
+    carrying.add(name)
+    node = nodes[name]
+    inputs = [x for x in node.input if not x.startswith('^')]
+    if node.op == 'Switch':
+      inputs = inputs[:1]
+    for x in inputs:
+      producer = x.split(':')[0]
+      if nodes[producer].op in _PASS_NODES:
+        todo.append(producer)
+      else:
+        edges.add(producer)
+    for reader, index in consumers[name]:
+      if nodes[reader].op in _PASS_NODES and not (
+          nodes[reader].op == 'Switch' and index > 0):
+        todo.append(reader)
+      else:
+        edges.add(reader)
+  return carrying, edges
+
+
 def _StepsUntilDone(ids):
   """Per row, the steps a decode needs: up to and including its </s>."""
   ends = []
@@ -62,7 +120,7 @@ def _StepsUntilDone(ids):
   return np.array(ends)
 
 
-class PipelinedDecodeTest(test_utils.TestCase):
+class PipelinedDecodeTest(test_utils.TestCase, parameterized.TestCase):
 
   @classmethod
   def setUpClass(cls):
@@ -75,8 +133,8 @@ class PipelinedDecodeTest(test_utils.TestCase):
   def testOneStage(self):
     self._AssertDecodesMatch(_Cpus(1))
 
-  def testTwoStages(self):
-    self._AssertDecodesMatch(_Cpus(2))
+  # Two stages: testEarlyStoppingDecodesMatch (M = 2, 4), and every M of
+  # LANES on worker processes (pipelined_decode_workers_test).
 
   def testFourStagesOneOfThemEncoderOnly(self):
     # 8 layers cut uniformly: [emb, enc0] [enc1, enc2] [dec0, dec1]
@@ -151,10 +209,20 @@ class PipelinedDecodeTest(test_utils.TestCase):
     """The devices where the loop's caches and keys/values live.
 
     Every [rows, heads, length, dim] tensor of the loop (the caches and the
-    cross-attention keys and values) enters it (as a loop variable or
-    constant) on the device where it was made, and inside the loop only a
+    cross-attention keys and values, each a variable of the lowered while
+    loop) is carried on the device where it was made by every node that
+    carries it (``_LoopVariableNodes``: its Enter, Merge, Switch,
+    NextIteration and Exit, and the tf.cond of a done lane), is made and
+    updated there and is never sent or received; inside the loop only a
     decoding call's carry crosses devices: the hidden state and the beam
     indices (outputs 0 and 1), never its state.
+
+    Args:
+      devices: the stage devices of a uniform cut.
+      cut: a ``decode_cut.Cut`` instead.
+
+    Returns:
+      {(device, 'cache' or 'source'): how many of these tensors it holds}.
     """
     graph = dt.DecodeGraph(devices, cut=cut)
     with graph.graph.as_default():
@@ -162,32 +230,46 @@ class PipelinedDecodeTest(test_utils.TestCase):
       with tf.compat.v1.Session(config=dt.CONFIG) as sess:
         graph.Restore(sess, self.checkpoint)
         _, md = _Traced(sess, ids)
-    enters, sends = [], []
+    nodes = {}
+    consumers = collections.defaultdict(list)
     for partition in md.partition_graphs:
       for node in partition.node:
-        if node.op == 'Enter':
-          enters.append((node.input[0].split(':')[0], node.device))
-        if node.op == '_Send':
-          sends.append(node.input[0])
-    for name, device in enters:
-      try:
-        op = graph.graph.get_operation_by_name(name)
-      except KeyError:
-        continue  # Made by the runtime (e.g. a folded constant).
-      if op.outputs and op.outputs[0].shape.rank == 4:
-        self.assertEqual(_Cpu(device), _Cpu(op.device), name)
+        nodes[node.name] = node
+    for node in nodes.values():
+      for index, x in enumerate(node.input):
+        if not x.startswith('^'):
+          consumers[x.split(':')[0]].append((node.name, index))
+    sends = [n.input[0] for n in nodes.values() if n.op == '_Send']
     # What enters the loop, as built: per device, the caches (zeros) and the
     # sources' keys and values.
     where = collections.Counter()
-    for op in graph.graph.get_operations():
-      if op.type not in ('While', 'StatelessWhile'):
+    (loop,) = [op for op in graph.graph.get_operations()
+               if op.type in ('While', 'StatelessWhile')]
+    for x in loop.inputs:
+      if x.shape.rank != 4:
         continue
-      for x in op.inputs:
-        if x.shape.rank == 4:
-          # [rows, heads, positions, dim]: the target's or the source's.
-          self.assertIn(x.shape[2], (dt.LEN + 1, dt.LEN))
-          what = 'cache' if x.shape[2] == dt.LEN + 1 else 'source'
-          where[_Cpu(x.op.device), what] += 1
+      # [rows, heads, positions, dim]: the target's or the source's.
+      self.assertIn(x.shape[2], (dt.LEN + 1, dt.LEN))
+      what = 'cache' if x.shape[2] == dt.LEN + 1 else 'source'
+      device = _Cpu(x.op.device)
+      where[device, what] += 1
+      # The lowering names a variable's loop Switch after its input.
+      switch = [n for n in nodes if re.fullmatch(
+          r'%s/%s_switch/_\d+' % (re.escape(loop.name), re.escape(x.op.name)),
+          n)]
+      self.assertLen(switch, 1, x.name)
+      carrying, edges = _LoopVariableNodes(nodes, consumers, switch[0])
+      self.assertContainsSubset(
+          ['Enter', 'Merge', 'Switch', 'NextIteration'],
+          {nodes[n].op for n in carrying}, x.name)
+      for name in carrying | edges:
+        self.assertNotIn(nodes[name].op, ('_Send', '_Recv'),
+                         '%s (%s) is carried by %s, across devices' %
+                         (x.name, what, name))
+        self.assertEqual(_Cpu(nodes[name].device), device,
+                         '%s (%s) on %s: %s (%s) on %s' % (
+                             x.name, what, device, name, nodes[name].op,
+                             nodes[name].device))
     crossing = [s for s in sends if re.search(r'stage\d+_D\d+/', s)]
     self.assertNotEmpty(crossing)
     for name in crossing:
@@ -211,8 +293,8 @@ class PipelinedDecodeTest(test_utils.TestCase):
                                [[3, 1, 1], [3, 1, 1], [3, 1, 1], 1])
     self.assertEqual(cut.stage_sizes, [3, 1, 1, 3])
     self.assertEqual(cut.lead_parts, [0, 0, 0, 1])
-    # (Every M of LANES with the decode cut: the test above.)
-    self._AssertDecodesMatch(_Cpus(2), lanes=(2,), cut=cut)
+    # (Every M of LANES with the decode cut: the test above; M = 2 and 4
+    # with this cut: testEarlyStoppingDecodesMatch.)
     # Layer 1's cache is on CPU:0 (its self-attention), its source's keys
     # and values on CPU:1 (its cross-attention); layer 0's on CPU:0, layer
     # 2's on CPU:1.
@@ -303,10 +385,45 @@ class PipelinedDecodeTest(test_utils.TestCase):
       decode_cut.MeasuredStepCosts(dt.Layers()[4:], rows=4, src_len=dt.LEN,
                                    max_len=dt.LEN + 1, beam_size=3)
 
+  @parameterized.named_parameters(
+      ('TwoStagesEveryLaneEndsBeforeTheLastStep', 8, False),
+      ('LongCopiesCutAtTheLastStepOnALayerSplitOverTwoDevices', 4, True))
+  def testEarlyStoppingDecodesMatch(self, max_decode_len, split_layer):
+    # Padded sources whose copies end at different steps within and across
+    # lanes (EARLY_LENGTHS), greedy and beam, in 2 and 4 lanes: the done
+    # lanes stop while the others go on, with the unpipelined decoder's
+    # tokens and scores. With 8 steps every lane is done before the last;
+    # with 4 the longer copies have no </s> yet (their lanes are never done)
+    # and the decoder layer split between the devices keeps part of its
+    # state on each.
+    cut = None
+    if split_layer:
+      cut = decode_cut.DecodeCut(dt.Layers(), _Cpus(2),
+                                 [[3, 1, 1], [3, 1, 1], [3, 1, 1], 1])
+      self.assertEqual(cut.lead_parts, [0, 0, 0, 1])
+    graph, values = dt.AssertDecodesMatch(
+        self, self.checkpoint, _Cpus(2), lanes=(2, 4), cut=cut,
+        max_decode_len=max_decode_len, lengths=EARLY_LENGTHS)
+    # The batch is what it is meant to be: the copies end at different
+    # steps, and the first lane of 2 is done long before the second.
+    self.assertAllEqual(graph.test['src_paddings'].sum(axis=1),
+                        [dt.LEN - n for n in EARLY_LENGTHS])
+    for beam in (1, dt.BEAM):
+      ids = values['ref', beam][0]
+      ends = _StepsUntilDone(ids)
+      self.assertLessEqual(ends[:4].max(), 3, beam)
+      self.assertGreaterEqual(ends[4:].max(), min(5, max_decode_len), beam)
+      self.assertGreaterEqual(len(set(ends[4:])), 2, beam)
+      if max_decode_len == 8:
+        self.assertLess(ends.max(), max_decode_len, beam)
+      else:
+        self.assertTrue(np.any(np.all(ids != vocab.EOS_ID, axis=1)), beam)
+
   def testADoneLaneStopsComputing(self):
-    # 9 steps, but the trained model ends every copy with </s> at step 6:
-    # each lane's last stage picks tokens only until its sequences ended.
-    graph = dt.DecodeGraph(_Cpus(2), max_decode_len=9)
+    # 9 steps; the trained model ends its copies of EARLY_LENGTHS tokens with
+    # </s> at steps 2 to 6: each lane's last stage picks tokens only until
+    # its sequences ended, and the lane done first stops first.
+    graph = dt.DecodeGraph(_Cpus(2), max_decode_len=9, lengths=EARLY_LENGTHS)
     with graph.graph.as_default():
       ids, _ = graph.Pipelined(2)
       with tf.compat.v1.Session(config=dt.CONFIG) as sess:
@@ -314,19 +431,21 @@ class PipelinedDecodeTest(test_utils.TestCase):
         values, md = _Traced(sess, ids)
     ends = _StepsUntilDone(values)
     self.assertLess(ends.max(), 9)
-    expected = sum(ends[m * 4:(m + 1) * 4].max() for m in range(2))
+    lane_ends = [ends[m * 4:(m + 1) * 4].max() for m in range(2)]
+    self.assertLessEqual(lane_ends[0] + 3, lane_ends[1])
     argmaxes = sum(1 for dev in md.step_stats.dev_stats
                    for node in dev.node_stats
                    if node.timeline_label.split(' = ')[-1].startswith(
                        'ArgMax('))
-    self.assertEqual(argmaxes, expected)
+    self.assertEqual(argmaxes, sum(lane_ends))
     # A done lane's steps run no stage call at all: the trace holds the
     # decoding tasks of the steps each lane needed, at both stages.
     tasks = [t for t in timeline.ParseStepStats(md.step_stats)
              if t.phase == pipeline_tasks.DECODE]
-    self.assertLen(tasks, 2 * expected)
-    self.assertEqual({(t.stage, t.micro_batch) for t in tasks},
-                     {(k, m) for k in range(2) for m in range(2)})
+    self.assertEqual(collections.Counter((t.stage, t.micro_batch)
+                                         for t in tasks),
+                     {(k, m): lane_ends[m] for k in range(2)
+                      for m in range(2)})
 
   def testBadLanesAndModelsAreRefused(self):
     graph = dt.DecodeGraph(_Cpus(2))

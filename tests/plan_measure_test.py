@@ -48,6 +48,26 @@ class MeasureTest(test_utils.TestCase):
     # Equal layers on equal inputs: one measurement.
     self.assertIs(got[1].measurements[0], got[0].measurements[0])
 
+  def testTimesGrowWithTheWorkAndBytesWithTheRows(self):
+    # A 512-wide layer at 8 and at 1024 rows: 128 times the work (tens of
+    # milliseconds for the three tasks at 1024 rows, tens of microseconds at
+    # 8) takes longer, whatever else the machine runs: the fastest of 3
+    # runs each. (B and W alone are differences of two runs, B of F+B less
+    # F, W of F+B+W less F+B, which a busy machine can swamp.)
+    (layer,) = measure.MeasureLayers(
+        [_Dense('wide', 512)], (tf.TensorSpec([8, 512], tf.float32),),
+        [8, 1024], repeats=3, warmup=1)
+    small, big = layer.measurements
+    self.assertGreater(big.forward, small.forward)
+    self.assertGreater(big.forward + big.backward + big.weight,
+                       small.forward + small.backward + small.weight)
+    # Every tensor of the micro-batch: 128 times the rows, the bytes.
+    for field in ('input_bytes', 'output_bytes', 'activation_bytes',
+                  'weight_bytes', 'input_read_bytes', 'output_read_bytes'):
+      self.assertEqual(getattr(big, field), 128 * getattr(small, field),
+                       field)
+    self.assertEqual(small.input_bytes, 8 * 512 * 4)
+
   def testLossIsCountedInTheLastLayer(self):
     layers = [_Dense('a'), _Dense('b')]
     specs = (tf.TensorSpec([8, 16], tf.float64),)
@@ -83,9 +103,18 @@ class MeasureTest(test_utils.TestCase):
     self.assertGreater(calibrated.handover.bandwidth, 0.0)
     self.assertLessEqual(calibrated.handover.bandwidth,
                          profile.handover.bandwidth)
-    prediction = simulator.Predict(calibrated, simulator.Configuration(
-        1, 2, (1, 1), 2, 'zb_auto', 'always'))
-    self.assertGreater(prediction.step_seconds, 0.0)
+    config = simulator.Configuration(1, 2, (1, 1), 2, 'zb_auto', 'always')
+    prediction = simulator.Predict(calibrated, config)
+    # Each device (one stage each) is busy for its stage's calibrated task
+    # times, M of each kind: the per-task costs add up to the device's time;
+    # the step holds the span and the update.
+    models = simulator.StageModels(calibrated, config)
+    for busy, model in zip(prediction.busy_seconds, models):
+      self.assertAllClose(busy, 2 * (model.forward + model.backward +
+                                     model.weight), rtol=1e-9, atol=0)
+    self.assertGreaterEqual(prediction.span_seconds,
+                            max(prediction.busy_seconds))
+    self.assertGreater(prediction.step_seconds, prediction.span_seconds)
 
   def testCalibrationOnASampleOfTheLayers(self):
     layers = [_Dense('a'), _Dense('b')]

@@ -1,4 +1,9 @@
-"""R data-parallel replicas x K stages compute what one pipeline computes."""
+"""R data-parallel replicas x K stages compute what one pipeline computes.
+
+On worker processes against one pipeline; in one process on virtual CPUs,
+every registered schedule with and without batched weight gradients against
+the unpipelined model; the placement of the replicas' gradient sums; errors.
+"""
 
 from gpipe.compat import lingvo_import  # pylint: disable=unused-import
 
@@ -7,11 +12,13 @@ from gpipe.runtime import local_cluster
 from gpipe import micro_batch
 from gpipe import pipeline
 from gpipe import replicas
+from gpipe import schedules
 import numpy as np
 from lingvo import compat as tf
 from lingvo.core import py_utils
 from lingvo.core import test_utils
 from tests import graph_rewrites
+from tests import schedule_testlib as spt
 from tests import toy_layers
 
 graph_rewrites.Off()
@@ -26,39 +33,46 @@ def _Layers(use_bn=True):
   ]
 
 
-def _Net(devices, m, schedule='gpipe', use_bn=True):
+def _Net(devices, m, use_bn=True):
   """A 4-layer pipeline; `devices` is one list (R=1) or R lists of stages."""
   p = pipeline.PipeliningLayer.Params().Set(
       name='pipe', layers=_Layers(use_bn), num_micro_batches=m,
-      dtype=tf.float64, schedule=schedule, partition_cost='uniform')
+      dtype=tf.float64, partition_cost='uniform')
   if isinstance(devices[0], list):
     p.Set(num_stages=len(devices[0]), replica_devices=devices)
   else:
     p.Set(num_stages=len(devices), stage_devices=devices)
-  if schedule != 'gpipe':
-    p.loss_tpl = toy_layers.SquaredErrorLoss.Params().Set(dtype=tf.float64)
   return p.Instantiate()
 
 
-def _Step(devices, m, x_np, y_np, target='', config=None, schedule='gpipe',
-          use_bn=True):
+def _ScheduleCases():
+  """(case name, schedule, K, batched) per schedule, batched W or not.
+
+  K = 4 for the schedules of two stages per device (a V or round-robin over
+  a replica's two devices), else 2.
+  """
+  for name in schedules.Names():
+    k = 4 if schedules.Get(name).stages_per_device > 1 else 2
+    for batched in (False, True):
+      yield ('%s_%s' % (name, 'BatchedWeightGradients' if batched else
+                        'PerMicroBatchWeightGradients'), name, k, batched)
+
+
+def _Step(devices, m, x_np, y_np, target=''):
   """Loss, gradients (variables and input) and moving averages of one step."""
   with tf.Graph().as_default() as graph:
     tf.compat.v1.train.get_or_create_global_step()
-    net = _Net(devices, m, schedule, use_bn)
+    net = _Net(devices, m)
     x, y = tf.constant(x_np), tf.constant(y_np)
-    if net.params.loss_tpl is None:
-      out = net.FProp(net.theta, x)
-      loss = tf.reduce_sum(tf.square(out - y)) + tf.reduce_sum(out)
-    else:
-      loss = tf.reduce_sum(net.FProp(net.theta, x, targets=y).per_example)
+    out = net.FProp(net.theta, x)
+    loss = tf.reduce_sum(tf.square(out - y)) + tf.reduce_sum(out)
     variables = net.vars.Flatten()
     trainable = [v for v in variables if v.trainable]
     grads = tf.gradients(loss, trainable + [x],
                          colocate_gradients_with_ops=True)
     updates = tf.compat.v1.get_collection(py_utils.BATCH_NORM_UPDATES)
     moving = [v for v in variables if 'moving' in v.name]
-    with tf.compat.v1.Session(target, graph=graph, config=config) as sess:
+    with tf.compat.v1.Session(target, graph=graph) as sess:
       sess.run(tf.compat.v1.global_variables_initializer())
       values = sess.run([loss, grads, updates])[:2]
       values.append(sess.run(moving))
@@ -119,19 +133,22 @@ class ReplicasOnWorkerProcessesTest(test_utils.TestCase):
 class ReplicasTest(test_utils.TestCase, parameterized.TestCase):
   """In one process on virtual CPU devices (fast): schedules and errors."""
 
-  @parameterized.parameters('gpipe', '1f1b', 'zb_h1')
-  def testSchedulesEqualOnePipeline(self, schedule):
-    rng = np.random.RandomState(1)
-    x_np, y_np = rng.randn(16, 8), rng.randn(16, 8)
-    config = graph_rewrites.SessionConfig(device_count={'CPU': 4})
-    d = ['/device:CPU:%d' % i for i in range(4)]
-    _, _, _, got = _Step([d[0:2], d[2:4]], 2, x_np, y_np, config=config,
-                         schedule=schedule, use_bn=False)
-    _, _, _, want = _Step(d[0:2], 4, x_np, y_np, config=config,
-                          schedule=schedule, use_bn=False)
-    self.assertAllClose(want[0], got[0], rtol=1e-12, atol=0)
-    for g, r in zip(got[1], want[1]):
-      self.assertAllClose(r, g, rtol=1e-10, atol=1e-12)
+  @parameterized.named_parameters(*_ScheduleCases())
+  def testSchedulesMatchUnpipelined(self, name, k, batched):
+    # R=2 replicas of the schedule's placement on two devices each (a V or
+    # round-robin for two stages per device), M=2 each, dropout on: the
+    # loss and every gradient of the unpipelined model.
+    placement = spt.Placement(name, k)
+    self.assertLen(set(placement), 2)
+    with self.session(graph=tf.Graph(), config=spt.CONFIG) as sess:
+      net = spt.Net(
+          name, k, 2, 'always', batched_weight_gradients=batched,
+          replica_devices=[['/device:CPU:%d' % (2 * r + d) for d in placement]
+                           for r in range(2)])
+      self.assertEqual(net.num_replicas, 2)
+      rng = np.random.RandomState(9)
+      x = tf.constant(rng.randn(8, 8))
+      spt.AssertMatches(self, net, (x,), tf.constant(rng.randn(8, 8)), sess)
 
   def testReplicaGradientsAddedOnTheVariablesDevice(self):
     d = ['/device:CPU:%d' % i for i in range(4)]

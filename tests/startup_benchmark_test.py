@@ -2,7 +2,10 @@
 
 Runs the trainer twice on 2 worker processes (this checkout as ``--before``
 and as ``after``): the phases the trainer logs, the figures measured from
-outside and the side-by-side comparison (no speed checks).
+outside and the side-by-side comparison (no speed checks): the phases add up
+to the start-up the trainer logs and agree with the time measured from
+outside. ``StartupLog`` on a clock of its own: each phase's own time, nested
+ones apart, adding up to the total exactly.
 """
 
 from gpipe.compat import lingvo_import  # pylint: disable=unused-import
@@ -12,10 +15,12 @@ import io
 import json
 import os
 import tempfile
+from unittest import mock
 
 from lingvo import compat as tf
 from lingvo.core import test_utils
 from tools.benchmark import cli
+from tools.trainer import startup
 
 HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -23,6 +28,26 @@ PHASES = ('trainer start (imports, flags, workers)', 'layers and variables',
           'train graph', 'forward', 'stage tracing', 'learner',
           'tf.gradients', 'optimizer update', 'saver and initializers',
           'session', 'variable initialization', 'step 1', 'step 2')
+# The phases not nested in another, in the order they run.
+TOP_LEVEL = ('trainer start (imports, flags, workers)',
+             'layers and variables', 'train graph', 'saver and initializers',
+             'session', 'variable initialization', 'step 1', 'step 2')
+# Of the start-up, what the trainer does between its phases (logging, the
+# first read of the global step...): well under a tenth.
+UNTIMED_FRACTION = 0.1
+# ``startup.ProcessStartTime`` counts from the boot time in whole seconds:
+# the trainer's own figures from its start may be up to a second too long.
+BOOT_TIME_SECONDS = 1.0
+
+
+class _Clock:
+  """A stand-in for the time module: time() is what the test sets."""
+
+  def __init__(self, now):
+    self.now = now
+
+  def time(self):
+    return self.now
 
 
 class StartupBenchmarkTest(test_utils.TestCase):
@@ -38,7 +63,8 @@ class StartupBenchmarkTest(test_utils.TestCase):
     self.assertEqual(result['markdown'], text.strip('\n'))
     self.assertEqual([r['name'] for r in result['runs']], ['before', 'after'])
     for run in result['runs']:
-      phases = {row['phase']: row for row in run['startup']['phases']}
+      rows = run['startup']['phases']
+      phases = {row['phase']: row for row in rows}
       self.assertCountEqual(phases, PHASES)
       for row in phases.values():
         self.assertGreaterEqual(row['seconds'], 0, row)
@@ -48,17 +74,93 @@ class StartupBenchmarkTest(test_utils.TestCase):
       self.assertEqual(phases['stage tracing']['parent'], 'forward')
       self.assertEqual(phases['tf.gradients']['parent'], 'learner')
       self.assertEqual(phases['step 2']['calls'], 1)
-      total = sum(row['seconds'] for row in phases.values())
-      self.assertLessEqual(total, run['startup']['since_trainer_start'] + 1)
+      self.assertEqual(
+          [row['phase'] for row in rows if row['parent'] is None],
+          list(TOP_LEVEL))
+      # The phases' own times add up to the start-up the trainer logged
+      # (from its start to the end of step 2), less what runs between them.
+      total = sum(row['seconds'] for row in rows)
+      since = run['startup']['since_trainer_start']
+      self.assertLessEqual(total, since + 1e-3)
+      self.assertGreaterEqual(total, (1 - UNTIMED_FRACTION) * since)
+      # ... and to what is measured from outside: from starting the trainer
+      # to reading its progress line of step 1 (printed after that step).
+      through_step_1 = sum(row['seconds'] for row in rows[:rows.index(
+          phases['step 1']) + 1])
+      self.assertLessEqual(through_step_1,
+                           run['to_step_1'] + BOOT_TIME_SECONDS)
+      self.assertGreaterEqual(
+          through_step_1, (1 - UNTIMED_FRACTION) * run['to_step_1'])
+      self.assertLessEqual(since, run['to_step_2'] + BOOT_TIME_SECONDS)
       self.assertLess(run['to_step_1'], run['to_step_2'])
+      # The first step also optimizes and partitions the graph and
+      # instantiates the stage functions: tens of times the second.
+      self.assertGreater(phases['step 1']['seconds'],
+                         phases['step 2']['seconds'])
+      # A high-water mark only grows: from phase to phase, and to what is
+      # read from outside once step 1 is done.
+      peaks = [phases[name]['peak_bytes'] for name in TOP_LEVEL]
+      self.assertEqual(peaks, sorted(peaks))
+      self.assertGreaterEqual(run['trainer_peak_bytes'],
+                              phases['step 1']['peak_bytes'])
       self.assertLen(run['worker_peak_bytes'], 2)
       self.assertGreater(run['trainer_peak_bytes'], 0)
       self.assertGreater(run['startup']['graph_ops'], 0)
       self.assertLen(run['losses'], 2)
-    # The same code and seed: the same losses, said in the table.
+    # The table shows each phase's seconds in both runs.
+    for name in PHASES:
+      self.assertIn('| %s | %s |' % (name, ' | '.join(
+          '%.1f' % {row['phase']: row['seconds'] for row in run['startup'][
+              'phases']}[name] for run in result['runs'])), text)
+    # The same code and seed: the same graph and losses, said in the table.
+    before, after = result['runs']
+    self.assertEqual(before['startup']['graph_ops'],
+                     after['startup']['graph_ops'])
     self.assertTrue(result['same_losses'])
     self.assertIn('same losses: yes', text)
     self.assertIn('| stage tracing |', text)
+
+  def testPhasesAddUpToTheTotal(self):
+    # Nested phases count apart from the phase around them, a phase entered
+    # again adds to its row, a hooked function is timed as a phase: the
+    # rows add up to the wall time of the phases (12 s), and the total is
+    # that plus the time outside them (2.25 s).
+    class Builder:
+
+      def Trace(self):
+        clock.now += 2.0
+
+    clock = _Clock(100.0)
+    trace = Builder.Trace
+    path = os.path.join(tempfile.mkdtemp(), 'startup.json')
+    with mock.patch.object(startup, 'time', clock):
+      log = startup.StartupLog(origin=100.0)
+      clock.now = 103.0
+      log.Mark('start', 3.0)
+      with log.Phase('graph'), log.Hooks([(Builder, 'Trace', 'tracing')]):
+        clock.now += 1.0
+        Builder().Trace()
+        clock.now += 0.5
+        with log.Phase('tracing'):
+          clock.now += 1.5
+      # Timed inside the hooks only; between the phases, in none.
+      self.assertIs(Builder.Trace, trace)
+      Builder().Trace()
+      clock.now += 0.25
+      with log.Phase('step 1'):
+        clock.now += 4.0
+      result = log.Write(path)
+    rows = {row['phase']: row for row in result['phases']}
+    self.assertEqual(list(rows), ['start', 'graph', 'tracing', 'step 1'])
+    self.assertEqual(
+        {name: (row['seconds'], row['calls'], row['parent'])
+         for name, row in rows.items()},
+        {'start': (3.0, 1, None), 'graph': (1.5, 1, None),
+         'tracing': (3.5, 2, 'graph'), 'step 1': (4.0, 1, None)})
+    self.assertEqual(sum(row['seconds'] for row in rows.values()), 12.0)
+    self.assertEqual(result['since_trainer_start'], 14.25)
+    with open(path) as f:
+      self.assertEqual(json.load(f)['phases'], result['phases'])
 
   def testBeforeMustBeACheckout(self):
     with self.assertRaisesRegex(ValueError, 'not a checkout'):
