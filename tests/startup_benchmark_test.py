@@ -35,8 +35,8 @@ TOP_LEVEL = ('trainer start (imports, flags, workers)',
 # Of the start-up, what the trainer does between its phases (logging, the
 # first read of the global step...): well under a tenth.
 UNTIMED_FRACTION = 0.1
-# ``startup.ProcessStartTime`` counts from the boot time in whole seconds:
-# the trainer's own figures from its start may be up to a second too long.
+# The trainer counts from its package's import, this test from starting its
+# process: slack for the interpreter's start and clock reads.
 BOOT_TIME_SECONDS = 1.0
 
 
