@@ -24,6 +24,7 @@ from gpipe import separability
 from gpipe import split_backward
 from gpipe import stage as stage_lib
 from gpipe import weight_batching
+from gpipe import xla
 from gpipe.schedules import inference
 from gpipe.schedules import registry as schedules
 from gpipe.schedules import timed
@@ -134,7 +135,8 @@ class PipelineExecutor:
         fns.append(
             cls(k, layers, keys, devices[k], remat,
                 loss_layer=loss_layer if last else None,
-                loss_key=loss_key if last else None, **extra))
+                loss_key=loss_key if last else None,
+                compile=getattr(p, 'compile', None), **extra))
       cache[key] = fns
     return cache[key]
 
@@ -509,6 +511,22 @@ def DefineParams(p):
       'the weight costs about as much as the product: measured on one core, '
       '1024x1024 float32 weight, 32 rows: 102-109 GFLOP/s as dy W^T, 142-159 '
       'swapped; at 128 rows both within noise. 0 turns the rewrite off.')
+  p.Define(
+      'compile', None,
+      "None, 'xla' or 'xla_where_possible': compile every stage function "
+      'with XLA (tf.function(jit_compile=True); gpipe/xla.py): the forward, '
+      'the backward and its recomputation, B and W of a split backward, the '
+      'batched W, and (gpipe.lanes) the decoding step, each call one fused '
+      'XLA computation on its device (CPU, GPU), under every schedule, remat '
+      'mode, replicas and fprop_dtype. Costs: each function is compiled at '
+      'its first run (the first step takes longer, by seconds per stage) and '
+      "XLA's executables take memory; the graph itself does not grow. Not "
+      'compiled: before_tpl, the micro-batch split and merge, the gradient '
+      'sums. XLA cannot compile ops without an XLA kernel (string ops, '
+      'py_function, Lingvo custom ops, tf.print): with \'xla\' such an op '
+      'is an error when the graph is built, naming the stage, layer and op; '
+      "with 'xla_where_possible' the functions holding one run uncompiled "
+      '(a warning names them) and the others are compiled.')
 
 
 def CheckParams(p):
@@ -520,6 +538,7 @@ def CheckParams(p):
     schedules.Get(p.schedule)
   except ValueError as e:
     raise ValueError('%s: %s' % (p.name, e)) from None
+  xla.CheckMode(p.name, getattr(p, 'compile', None))
 
 
 def ResolveDevices(p, cluster, num_stages):
