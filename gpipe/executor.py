@@ -516,17 +516,21 @@ def DefineParams(p):
       "None, 'xla' or 'xla_where_possible': compile every stage function "
       'with XLA (tf.function(jit_compile=True); gpipe/xla.py): the forward, '
       'the backward and its recomputation, B and W of a split backward, the '
-      'batched W, and (gpipe.lanes) the decoding step, each call one fused '
-      'XLA computation on its device (CPU, GPU), under every schedule, remat '
-      'mode, replicas and fprop_dtype. Costs: each function is compiled at '
-      'its first run (the first step takes longer, by seconds per stage) and '
-      "XLA's executables take memory; the graph itself does not grow. Not "
-      'compiled: before_tpl, the micro-batch split and merge, the gradient '
-      'sums. XLA cannot compile ops without an XLA kernel (string ops, '
-      'py_function, Lingvo custom ops, tf.print): with \'xla\' such an op '
-      'is an error when the graph is built, naming the stage, layer and op; '
-      "with 'xla_where_possible' the functions holding one run uncompiled "
-      '(a warning names them) and the others are compiled.')
+      'batched W, and in pipelined decoding the encoder stages and the '
+      'decoding steps (gpipe.lanes); each call is one fused XLA computation '
+      'on its device (CPU, GPU), under every schedule, remat mode, replicas '
+      'and fprop_dtype. Costs: XLA compiles each function at its first run, '
+      'and again for each new input shape (the first step takes longer, '
+      "seconds per stage); the session graph does not grow. XLA's random "
+      "generator draws other dropout masks than TensorFlow's kernels for the "
+      'same seeds (still per micro-batch, reproduced by the recomputation). '
+      'Not compiled: before_tpl, the micro-batch split and merge, the '
+      'gradient sums. An op without an XLA kernel for the stage\'s device '
+      '(string ops, py_function, Lingvo custom ops, tf.print) is, with '
+      "'xla', an error when the graph is built naming the stage, layer and "
+      "op; with 'xla_where_possible' that stage's functions all run "
+      'uncompiled (a warning names the op) and the other stages are '
+      'compiled. TPU devices are not checked.')
 
 
 def CheckParams(p):

@@ -3,7 +3,8 @@
 With ``p.compile = 'xla'`` every graph function a stage runs is traced with
 ``tf.function(..., jit_compile=True)``: the forward, the backward (its
 recomputed forward included), the B and W functions of a split backward,
-the batched W, and the decoding step of ``gpipe.lanes``. The function then
+the batched W, the decoding step of ``gpipe.lanes`` and the encoder stages
+of pipelined decoding. The function then
 carries ``_XlaMustCompile``, and TensorFlow runs each of its call ops as one
 XLA computation, compiled for the call's device (``XLA_CPU_JIT``,
 ``XLA_GPU_JIT``) at the call's first run and cached for later steps: the
@@ -21,13 +22,32 @@ its dtype (string ops, ``tf.py_function``/``tf.numpy_function``, Lingvo's
 custom ``x_ops``, ``tf.print``...). ``FindUnsupported`` lists them from
 TensorFlow's kernel registry. With ``compile='xla'`` that is an
 ``UncompilableError`` naming the stage, the function, the layer and the op;
-with ``compile='xla_where_possible'`` the function that holds such an op runs
-uncompiled (a warning names it) and every other function stays compiled.
+with ``compile='xla_where_possible'`` every function of the stage that holds
+such an op runs uncompiled (a warning names the op) and the other stages
+stay compiled. A stage is compiled whole or not at all because of random
+ops: XLA's stateless random generator draws other numbers than
+TensorFlow's kernels for the same seed (measured: the same Philox key and
+counter, other uniforms; and seeds are cut to 32 bits), so a backward that
+recomputes a forward must run the same way as the forward did. Dropout
+under XLA is therefore not the uncompiled pipeline's dropout: the masks
+still differ per micro-batch and step and the recomputation draws the
+forward's masks, but they are other masks.
+
+The session: Grappler's memory optimizer, when it runs over the session
+graph, rewrites a large AddN inside a compiled function (a Transformer
+stage's gradient sums) into TemporaryVariable ops that XLA has no kernel
+for, and the first step fails ("No registered 'TemporaryVariable' OpKernel
+for XLA_CPU_JIT"; seen on the benchmark's Transformer stack, L=8, width 256,
+batch 64, in some runs and not others: the pass decides from its memory
+estimate). ``SessionConfig`` turns that pass off; the trainer runs its
+sessions without Grappler unless ``--session_graph_optimizer`` (then
+``--xla`` may meet this failure).
 
 Data-dependent shapes inside a stage (``tf.boolean_mask``, ``tf.unique``, a
 ``tf.range`` of a computed length) are not refused: TensorFlow 2.15's XLA
 compiles them with bounded dynamic shapes (verified on XLA_CPU_JIT). A
-stage input of unknown shape compiles once per shape it meets. Errors XLA
+stage input of unknown shape compiles once per shape it meets (e.g. bucketed
+sequence lengths: one compilation per bucket, at its first batch). Errors XLA
 raises only when it compiles (a shape argument it needs as a compile-time
 constant but cannot fold) come at the first run, naming the function
 (``stage<k>_F`` and so on).
@@ -60,8 +80,7 @@ _JIT_DEVICES = {'CPU': 'XLA_CPU_JIT', 'GPU': 'XLA_GPU_JIT'}
 # Attribute of a function (and of its call ops) that XLA must compile.
 MUST_COMPILE_ATTR = '_XlaMustCompile'
 
-# The function-valued attributes of an op are the functions it runs
-# (a call's `f`, a cond's branches, a loop's body and condition).
+# Ops listed per function in an error.
 _MAX_LISTED = 5
 
 
@@ -259,6 +278,25 @@ def FindUnsupported(graph, jit_device, owners=None, ops=None, names=None):
     name = names.get(op.name, op.name)
     Check(name, op.type, op.node_def.attr, layer_of(name), None)
   return found
+
+
+def SessionConfig(config=None):
+  """`config` (a new ConfigProto by default) fit for XLA-compiled stages.
+
+  Turns off Grappler's memory optimizer (see the module doc: it rewrites
+  large AddN ops of compiled functions into ops XLA cannot compile); the
+  other Grappler passes stay as they are.
+
+  Args:
+    config: a tf.compat.v1.ConfigProto, changed in place, or None.
+
+  Returns:
+    The ConfigProto.
+  """
+  config = config or tf.compat.v1.ConfigProto()
+  rewrites = config.graph_options.rewrite_options
+  rewrites.memory_optimization = rewrites.NO_MEM_OPT
+  return config
 
 
 def IsCompiled(op):

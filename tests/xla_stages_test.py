@@ -230,6 +230,24 @@ class XlaStagesTest(test_utils.TestCase, parameterized.TestCase):
     self.assertEqual('XLA_GPU_JIT', xla.JitDevice('/job:w/task:1/device:GPU:0'))
     self.assertEqual('XLA_CPU_JIT', xla.JitDevice(None))
     self.assertIsNone(xla.JitDevice('/device:TPU:0'))
+    rewrites = xla.SessionConfig().graph_options.rewrite_options
+    self.assertEqual(rewrites.NO_MEM_OPT, rewrites.memory_optimization)
+
+  def testOpsInNestedFunctionsAreFound(self):
+    @tf.function(autograph=False)
+    def Inner(x):
+      return tf.strings.length(tf.strings.as_string(x))
+
+    def Outer(x):
+      y = tf.cond(x[0] > 0, lambda: tf.cast(Inner(x), x.dtype), lambda: x)
+      return y + 1.0
+
+    with tf.Graph().as_default():
+      concrete = xla.Trace(Outer, [tf.TensorSpec([2], tf.float32)], True)
+      found = xla.Problems(concrete, '/device:CPU:0')
+    self.assertCountEqual(['AsString', 'StringLength'],
+                          [u.type for u in found])
+    self.assertIn("in function '__inference_Inner", found[0].Describe())
 
   def testUnknownModeIsRefused(self):
     with self.assertRaisesRegex(ValueError, "unknown compile='jit'.*'xla'"):

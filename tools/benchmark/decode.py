@@ -39,6 +39,7 @@ from gpipe.compat import lingvo_import  # pylint: disable=unused-import
 import numpy as np
 from gpipe import pipeline
 from gpipe import pipeline_tasks
+from gpipe import xla
 from gpipe.measure import timeline
 from gpipe.schedules import decode_lanes
 from gpipe.schedules import simulate
@@ -201,9 +202,11 @@ class DecodeStep:
            if all(v is not w for w in saved)])
     self.build_seconds = time.time() - start
     # A lost worker fails the run instead of hanging it.
-    self.session = tf.compat.v1.Session(
-        target, graph=self.graph, config=tf.compat.v1.ConfigProto(
-            operation_timeout_in_ms=600 * 1000))
+    config = tf.compat.v1.ConfigProto(operation_timeout_in_ms=600 * 1000)
+    if c.compile:
+      xla.SessionConfig(config)
+    self.session = tf.compat.v1.Session(target, graph=self.graph,
+                                        config=config)
     with self.graph.as_default():
       if os.path.exists(checkpoint + '.index'):
         try:

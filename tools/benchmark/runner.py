@@ -44,6 +44,7 @@ from gpipe.compat import lingvo_import  # pylint: disable=unused-import
 from gpipe.runtime import local_cluster
 from gpipe import pipeline
 from gpipe import precision
+from gpipe import xla
 from gpipe.schedules import registry as schedule_registry
 from lingvo import compat as tf
 from lingvo.core import cluster_factory
@@ -281,7 +282,9 @@ class Step:
   def _Finish(self, start, target):
     self.build_seconds = time.time() - start
     self.num_ops = len(self.graph.get_operations())
-    self.session = tf.compat.v1.Session(target, graph=self.graph)
+    self.session = tf.compat.v1.Session(
+        target, graph=self.graph,
+        config=xla.SessionConfig() if self.config.compile else None)
     self.session.run(tf.compat.v1.global_variables_initializer())
     self.times = []
     # The first step's seconds (XLA compiles the stage functions in it).
