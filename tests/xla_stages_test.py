@@ -24,12 +24,14 @@ import numpy as np
 from lingvo import compat as tf
 from lingvo.core import base_layer
 from lingvo.core import cluster_factory
+from lingvo.core import hyperparams
 from lingvo.core import test_utils
 from tasks.mt import pipelined_decode
 from tests import decode_testlib
 from tests import graph_rewrites
 from tests import schedule_testlib as lib
 from tests import toy_layers
+from tools.trainer import model_select
 
 graph_rewrites.Off()
 
@@ -248,6 +250,16 @@ class XlaStagesTest(test_utils.TestCase, parameterized.TestCase):
     self.assertCountEqual(['AsString', 'StringLength'],
                           [u.type for u in found])
     self.assertIn("in function '__inference_Inner", found[0].Describe())
+
+  def testTrainerXlaSetsEveryPipeline(self):
+    cfg = hyperparams.Params()
+    cfg.Define('encoder', pipeline.PipeliningLayer.Params(), '')
+    cfg.Define('decoder', pipeline.PipeliningLayer.Params(), '')
+    model_select.SetCompile(cfg, 'xla')
+    self.assertEqual(('xla', 'xla'), (cfg.encoder.compile,
+                                      cfg.decoder.compile))
+    with self.assertRaisesRegex(ValueError, '--xla: this model has no'):
+      model_select.SetCompile(hyperparams.Params(), 'xla')
 
   def testUnknownModeIsRefused(self):
     with self.assertRaisesRegex(ValueError, "unknown compile='jit'.*'xla'"):
