@@ -24,6 +24,7 @@ from gpipe import split_backward
 from gpipe import stage as stage_lib
 from gpipe import task_ops
 from gpipe import weight_batching
+from gpipe import xla
 from gpipe.schedules import inference
 from gpipe.schedules import pipeline_tasks
 from gpipe.schedules import registry as schedules
@@ -135,7 +136,8 @@ class PipelineExecutor:
         fns.append(
             cls(k, layers, keys, devices[k], remat,
                 loss_layer=loss_layer if last else None,
-                loss_key=loss_key if last else None, **extra))
+                loss_key=loss_key if last else None,
+                compile=getattr(p, 'compile', None), **extra))
       cache[key] = fns
     return cache[key]
 
@@ -510,6 +512,26 @@ def DefineParams(p):
       'the weight costs about as much as the product: measured on one core, '
       '1024x1024 float32 weight, 32 rows: 102-109 GFLOP/s as dy W^T, 142-159 '
       'swapped; at 128 rows both within noise. 0 turns the rewrite off.')
+  p.Define(
+      'compile', None,
+      "None, 'xla' or 'xla_where_possible': compile every stage function "
+      'with XLA (tf.function(jit_compile=True); gpipe/xla.py): the forward, '
+      'the backward and its recomputation, B and W of a split backward, the '
+      'batched W, and in pipelined decoding the encoder stages and the '
+      'decoding steps (gpipe.lanes); each call is one fused XLA computation '
+      'on its device (CPU, GPU), under every schedule, remat mode, replicas '
+      'and fprop_dtype. Costs: XLA compiles each function at its first run, '
+      'and again for each new input shape (the first step takes longer, '
+      "seconds per stage); the session graph does not grow. XLA's random "
+      "generator draws other dropout masks than TensorFlow's kernels for the "
+      'same seeds (still per micro-batch, reproduced by the recomputation). '
+      'Not compiled: before_tpl, the micro-batch split and merge, the '
+      'gradient sums. An op without an XLA kernel for the stage\'s device '
+      '(string ops, py_function, Lingvo custom ops, tf.print) is, with '
+      "'xla', an error when the graph is built naming the stage, layer and "
+      "op; with 'xla_where_possible' that stage's functions all run "
+      'uncompiled (a warning names the op) and the other stages are '
+      'compiled. TPU devices are not checked.')
 
 
 def CheckParams(p):
@@ -521,6 +543,7 @@ def CheckParams(p):
     schedules.Get(p.schedule)
   except ValueError as e:
     raise ValueError('%s: %s' % (p.name, e)) from None
+  xla.CheckMode(p.name, getattr(p, 'compile', None))
 
 
 def ResolveDevices(p, cluster, num_stages):

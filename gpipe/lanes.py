@@ -46,6 +46,7 @@ from gpipe import randomness
 from gpipe import replicas
 from gpipe import stage as stage_lib
 from gpipe import task_ops
+from gpipe import xla
 from gpipe.schedules import decode_lanes
 from gpipe.schedules import inference
 from gpipe.schedules import pipeline_tasks
@@ -83,8 +84,9 @@ class _StepFunction:
   function made the worker run the stage's matmuls several times slower).
   """
 
-  def __init__(self, lane_stage):
+  def __init__(self, lane_stage, compile=None):  # pylint: disable=redefined-builtin
     self.lane_stage = lane_stage
+    self.compile = compile
     self._traced = {}
 
   def _Trace(self, theta, carry, state, constants):
@@ -110,11 +112,15 @@ class _StepFunction:
       return tf.nest.flatten(new_carry) + tf.nest.flatten(new_state)
 
     specs = [_Specs(f) for f in flat]
-    fn = tf.function(
-        Fn, autograph=False,
-        experimental_attributes=stage_lib.NO_INLINE).get_concrete_function(
-            specs[0], tf.TensorSpec([], tf.int32), specs[1], specs[2],
-            specs[3])
+    specs = [specs[0], tf.TensorSpec([], tf.int32)] + specs[1:]
+    name = 'stage%d_%s' % (stage.stage, DECODE)
+    jit = xla.Compiles(self.compile)
+    fn = xla.Trace(Fn, specs, jit, name, stage_lib.NO_INLINE)
+    what = 'stage %d decoding step' % stage.stage
+    if jit and not xla.Resolve(
+        self.compile, what,
+        {'step function': xla.Problems(fn, stage.device)}, stage.device):
+      fn = xla.Trace(Fn, specs, False, name, stage_lib.NO_INLINE)
     self._traced[key] = (fn, out['carry'])
     return self._traced[key]
 
@@ -198,7 +204,7 @@ def _CheckLanes(stages, feedback, states, constants):
 
 
 def Decode(stages, feedback, states, constants, num_steps, lane_done=None,
-           parallel_iterations=10):
+           parallel_iterations=10, compile=None):  # pylint: disable=redefined-builtin
   """Runs `num_steps` decoding steps of every lane through `stages`.
 
   Args:
@@ -215,6 +221,10 @@ def Decode(stages, feedback, states, constants, num_steps, lane_done=None,
       states.
     parallel_iterations: steps the loop may run at once (2 lets lane 0's
       next step overlap the current one of the other lanes).
+    compile: None, or 'xla' / 'xla_where_possible': each stage's step
+      function is XLA-compiled (the pipelining layer's ``compile``;
+      gpipe.xla). An op XLA cannot compile is an error with 'xla'; with
+      'xla_where_possible' that stage's step runs uncompiled.
 
   Returns:
     (feedback, states): per lane the last stage's carry after the last step
@@ -227,7 +237,7 @@ def Decode(stages, feedback, states, constants, num_steps, lane_done=None,
   _CheckLanes(stages, feedback, states, constants)
   num_stages, num_lanes = len(stages), len(feedback)
   early_stop = lane_done is not None
-  fns = [_StepFunction(s) for s in stages]
+  fns = [_StepFunction(s, compile) for s in stages]
   devices, step_orders = decode_lanes.StepOrders(
       [replicas.Canonical(s.device) for s in stages], num_lanes)
   device_of = [devices.index(replicas.Canonical(s.device)) for s in stages]

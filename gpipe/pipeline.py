@@ -96,7 +96,10 @@ class PipeliningLayer(executor.PipelineExecutor, base_layer.BaseLayer):
   tasks (build evaluation in its own graph, as the trainer does).
 
   Each stage is traced once into graph functions, and each micro-batch is one
-  call: the graph holds K x M calls, not L x M copies of the layers.
+  call: the graph holds K x M calls, not L x M copies of the layers. With
+  ``compile='xla'`` each of those functions is compiled by XLA, each call one
+  fused computation (``gpipe.xla``; what it costs and refuses is documented
+  with the param).
 
   Lingvo's ``lingvo.core.gpipe.PipeliningLayer`` params mean the same here:
   ``cell_tpl`` (e.g. ``FeatureExtractionLayer`` cells, with

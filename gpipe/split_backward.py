@@ -102,7 +102,7 @@ class _Piece:
   """A subset of G's ops as one graph function: feeds -> outputs."""
 
   def __init__(self, name, source_graph, ops, feeds, outputs, prefix_ops=(),
-               prefix='', swapped=()):
+               prefix='', swapped=(), trace=None):
     """Constructor.
 
     Args:
@@ -115,11 +115,15 @@ class _Piece:
       prefix: see prefix_ops.
       swapped: matmul ops of `ops` computing ``a w^T`` that are computed as
         ``(w a^T)^T`` instead (see _SmallTransposedMatMuls).
+      trace: function(fn, specs, name, names) -> the concrete function of
+        `fn` (the stage's ``_Function``: XLA-compiled by its mode; `names`
+        maps the copies' op names to G's); default a plain tf.function.
     """
     self.name = name
     self.feeds = list(feeds)
     self.outputs = list(outputs)
     ordered = _Topological(ops)
+    source_names = {}  # Copied op name -> G's op name.
 
     def Body(*xs):
       graph = tf.compat.v1.get_default_graph()
@@ -145,15 +149,19 @@ class _Piece:
           outputs = [tf.linalg.matrix_transpose(new.outputs[0])]
           new = outputs[0].op
         copied[op] = new
+        source_names[new.name] = op.name
         for old, out in zip(op.outputs, outputs):
           env[old.ref()] = out
       return [env[t.ref()] for t in self.outputs]
 
     specs = [tf.TensorSpec(t.shape, t.dtype) for t in self.feeds]
-    self.fn = tf.function(
-        Body, autograph=False,
-        experimental_attributes=stage_lib.NO_INLINE).get_concrete_function(
-            *specs)
+    if trace is None:
+      self.fn = tf.function(
+          Body, autograph=False,
+          experimental_attributes=stage_lib.NO_INLINE).get_concrete_function(
+              *specs)
+    else:
+      self.fn = trace(Body, specs, name, source_names)
 
   def Call(self, env):
     """Calls the function on env[feed]s; adds its outputs to env.
@@ -363,13 +371,15 @@ class SplitStageFunctions(stage_lib.StageFunctions):
         'F', graph, t.f_ops,
         _Unique(_BoundaryInputs(t.f_ops) +
                 [x for x in t.f_targets if x.op in t.stop]),
-        g.outs + g.stats + g.acc_out + t.f_saved)
+        g.outs + g.stats + g.acc_out + t.f_saved, trace=self._Function)
     self._pieces['B'] = _Piece(
         'B', graph, b_ops, b_feeds, t.b_targets, prefix_ops=t.forward,
         prefix=pipeline_tasks.RECOMPUTE_SCOPE + '/',
         swapped=_SmallTransposedMatMuls(b_ops, g.theta, t.stop,
-                                        self._small_matmul_rows))
-    self._pieces['W'] = _Piece('W', graph, t.weight, t.w_feeds, g.d_theta)
+                                        self._small_matmul_rows),
+        trace=self._Function)
+    self._pieces['W'] = _Piece('W', graph, t.weight, t.w_feeds, g.d_theta,
+                               trace=self._Function)
     if self.batch_weights_over:
       self._BuildBatchedWeights(t, theta_specs, arg_specs, acc_flat,
                                 d_out_specs)
@@ -422,7 +432,7 @@ class SplitStageFunctions(stage_lib.StageFunctions):
           raise ValueError('%s: %s' % (prefix, e)) from None
         self._w_merge.append(('concat', axis))
     self._pieces['W*'] = _Piece('W*', whole.graph, whole.weight,
-                                whole_feeds, wg.d_theta)
+                                whole_feeds, wg.d_theta, trace=self._Function)
 
   def Call(self, call, scheduled_ops):
     """Runs the stage on one micro-batch as tasks F, then B and W.

@@ -43,6 +43,7 @@ from gpipe import batch_norm
 from gpipe import micro_batch as micro_batch_lib
 from gpipe import precision
 from gpipe import randomness
+from gpipe import xla
 from gpipe.compat import tf_internal
 from gpipe.schedules import pipeline_tasks
 from lingvo import compat as tf
@@ -69,7 +70,9 @@ def ChainFProp(layers, thetas, args):
     The last layer's output, always as a tuple.
   """
   for layer, theta in zip(layers, thetas):
-    out = layer.FProp(theta, *args)
+    # Ops are attributed to their layer for gpipe.xla's messages.
+    with xla.LayerScope(layer):
+      out = layer.FProp(theta, *args)
     args = out if isinstance(out, tuple) else (out,)
   return args
 
@@ -179,7 +182,7 @@ class StageFunctions:
   BUILD_BACKWARD = True
 
   def __init__(self, index, layers, keys, device, remat, loss_layer=None,
-               loss_key=None):
+               loss_key=None, compile=None):  # pylint: disable=redefined-builtin
     """Constructor.
 
     Args:
@@ -191,8 +194,18 @@ class StageFunctions:
       loss_layer: the last stage's loss layer (FProp(theta, *outputs,
         targets)), or None.
       loss_key: its theta key.
+      compile: None, or 'xla' / 'xla_where_possible': the stage's functions
+        are XLA-compiled (gpipe.xla).
     """
     self.index = index
+    self.compile = compile
+    # Whether the functions being traced are compiled (the stage's functions
+    # are compiled together or not at all: gpipe.xla.Resolve).
+    self._jit = xla.Compiles(compile)
+    # {op name: layer path} of the traced functions, for gpipe.xla's errors.
+    self._owners = {}
+    # {function: [xla.Unsupported]} of the functions traced so far.
+    self._problems = {}
     self.layers = layers
     self.keys = keys + ([loss_key] if loss_layer is not None else [])
     self.device = device
@@ -232,7 +245,7 @@ class StageFunctions:
     args = micro_batch_lib.Repack(self._arg_struct, list(args_flat))
     with tf.device(self.device), randomness.MicroBatchSeedScope(seed), \
         TracedAccumulators(self.accumulators, acc_in), \
-        py_utils.GlobalStepContext(step):
+        py_utils.GlobalStepContext(step), self._RecordLayers():
       with batch_norm.CollectStats() as collector:
         if self.loss_layer is None:
           outs = ChainFProp(self.layers, [theta[k] for k in self.keys], args)
@@ -253,6 +266,56 @@ class StageFunctions:
     stats = [s for _, group in collector.reports for s in group]
     return micro_batch_lib.Present(outs), stats, acc_out
 
+  @contextlib.contextmanager
+  def _RecordLayers(self):
+    """Records which layer made each op traced inside (with XLA only)."""
+    if not xla.Compiles(self.compile):
+      yield
+      return
+    with xla.RecordLayers() as owners:
+      yield
+    self._owners.update(owners)
+
+  def Describe(self, what=''):
+    """'stage k (its layers' paths)' and `what`, for messages."""
+    layers = self.layers + ([self.loss_layer] if self.loss_layer else [])
+    return ('stage %d (%s) %s' % (self.index, ', '.join(
+        getattr(l, 'path', None) or l.params.name for l in layers),
+                                  what)).strip()
+
+  def _Function(self, fn, specs, phase, names=None):
+    """The concrete function of `fn` for task `phase` (compiled: _jit).
+
+    Args:
+      fn: the Python function.
+      specs: its argument specs.
+      phase: 'F', 'B', 'W', 'W*' or 'BW' (the unsplit backward).
+      names: optional {op name in its graph: the traced op it copies}, for
+        messages (filled when `fn` is traced).
+
+    Returns:
+      The concrete function.
+    """
+    what = {'F': 'forward', 'B': 'backward (input gradient)',
+            'W': 'weight gradient', 'W*': 'batched weight gradient',
+            'BW': 'backward'}
+    concrete = xla.Trace(
+        fn, specs, self._jit,
+        name='stage%d_%s' % (self.index, phase.replace('*', '_all')),
+        attributes=NO_INLINE)
+    self._problems[what.get(phase, phase) + ' function'] = xla.Problems(
+        concrete, self.device, self._owners, names)
+    return concrete
+
+  def _BuildCompiled(self, theta_flat, args_flat, acc_flat):
+    """_Build, compiled as p.compile says (gpipe.xla.Resolve)."""
+    self._Build(theta_flat, args_flat, acc_flat)
+    if self._jit and not xla.Resolve(self.compile, self.Describe(),
+                                     self._problems, self.device):
+      self._jit = False
+      self._Build(theta_flat, args_flat, acc_flat)
+    self._problems = {}
+
   def _Build(self, theta_flat, args_flat, acc_flat):
     """Traces the forward (and recomputing backward) function once."""
     theta_specs = Specs(theta_flat)
@@ -264,10 +327,9 @@ class StageFunctions:
                                         True, acc_in=acc_flat)
       return outs + stats + acc_out
 
-    self._forward = tf.function(
-        Forward, autograph=False,
-        experimental_attributes=NO_INLINE).get_concrete_function(
-        theta_specs, arg_specs, seed_spec, Specs(acc_flat), STEP_SPEC)
+    self._forward = self._Function(
+        Forward, [theta_specs, arg_specs, seed_spec, Specs(acc_flat),
+                  STEP_SPEC], 'F')
     out_flat = micro_batch_lib.Present(self._out_struct)
     self._float_outs = [i for i, t in enumerate(out_flat) if t.dtype.is_floating]
     # Only the stage inputs are differentiated, not a loss layer's targets.
@@ -292,10 +354,9 @@ class StageFunctions:
         tf.TensorSpec(out_flat[i].shape, out_flat[i].dtype)
         for i in self._float_outs
     ]
-    self._backward = tf.function(
-        Backward, autograph=False,
-        experimental_attributes=NO_INLINE).get_concrete_function(
-            theta_specs, arg_specs, seed_spec, STEP_SPEC, d_out_specs)
+    self._backward = self._Function(
+        Backward, [theta_specs, arg_specs, seed_spec, STEP_SPEC, d_out_specs],
+        'BW')
 
   def _Prepare(self, theta, args, targets, acc_values):
     """Flat theta and args of one call; traces the functions on first use."""
@@ -308,7 +369,7 @@ class StageFunctions:
           args[0] if self.loss_layer is not None else args))
       self._theta_struct = theta
       self._arg_struct = args
-      self._Build(theta_flat, args_flat, acc_values)
+      self._BuildCompiled(theta_flat, args_flat, acc_values)
     return theta_flat, args_flat
 
   def BeginStep(self):

@@ -52,6 +52,23 @@ class TfInternalTest(test_utils.TestCase):
       self.assertTrue(all(target._is_function(name)  # pylint: disable=protected-access
                           for name in functions))
 
+  def testXlaKernelsAreListedPerJitDevice(self):
+    self.assertTrue(tf_internal.XlaKernels('XLA_CPU_JIT', 'MatMul'))
+    self.assertTrue(tf_internal.XlaKernels('XLA_GPU_JIT', 'MatMul'))
+    self.assertEqual([], tf_internal.XlaKernels('XLA_CPU_JIT', 'AsString'))
+
+  def testFunctionDefinitionListsTheFunctionsOps(self):
+    @tf.function(autograph=False)
+    def Double(v):
+      return 2.0 * v
+
+    with tf.Graph().as_default() as graph:
+      Double.get_concrete_function(tf.TensorSpec([], tf.float32))(
+          tf.constant(1.0))
+      fn, = tf_internal.GraphFunctions(graph).values()
+      self.assertIn('Mul', [n.op for n in
+                            tf_internal.FunctionDefinition(fn).node_def])
+
   def testAMissingInternalFailsNamingTheTensorFlowVersion(self):
     with self.assertRaisesRegex(
         RuntimeError, r'TensorFlow %s has no Graph\._functions' %

@@ -13,6 +13,13 @@ The executor builds graphs below TensorFlow's public API in four ways:
   (``Operation._add_control_input``), since tasks are created before their
   neighbours in the schedule's order.
 
+The XLA option of the stages (``gpipe.xla``) asks which ops XLA can compile:
+``XlaKernels`` reads the kernel registry (``tensorflow.python.framework.
+kernels``) after registering XLA's JIT kernels there
+(``tensorflow.python.util.pywrap_xla_ops``: they are registered lazily, at
+the first XLA compilation, and the registry lists none before), and
+``FunctionDefinition`` reads a nested function's ops.
+
 And a worker lists its devices with ``LocalDevices``
 (``tensorflow.python.client.device_lib``), which has no public equivalent
 that takes a session config.
@@ -24,6 +31,7 @@ inside a pipeline.
 
 import tensorflow as _tf
 from tensorflow.python.client import device_lib as _device_lib  # pylint: disable=g-direct-tensorflow-import
+from tensorflow.python.framework import kernels as _kernels  # pylint: disable=g-direct-tensorflow-import
 from tensorflow.python.framework import ops as _tf_ops  # pylint: disable=g-direct-tensorflow-import
 
 
@@ -90,3 +98,33 @@ def LocalDevices(config):
     DeviceAttributes protos, each with ``name`` and ``device_type``.
   """
   return _device_lib.list_local_devices(config)
+
+
+_XLA_KERNELS_REGISTERED = []
+
+
+def XlaKernels(jit_device, op_type):
+  """The kernels XLA has for ops of `op_type` on `jit_device`.
+
+  Args:
+    jit_device: 'XLA_CPU_JIT' or 'XLA_GPU_JIT'.
+    op_type: an op type, e.g. 'MatMul'.
+
+  Returns:
+    A list of KernelDef protos (their ``constraint`` lists the dtypes each
+    takes); empty if XLA cannot compile the op there.
+  """
+  if not _XLA_KERNELS_REGISTERED:
+    # Imported here: only pipelines that compile need it.
+    from tensorflow.python.util import pywrap_xla_ops  # pylint: disable=g-direct-tensorflow-import,g-import-not-at-top
+    # Registers every XLA JIT kernel in the global registry (both lists).
+    pywrap_xla_ops.get_cpu_kernel_names()
+    pywrap_xla_ops.get_gpu_kernel_names()
+    _XLA_KERNELS_REGISTERED.append(True)
+  return [k for k in _kernels.get_registered_kernels_for_op(op_type).kernel
+          if k.device_type == jit_device]
+
+
+def FunctionDefinition(fn):
+  """The FunctionDef proto of a graph function (a GraphFunctions value)."""
+  return fn.definition

@@ -246,18 +246,19 @@ def _EncoderInputs(src_ids, src_paddings):
       tgt_paddings=tf.zeros([batch, 1])),)
 
 
-def _Encode(stages, theta, src_ids, src_paddings, num_lanes):
+def _Encode(stages, theta, src_ids, src_paddings, num_lanes, compile=None):  # pylint: disable=redefined-builtin
   """The encoder output of each lane, on the encoder's last device.
 
   The encoder runs forward-only in ``decode_lanes.EncoderMicroBatches``
   micro-batches (at least as many as lanes, so that its own pipeline over
   the stages' devices idles little); each lane's output is its consecutive
-  micro-batches' outputs.
+  micro-batches' outputs. `compile`: the network's (XLA for the stages).
   """
   encoder_stages = [s for s in stages if s.encoder]
   fns = [stage_lib.StageFunctions(s.index, [l for _, l in s.encoder],
                                   [key for key, _ in s.encoder], s.device,
-                                  remat=False) for s in encoder_stages]
+                                  remat=False, compile=compile)
+         for s in encoder_stages]
   thetas = [stage_lib.NestedTheta(theta.network,
                                   [key for key, _ in s.encoder])
             for s in encoder_stages]
@@ -275,6 +276,11 @@ def _Encode(stages, theta, src_ids, src_paddings, num_lanes):
       return micro_batch.Split(outputs[0], num_lanes, 0)
     return [micro_batch.Merge(outputs[m * per_lane:(m + 1) * per_lane], 0)
             for m in range(num_lanes)]
+
+
+def _Compile(task):
+  """The network's ``compile`` param: XLA for the encoder and the steps."""
+  return getattr(task.network.params, 'compile', None)
 
 
 def _StepFn(stage, beam_size, max_len):
@@ -371,7 +377,7 @@ def Decode(task, theta, src_ids, src_paddings, beam_size=1, num_lanes=None,
   decode_stages = _LoopStages(stages)
   m = NumLanes(task, batch, beam_size, num_lanes)
   k = beam_size
-  encoded = _Encode(stages, theta, src_ids, src_paddings, m)
+  encoded = _Encode(stages, theta, src_ids, src_paddings, m, _Compile(task))
   rows = batch // m * k
   lane_stages, states, constants = [], [], []
   for s in decode_stages:
@@ -418,7 +424,8 @@ def Decode(task, theta, src_ids, src_paddings, beam_size=1, num_lanes=None,
       with tf.control_dependencies([src for src, _ in encoded]):
         feedback.append(start.Transform(tf.identity))
   _, states = lanes.Decode(lane_stages, feedback, states, constants, length,
-                           lane_done=lambda f: f.done)
+                           lane_done=lambda f: f.done,
+                           compile=_Compile(task))
   with tf.device(decode_stages[-1].device):
     results = [state.result for state in states[-1]]
     if k > 1:

@@ -68,6 +68,10 @@ def _Parser():
                  'two devices in a loop (run at --loop_micro_batches)')
   p.add_argument('--loop_micro_batches', default='8')
   p.add_argument('--remat', default='always', choices=pipeline.REMAT_MODES)
+  p.add_argument('--xla', action='store_true',
+                 help="also time each of ours with compile='xla' (every "
+                 'stage function compiled by XLA): step time, first step '
+                 'and graph size side by side')
   p.add_argument('--steps', type=int, default=5, help='timed rounds')
   p.add_argument('--warmup', type=int, default=2)
 
@@ -195,6 +199,10 @@ def _Parser():
                  'decode here')
   p.add_argument('--timeline_steps', type=int, default=4,
                  help='decoding steps the timeline shows')
+  p.add_argument('--xla', action='store_true',
+                 help="also decode each pipelined configuration with "
+                 "compile='xla' (the stage functions compiled by XLA): "
+                 'speed, first decode and graph size side by side')
   p.add_argument('--memory_cap',
                  help="e.g. '1.5GiB': instead, decode a model too big for "
                  'one worker under this memory cap per worker process (a '

@@ -23,6 +23,10 @@ schedule simulated with each stage's traced task time (its imbalance
 without hand-over time), and the traced spans of
 the encoder (its ``F`` tasks) and of the loop; the workers' peak memory;
 and a timeline picture of one pipelined decode (encoder and first steps).
+With ``--xla`` each pipelined configuration is also decoded with its stage
+functions compiled by XLA (``compile='xla'``: the encoder stages and the
+decoding steps), beside a table of its first decode (when XLA compiles)
+and graph size.
 """
 
 import collections
@@ -34,6 +38,7 @@ import time
 from gpipe.compat import lingvo_import  # pylint: disable=unused-import
 import numpy as np
 from gpipe import pipeline
+from gpipe import xla
 from gpipe.schedules import pipeline_tasks
 from gpipe.measure import timeline
 from gpipe.schedules import decode_lanes
@@ -59,11 +64,12 @@ QUICK_DECODE_MODEL = dict(vocab_size=64, model_dim=32, hidden_dim=64,
 class DecodeConfig(
     collections.namedtuple('DecodeConfig',
                            ['num_stages', 'lanes', 'beam', 'batch',
-                            'whole_layers'])):
+                            'whole_layers', 'compile'])):
   """One decoding configuration; lanes None: the unpipelined decoder.
 
   ``whole_layers``: cut the decoder at whole layers only (for comparison
-  with the cut into step parts).
+  with the cut into step parts). ``compile``: 'xla' compiles the stage
+  functions (the network's ``compile``), None not.
   """
 
   __slots__ = ()
@@ -72,11 +78,12 @@ class DecodeConfig(
   def label(self):
     how = 'unpipelined' if self.lanes is None else 'M=%d' % self.lanes
     search = 'greedy' if self.beam == 1 else 'beam %d' % self.beam
-    return 'K=%d %s %s%s' % (self.num_stages, how, search,
-                             ' whole layers' if self.whole_layers else '')
+    return 'K=%d %s %s%s%s' % (self.num_stages, how, search,
+                               ' whole layers' if self.whole_layers else '',
+                               ' ' + self.compile if self.compile else '')
 
 
-DecodeConfig.__new__.__defaults__ = (False,)
+DecodeConfig.__new__.__defaults__ = (False, None)
 
 
 def Layers(shape):
@@ -152,7 +159,8 @@ class DecodeStep:
           name='mt', max_decode_len=shape['max_decode_len'], beam_size=c.beam)
       p.network = pipeline.PipeliningLayer.Params().Set(
           name='network', layers=layers, num_stages=c.num_stages,
-          num_micro_batches=1, stage_devices=list(devices))
+          num_micro_batches=1, stage_devices=list(devices),
+          compile=c.compile)
       self.step_costs = self.lead_parts = None
       if cut == 'decode':
         self.step_costs = _StepCosts(shape, c, len(devices))
@@ -194,9 +202,11 @@ class DecodeStep:
            if all(v is not w for w in saved)])
     self.build_seconds = time.time() - start
     # A lost worker fails the run instead of hanging it.
-    self.session = tf.compat.v1.Session(
-        target, graph=self.graph, config=tf.compat.v1.ConfigProto(
-            operation_timeout_in_ms=600 * 1000))
+    config = tf.compat.v1.ConfigProto(operation_timeout_in_ms=600 * 1000)
+    if c.compile:
+      xla.SessionConfig(config)
+    self.session = tf.compat.v1.Session(target, graph=self.graph,
+                                        config=config)
     with self.graph.as_default():
       if os.path.exists(checkpoint + '.index'):
         try:
@@ -309,6 +319,9 @@ def Decode(args):
                   for m in lanes if batch % m == 0]
       configs += [DecodeConfig(2, m, beam, batch, True) for m in whole
                   if batch % m == 0]
+      if args.xla:
+        configs += [c._replace(compile='xla') for c in configs
+                    if c.lanes is not None]
       for c in configs:
         cluster = runner.Cluster('gpipe', c.num_stages)
         step = DecodeStep(c, shape, cluster.target, cluster.devices,
@@ -318,7 +331,8 @@ def Decode(args):
     # Every configuration decodes the unpipelined K=1 decoder's tokens.
     reference, decoded = {}, []
     for step in steps:
-      _, ids, _ = step.Run(trace=True)
+      # The first decode (XLA compiles the stage functions in it).
+      step.first_seconds, ids, _ = step.Run(trace=True)
       if step.config.lanes is None and step.config.num_stages == 1:
         reference[step.config.beam] = ids
       decoded.append(ids)
@@ -344,7 +358,11 @@ def Decode(args):
           stage_sizes=step.stage_sizes, lead_parts=step.lead_parts,
           step_costs=step.step_costs, seconds=median,
           sentences_per_second=c.batch / median,
-          ms_per_token=1e3 * median / length, same_tokens=step.same_tokens)
+          ms_per_token=1e3 * median / length, same_tokens=step.same_tokens,
+          compile=c.compile, first_seconds=step.first_seconds,
+          build_seconds=step.build_seconds,
+          graph_ops=len(step.graph.get_operations()),
+          graph_bytes=step.graph.as_graph_def().ByteSize())
       if traced:
         bubbles, tasks, encoder = traced[len(traced) // 2]
         stages = len({t.stage for t in tasks})
@@ -364,8 +382,9 @@ def Decode(args):
         e['speedup_over_best_k1'] = e['sentences_per_second'] / best_one
         rows.append([
             'greedy' if beam == 1 else 'beam %d' % beam, e['K'],
-            'unpipelined' if e['M'] is None else
-            '%d, whole layers' % e['M'] if e['whole_layers'] else e['M'],
+            ('unpipelined' if e['M'] is None else
+             '%d, whole layers' % e['M'] if e['whole_layers'] else
+             str(e['M'])) + (', ' + e['compile'] if e['compile'] else ''),
             e['batch'],
             e['sentences_per_second'], e['ms_per_token'],
             '%.2fx' % e['speedup_over_best_k1'],
@@ -405,10 +424,37 @@ def Decode(args):
            '; '.join('K=%d: %s' % (k, ', '.join(
                '%.0f MiB' % (b / 2**20) if b else '?' for b in peaks[k]))
                      for k in sorted(peaks)))
+  xla_rows = _XlaRows(result['configs'])
+  if xla_rows:
+    text += ('\n\nXLA-compiled stages (compile=\'xla\') beside uncompiled '
+             '(first decode: when XLA compiles):\n\n') + report.Table(
+                 ['search', 'K', 'M', 'sentences/s', 'XLA sentences/s',
+                  'XLA speed-up', 'first decode s', 'XLA first decode s',
+                  'graph build s', 'XLA graph build s', 'graph ops',
+                  'XLA graph ops', 'graph KiB', 'XLA graph KiB'], xla_rows)
   print(text)
   result['markdown'] = text
   report.Write(args, result, lambda plt: _Plot(plt, result, beams))
   return result
+
+
+def _XlaRows(configs):
+  """Rows of each XLA-compiled configuration beside its uncompiled twin."""
+  key = lambda e: (e['beam'], e['K'], e['M'], e['batch'], e['whole_layers'])
+  plain = {key(e): e for e in configs if not e['compile']}
+  rows = []
+  for e in configs:
+    p = plain.get(key(e))
+    if not e['compile'] or p is None:
+      continue
+    rows.append([
+        'greedy' if e['beam'] == 1 else 'beam %d' % e['beam'], e['K'],
+        e['M'], p['sentences_per_second'], e['sentences_per_second'],
+        '%.2fx' % (e['sentences_per_second'] / p['sentences_per_second']),
+        p['first_seconds'], e['first_seconds'], p['build_seconds'],
+        e['build_seconds'], p['graph_ops'], e['graph_ops'],
+        p['graph_bytes'] / 1024.0, e['graph_bytes'] / 1024.0])
+  return rows
 
 
 def _Plot(plt, result, beams):
@@ -416,7 +462,8 @@ def _Plot(plt, result, beams):
   fig, axes = plt.subplots(1, len(beams), figsize=(5 * len(beams), 3.4),
                            squeeze=False)
   for ax, beam in zip(axes[0], beams):
-    configs = [e for e in result['configs'] if e['beam'] == beam]
+    configs = [e for e in result['configs'] if e['beam'] == beam and
+               not e.get('compile')]
     for e in configs:
       if e['M'] is None:
         ax.axhline(e['sentences_per_second'], color='k', linestyle=':',

@@ -44,6 +44,7 @@ from gpipe.compat import lingvo_import  # pylint: disable=unused-import
 from gpipe.runtime import local_cluster
 from gpipe import pipeline
 from gpipe import precision
+from gpipe import xla
 from gpipe.schedules import registry as schedule_registry
 from lingvo import compat as tf
 from lingvo.core import cluster_factory
@@ -64,8 +65,8 @@ class Config(
         'impl', 'model', 'num_layers', 'batch', 'num_stages',
         'num_micro_batches', 'remat', 'width', 'stages_per_device',
         'schedule', 'fprop_dtype', 'replicas', 'batched_weights',
-        'stage_sizes', 'task_costs'
-    ], defaults=(1, None, 'float32', 1, False, None, None))):
+        'stage_sizes', 'task_costs', 'compile'
+    ], defaults=(1, None, 'float32', 1, False, None, None, None))):
   """One benchmark configuration (see the module docstring).
 
   `schedule` (impl 'gpipe' only): None trains with the loss on the merged
@@ -86,6 +87,9 @@ class Config(
   as even as the layers allow); `task_costs`: measured task costs as JSON
   text (``p.task_costs``, for the schedules that order by cost), as a plan
   of ``gpipe.plan`` sets them.
+
+  `compile` (impl 'gpipe' only): 'xla' compiles every stage function with
+  XLA (``p.compile``, gpipe/xla.py); None: uncompiled.
   """
 
   @property
@@ -99,9 +103,10 @@ class Config(
     cut = (' cut=%s' % ','.join(str(n) for n in self.stage_sizes)
            if self.stage_sizes else '')
     timed = ' measured-costs' if self.task_costs else ''
-    return '%s%s%s K=%d%s M=%d %s%s%s%s%s' % (
+    xla = ' ' + self.compile if self.compile else ''
+    return '%s%s%s K=%d%s M=%d %s%s%s%s%s%s' % (
         self.impl, sched, replicas, self.num_stages, loop,
-        self.num_micro_batches, self.remat, dtype, batched, cut, timed)
+        self.num_micro_batches, self.remat, dtype, batched, cut, timed, xla)
 
   @property
   def scope(self):
@@ -116,7 +121,8 @@ class Config(
                     '_cut' + '_'.join(str(n) for n in self.stage_sizes)
                     if self.stage_sizes else '') + (
                         '_costs%08x' % zlib.crc32(self.task_costs.encode())
-                        if self.task_costs else '')
+                        if self.task_costs else '') + (
+                            '_' + self.compile if self.compile else '')
 
   @property
   def num_workers(self):
@@ -218,7 +224,8 @@ class Step:
               task_costs=json.loads(c.task_costs) if c.task_costs else None,
               num_micro_batches=c.num_micro_batches, remat=c.remat,
               stage_devices=[devices[d] for d in where],
-              batched_weight_gradients=c.batched_weights)
+              batched_weight_gradients=c.batched_weights,
+              compile=c.compile)
           precision.SetFPropDtype(p, c.fprop_dtype)
           if c.replicas > 1:
             p.replica_devices = [[
@@ -275,9 +282,17 @@ class Step:
   def _Finish(self, start, target):
     self.build_seconds = time.time() - start
     self.num_ops = len(self.graph.get_operations())
-    self.session = tf.compat.v1.Session(target, graph=self.graph)
+    self.session = tf.compat.v1.Session(
+        target, graph=self.graph,
+        config=xla.SessionConfig() if self.config.compile else None)
     self.session.run(tf.compat.v1.global_variables_initializer())
     self.times = []
+    # The first step's seconds (XLA compiles the stage functions in it).
+    self.first_seconds = None
+
+  def GraphBytes(self):
+    """The serialized size of the session's graph (its functions included)."""
+    return self.graph.as_graph_def().ByteSize()
 
   def _BuildLingvoStack(self, c, devices):
     """Lingvo's GPipeTransformerStack on its executor or ours."""
@@ -301,7 +316,10 @@ class Step:
       return time.time() - start, metadata
     start = time.time()
     self.session.run([self.train_op, self.loss])
-    return time.time() - start
+    seconds = time.time() - start
+    if self.first_seconds is None:
+      self.first_seconds = seconds
+    return seconds
 
   def Close(self):
     self.session.close()

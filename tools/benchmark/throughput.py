@@ -3,7 +3,10 @@
 Times training steps of a Transformer stack and an AmoebaNet-D-like stack
 (``models``) in every configuration of ``runner.Config`` that the comparison
 needs, interleaved in one run, and reports the speed-ups over our K=1, M=1
-(the paper's Table 2) with a headline paragraph.
+(the paper's Table 2) with a headline paragraph. With ``--xla`` each of
+ours is also timed with its stage functions compiled by XLA
+(``compile='xla'``), in a table of step time, first step (when XLA
+compiles) and graph size beside the uncompiled one.
 """
 
 from gpipe import precision
@@ -49,6 +52,7 @@ def Throughput(args):
                   stages_per_device=loops, loop_micro_batches=loop_mbs,
                   warmup=args.warmup, priority=args.priority,
                   fprop_dtypes=dtypes, references=args.references,
+                  xla=getattr(args, 'xla', False),
                   gpipe_workers='K processes, one pinned core each, '
                   '1 intra-op + 2 inter-op threads',
                   lingvo='1 process, K virtual CPUs, %d+%d threads' %
@@ -82,15 +86,19 @@ def Throughput(args):
       configs = [(impl, k, m, 1, r, f32) for impl in ('gpipe', 'lingvo')
                  for k, m in [(1, 1)] + [(2, m) for m in STACK_MICRO_BATCHES]]
     configs = list(dict.fromkeys(configs))  # remat='never' repeats some
+    # Ours uncompiled, and with --xla each of ours again compiled by XLA.
+    jobs = [(config, None) for config in configs] + [
+        (config, 'xla') for config in configs
+        if getattr(args, 'xla', False) and config[0] == 'gpipe']
     runner = runner_lib.Runner(priority=args.priority, log=report.Log)
     try:
       steps = []
-      for impl, k, m, v, remat, dtype in configs:
+      for (impl, k, m, v, remat, dtype), compile_mode in jobs:
         if shape['batch'] % m:
           continue
         steps.append(runner.Add(runner_lib.Config(
             impl, name, shape['num_layers'], shape['batch'], k, m, remat,
-            shape['width'], v, fprop_dtype=dtype)))
+            shape['width'], v, fprop_dtype=dtype, compile=compile_mode)))
       medians = runner.TimeInterleaved(steps, args.steps, args.warmup)
     finally:
       runner.Close()
@@ -101,6 +109,16 @@ def Throughput(args):
     for step in steps:
       c = step.config
       t = medians[c.label]
+      if c.compile:
+        records.append(dict(impl=c.impl, K=c.num_stages, M=c.num_micro_batches,
+                            v=c.stages_per_device, remat=c.remat,
+                            fprop_dtype=c.fprop_dtype, compile=c.compile,
+                            step_seconds=t, all_step_seconds=step.times,
+                            first_step_seconds=step.first_seconds,
+                            build_seconds=step.build_seconds,
+                            graph_ops=step.num_ops,
+                            graph_bytes=step.GraphBytes()))
+        continue
       ref = base['gpipe']
       v, m = c.stages_per_device, c.num_micro_batches
       rows.append([c.impl, c.num_stages, v, m, c.remat, c.fprop_dtype,
@@ -109,10 +127,18 @@ def Throughput(args):
                    if c.num_stages == 2 and c.impl != 'plain' else ''])
       records.append(dict(impl=c.impl, K=c.num_stages, M=m, v=v,
                           remat=c.remat, fprop_dtype=c.fprop_dtype,
-                          step_seconds=t,
+                          compile=None, step_seconds=t,
+                          first_step_seconds=step.first_seconds,
+                          build_seconds=step.build_seconds,
+                          graph_ops=step.num_ops,
+                          graph_bytes=(step.GraphBytes()
+                                       if getattr(args, 'xla', False)
+                                       else None),
                           all_step_seconds=step.times,
                           examples_per_second=c.batch / t,
                           speedup_vs_gpipe_K1M1=ref / t))
+    xla_rows, xla_records = _XlaTable(records)
+    records = [r for r in records if not r['compile']]
     ours = {(r['K'], r['M'], r['v']): r['step_seconds'] for r in records
             if r['impl'] == 'gpipe' and r['remat'] == args.remat and
             r['fprop_dtype'] == f32}
@@ -168,7 +194,8 @@ def Throughput(args):
                                                         shape['batch'])
     result['models'][name] = dict(shape=shape, configs=records,
                                   headline=headline,
-                                  precision=precision_records)
+                                  precision=precision_records,
+                                  xla=xla_records)
     title = '### %s (L=%d, batch=%d, width=%d)' % (
         name, shape['num_layers'], shape['batch'], shape['width'])
     table = report.Table(
@@ -184,6 +211,13 @@ def Throughput(args):
                    ['%s examples/s' % d for d in dtypes] +
                    ['%s / %s speed' % (dtypes[-1], dtypes[0])],
                    precision_rows)
+    if xla_rows:
+      text += ('\n\nXLA-compiled stages (compile=\'xla\') beside uncompiled '
+               '(same run; first step: when XLA compiles):\n\n') + report.Table(
+                   ['K', 'v', 'M', 'remat', 'fprop', 'step ms', 'XLA step ms',
+                    'XLA speed-up', 'first step s', 'XLA first step s',
+                    'graph build s', 'XLA graph build s', 'graph ops',
+                    'XLA graph ops', 'graph KiB', 'XLA graph KiB'], xla_rows)
     tables.append(text)
   text = header + '\n' + '\n\n'.join(tables)
   print(text)
@@ -226,6 +260,29 @@ def Throughput(args):
 
   report.Write(args, result, Plot)
   return result
+
+
+def _XlaTable(records):
+  """Rows and records of ours beside ours compiled by XLA (--xla)."""
+  key = lambda r: (r['K'], r['v'], r['M'], r['remat'], r['fprop_dtype'])
+  plain = {key(r): r for r in records
+           if r['impl'] == 'gpipe' and not r['compile']}
+  rows, out = [], []
+  for r in records:
+    if not r['compile'] or key(r) not in plain:
+      continue
+    p = plain[key(r)]
+    rows.append(list(key(r)) + [
+        1e3 * p['step_seconds'], 1e3 * r['step_seconds'],
+        '%.2fx' % (p['step_seconds'] / r['step_seconds']),
+        p['first_step_seconds'], r['first_step_seconds'],
+        p['build_seconds'], r['build_seconds'], p['graph_ops'],
+        r['graph_ops'], p['graph_bytes'] / 1024.0,
+        r['graph_bytes'] / 1024.0])
+    out.append(dict(K=r['K'], v=r['v'], M=r['M'], remat=r['remat'],
+                    fprop_dtype=r['fprop_dtype'], uncompiled=p, xla=r,
+                    speedup=p['step_seconds'] / r['step_seconds']))
+  return rows, out
 
 
 def _PrecisionTable(records, dtypes, batch):

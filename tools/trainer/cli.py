@@ -79,6 +79,12 @@ flags.DEFINE_enum(
     'schedule', None, schedule_registry.Names(),
     'Override the pipeline schedule: ' + schedule_registry.ParamDoc() +
     '. See gpipe/schedules/ and the README table.')
+flags.DEFINE_bool(
+    'xla', False,
+    "Compile every pipeline stage function with XLA (the pipelines' "
+    "compile='xla', gpipe/xla.py): fused stages, compiled at the first "
+    'step; an op XLA cannot compile is an error naming it. See '
+    'docs/TRAINER.md.')
 flags.DEFINE_integer(
     'worker_processes', 0,
     'Start this many local TensorFlow worker processes, one stage on each.')
@@ -221,7 +227,7 @@ def SettleFromFlags():
       FLAGS.model, FLAGS.mode, logdir=FLAGS.logdir,
       override=FLAGS.model_params_override, num_stages=FLAGS.num_stages,
       num_micro_batches=FLAGS.num_micro_batches, schedule=FLAGS.schedule,
-      input_seed=FLAGS.seed if FLAGS['seed'].present else None,
+      xla=FLAGS.xla, input_seed=FLAGS.seed if FLAGS['seed'].present else None,
       worker_processes=FLAGS.worker_processes,
       cluster_spec=FLAGS.cluster_spec, pin_cores=FLAGS.pin_cores,
       loop_stages=decided.get('loop_stages', FLAGS.loop_stages),

@@ -256,6 +256,25 @@ def SetPipelineShape(cfg, num_stages=None, num_micro_batches=None,
   return found
 
 
+def SetCompile(cfg, compile):  # pylint: disable=redefined-builtin
+  """Sets ``compile`` (gpipe/xla.py) of every pipeline in `cfg` (--xla).
+
+  Args:
+    cfg: model params (changed in place).
+    compile: 'xla' or 'xla_where_possible' (None: uncompiled).
+
+  Raises:
+    ValueError: the model has no pipeline.
+  """
+  found = FindPipelines(cfg)
+  if not found:
+    raise ValueError(
+        '--xla: this model has no gpipe PipeliningLayer in its params, so '
+        'there are no stage functions to compile; drop the flag')
+  for _, pp in found:
+    pp.compile = compile
+
+
 def SetDecoding(cfg, pipelined=None, num_lanes=None):
   """Sets how the model's task decodes: pipelined in lanes or unpipelined.
 

@@ -95,12 +95,14 @@ def PrepareLogdir(logdir, mode):
 
 
 def _ModelParams(model, dataset, override, num_stages, num_micro_batches,
-                 schedule, input_seed, fprop_dtype, plan=None,
+                 schedule, input_seed, fprop_dtype, plan=None, xla=False,
                  decode_micro_batches=None, pipelined_decode=None):
   cfg = model_select.ModelParams(model, dataset, override)
   # The task's layers compute in fprop_dtype; variables stay float32.
   precision.SetFPropDtype(cfg.task, fprop_dtype)
   model_select.SetPipelineShape(cfg, num_stages, num_micro_batches, schedule)
+  if xla:
+    model_select.SetCompile(cfg, 'xla')
   model_select.SetDecoding(cfg, pipelined_decode, decode_micro_batches)
   if plan is not None:
     planned.Apply(cfg, plan)
@@ -145,7 +147,7 @@ def _PlanLayout(train, where, data_parallel, loop_stages):
 
 def Settle(model, mode, logdir=None, override='', num_stages=None,
            num_micro_batches=None, schedule=None, input_seed=None,
-           worker_processes=0,
+           xla=False, worker_processes=0,
            cluster_spec='', pin_cores=False, loop_stages=False,
            step_timeout_secs=300, fprop_dtype='float32', data_parallel=1,
            max_worker_restarts=0, device_type='auto', devices_per_task=0,
@@ -162,6 +164,8 @@ def Settle(model, mode, logdir=None, override='', num_stages=None,
     num_stages: override K of every pipeline (None: keep).
     num_micro_batches: override M (None: keep).
     schedule: override the pipeline schedule (None: keep).
+    xla: compile every pipeline's stage functions with XLA
+      (compile='xla'; False: keep the params').
     input_seed: the input order seed, when given on the command line.
     worker_processes: start this many local worker processes (0: none).
     cluster_spec: running workers, 'worker=host:port,...', a JSON cluster
@@ -203,7 +207,7 @@ def Settle(model, mode, logdir=None, override='', num_stages=None,
   except ValueError as e:
     raise ValueError('--%s' % e) from None
   shape = (override, num_stages, num_micro_batches, schedule, input_seed,
-           fprop_dtype, plan)
+           fprop_dtype, plan, xla)
   train = _ModelParams(model, 'Train', *shape)
   settings['fprop_dtype'] = fprop_dtype
   model_select.CheckDataParallel(train, data_parallel)
