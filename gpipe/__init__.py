@@ -60,7 +60,8 @@ public names are imported on first use).
      features the stages use: batch_norm.py (micro-batch batch norm),
      randomness.py (dropout the recomputation reproduces), precision.py
      (bfloat16), separability.py (a loss must not mix micro-batches),
-     thread_stack.py; and worker.py (python -m gpipe.worker) and this
+     xla.py (stage functions compiled by XLA, p.compile), thread_stack.py;
+     and worker.py (python -m gpipe.worker) and this
      __init__.py (the public names)
   4  plan/        the planner, before training: measure a model once, simulate
                   every configuration, pick: profile.py (the measured profile,
