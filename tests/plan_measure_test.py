@@ -54,7 +54,7 @@ class MeasureTest(test_utils.TestCase):
     # 8) takes longer, whatever else the machine runs: the fastest of 3
     # runs each. (B and W alone are differences of two runs, B of F+B less
     # F, W of F+B+W less F+B, which a busy machine can swamp.)
-    (layer,) = measure.MeasureLayers(
+    (layer,) = profiling.MeasureLayers(
         [_Dense('wide', 512)], (tf.TensorSpec([8, 512], tf.float32),),
         [8, 1024], repeats=3, warmup=1)
     small, big = layer.measurements

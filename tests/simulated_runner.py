@@ -103,6 +103,10 @@ class SimulatedStep:
                        'gradients' % config.label)
     self.config = config
     self.times = []
+    # What runner.Step reports of its build, for the tables that show it.
+    self.first_seconds = None
+    self.build_seconds = 0.0
+    self.num_ops = 0
     c = config
     if c.impl == 'gpipe':
       name, where = _Placement(c)
@@ -180,6 +184,10 @@ class SimulatedStep:
                     alloc_bytes=self._recomputed_bytes)
       records.add(alloc_micros=_Micros(end * self.tick_secs),
                   alloc_bytes=-self._kept_bytes - self._recomputed_bytes)
+
+  def GraphBytes(self):
+    """No graph is built: 0."""
+    return 0
 
   def Close(self):
     pass
