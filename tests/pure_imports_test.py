@@ -90,7 +90,15 @@ class PureImportsTest(parameterized.TestCase):
             'from lingvo import compat as tf; '
             'from tensorflow.python.trackable import autotrackable; '
             'old = sys.modules["tensorflow.python.training.tracking.'
-            'autotrackable"]; print(old is autotrackable)')
+            'autotrackable"]; '
+            # Lingvo reads data_structures under the old path too, when a
+            # NestedMap is built from a dict (its datasources do).
+            'from lingvo.core import py_utils; '
+            'm = py_utils.NestedMap.FromNestedDict({"a": {"b": 1}}); '
+            'assert m.a.b == 1, m; '
+            # The module keeps its own spec (reload, find_spec).
+            'assert autotrackable.__spec__.name == autotrackable.__name__; '
+            'print(old is autotrackable)')
     proc = subprocess.run([sys.executable, '-c', code], cwd=_ROOT,
                           capture_output=True, text=True, timeout=300,
                           check=False)

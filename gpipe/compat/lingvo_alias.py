@@ -29,6 +29,14 @@ import types
 OLD_PACKAGE = 'tensorflow.python.training.tracking'
 OLD_MODULE = OLD_PACKAGE + '.autotrackable'
 NEW_MODULE = 'tensorflow.python.trackable.autotrackable'
+# Every module Lingvo 0.14 reads under the old package, by its new name:
+# autotrackable at import, data_structures when a NestedMap is built from a
+# dict (NestedMap.FromNestedDict, Lingvo's datasources and input generators).
+MOVED = {
+    OLD_MODULE: NEW_MODULE,
+    OLD_PACKAGE + '.data_structures':
+        'tensorflow.python.trackable.data_structures',
+}
 
 
 def _NewPackage():
@@ -38,24 +46,25 @@ def _NewPackage():
 
 
 def Register():
-  """Registers the old path now (imports TensorFlow's module)."""
-  if OLD_MODULE in sys.modules:
+  """Registers the old paths now (imports TensorFlow's modules)."""
+  if all(old in sys.modules for old in MOVED):
     return
-  autotrackable = importlib.import_module(NEW_MODULE)
   package = sys.modules.get(OLD_PACKAGE)
   if package is None:
     package = _NewPackage()
     sys.modules[OLD_PACKAGE] = package
-  package.autotrackable = autotrackable
-  sys.modules[OLD_MODULE] = autotrackable
+  for old, new in MOVED.items():
+    module = importlib.import_module(new)
+    setattr(package, old.rsplit('.', 1)[1], module)
+    sys.modules[old] = module
 
 
 class _Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
-  """Finds and loads the two old names, and nothing else."""
+  """Finds and loads the old names (MOVED and their package), nothing else."""
 
   def find_spec(self, fullname, path=None, target=None):
     del path, target  # Unused.
-    if fullname not in (OLD_PACKAGE, OLD_MODULE):
+    if fullname != OLD_PACKAGE and fullname not in MOVED:
       return None
     return importlib.machinery.ModuleSpec(
         fullname, self, is_package=fullname == OLD_PACKAGE)
@@ -64,10 +73,17 @@ class _Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
     if spec.name == OLD_PACKAGE:
       return _NewPackage()
     # The new module itself (not a copy): its classes are Lingvo's bases.
-    return importlib.import_module(NEW_MODULE)
+    module = importlib.import_module(MOVED[spec.name])
+    self._real_specs = getattr(self, '_real_specs', {})
+    self._real_specs[module.__name__] = module.__spec__
+    return module
 
   def exec_module(self, module):
-    del module  # Created complete by create_module.
+    # Created complete by create_module; the import machinery has set the
+    # old name's spec on it: give it back its own (reload, find_spec).
+    real = getattr(self, '_real_specs', {}).get(module.__name__)
+    if real is not None:
+      module.__spec__ = real
 
 
 def InstallFinder():
