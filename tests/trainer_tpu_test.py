@@ -72,6 +72,14 @@ class TrainerTpuTest(absltest.TestCase):
     self.assertFalse(os.path.exists(os.path.join(self.logdir, 'workers')))
     self.assertLess(secs, 30)
 
+  def testInspectModelWithoutAClusterIsRefusedToo(self):
+    # inspect_model plans no placement without workers or a cluster: it
+    # must not print a CPU layout for a TPU run.
+    code, out, err, _ = self._Run(mode='inspect_model')
+    self.assertEqual(1, code, out + err)
+    self.assertIn('--device_type=tpu: no TPU system found', err)
+    self.assertNotIn('Traceback', err)
+
   def testAClusterWithoutTpusIsNamed(self):
     # A worker server of this process: it lists only its CPU.
     address = 'localhost:%d' % local_cluster.FreePort()

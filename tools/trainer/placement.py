@@ -66,7 +66,7 @@ def _LocalDeviceType(device_type):
   return 'GPU' if gpus and device_type in ('auto', 'gpu') else 'CPU'
 
 
-def _RefuseTpu(worker_processes, description, connect_timeout_secs,
+def RefuseTpu(worker_processes, description, connect_timeout_secs,
                plan_only):
   """Raises devices.TpuNotBuiltError, saying what this run has of TPUs.
 
@@ -204,7 +204,7 @@ class Placement:
     description = None if worker_processes else cluster_spec_lib.Resolve(
         cluster_spec, environ=environ, slurm=False)
     if device_type == 'tpu':
-      _RefuseTpu(worker_processes, description, connect_timeout_secs,
+      RefuseTpu(worker_processes, description, connect_timeout_secs,
                  plan_only)
     if worker_processes:
       self._LocalWorkers(worker_processes, device_type, plan_only)

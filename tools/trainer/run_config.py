@@ -137,6 +137,10 @@ def _PlanLayout(train, where, data_parallel, loop_stages):
   described = where['worker_processes'] or cluster_spec_lib.Resolve(
       where['cluster_spec'], environ=where['environ'], slurm=False)
   if not described:
+    if where.get('device_type') == 'tpu':
+      # What Placement refuses with a cluster: said here too, before the
+      # model is built for CPUs.
+      placement_lib.RefuseTpu(0, None, where['connect_timeout_secs'], True)
     return
   placement = placement_lib.Placement(
       model_select.MaxStages(train) * data_parallel,
