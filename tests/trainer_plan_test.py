@@ -82,6 +82,12 @@ class TrainerPlanTest(tf.test.TestCase):
         model=TOY, logdir=tempfile.mkdtemp(), memory_per_device='1GiB')
     self.assertEqual(code, 1)
     self.assertIn('--memory_per_device is for --plan=auto', err)
+    # The plan's times are of uncompiled stages: not with --xla.
+    code, out, err = trainer_testlib.RunInProcess(
+        model=TOY, logdir=tempfile.mkdtemp(), plan=path, xla=True)
+    self.assertEqual(code, 1)
+    self.assertIn("--plan chooses from uncompiled stages' measured times, "
+                  'which --xla changes', err)
     code, out, err = trainer_testlib.RunInProcess(
         model=TOY, logdir=logdir, plan=path, max_steps=1,
         eval_after_train=False, trace_every_n_steps=0)

@@ -204,6 +204,12 @@ def _PlanFromFlags():
   """(--plan's Plan or None, the run settings it decides)."""
   if not FLAGS.plan and not FLAGS.memory_per_device:
     return None, {}
+  if FLAGS.plan and FLAGS.xla:
+    # The planner measures uncompiled stages; XLA changes every stage's
+    # time (on CPUs a convolution stage ran 12x slower compiled).
+    raise planned.PlanError(
+        '--plan chooses from uncompiled stages\' measured times, which '
+        '--xla changes: drop --xla, or --plan and set the pipeline by hand')
   logdir = run_config.PrepareLogdir(FLAGS.logdir, FLAGS.mode)
   plan = planned.Resolve(
       FLAGS.plan, FLAGS.model, FLAGS.model_params_override, logdir,
