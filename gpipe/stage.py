@@ -337,7 +337,7 @@ class StageFunctions:
         i for i, t in enumerate(args_flat[:self._num_diff_args])
         if t.dtype.is_floating
     ]
-    if not self.remat or not self.BUILD_BACKWARD:
+    if not self.BUILD_BACKWARD or not (self.remat or self._jit):
       return
 
     def Backward(theta_flat, args_flat, seed, step, d_outs):
@@ -354,9 +354,15 @@ class StageFunctions:
         tf.TensorSpec(out_flat[i].shape, out_flat[i].dtype)
         for i in self._float_outs
     ]
-    self._backward = self._Function(
+    backward = self._Function(
         Backward, [theta_specs, arg_specs, seed_spec, STEP_SPEC, d_out_specs],
         'BW')
+    if self.remat:
+      self._backward = backward
+    # Else TensorFlow differentiates the forward's call itself, with a
+    # gradient function that copies its compile attribute but is traced
+    # only when the gradients are built: the trace above (not called) lets
+    # its ops be checked for XLA kernels now, with the forward's.
 
   def _Prepare(self, theta, args, targets, acc_values):
     """Flat theta and args of one call; traces the functions on first use."""

@@ -16,7 +16,9 @@ run with ``No registered 'Op' OpKernel for XLA_CPU_JIT devices``
 (``//tests:xla_stages_test`` checks both).
 
 What XLA cannot compile is found when the functions are traced, before
-anything runs: an op (also inside a nested function, a ``tf.cond`` branch
+anything runs (without remat, TensorFlow's own gradient of a compiled
+forward is compiled too: the stage traces its backward once more, uncalled,
+so that its ops are checked with the forward's): an op (also inside a nested function, a ``tf.cond`` branch
 or a loop body) with no XLA kernel for the stage's device type, or none for
 its dtype (string ops, ``tf.py_function``/``tf.numpy_function``, Lingvo's
 custom ``x_ops``, ``tf.print``...). ``FindUnsupported`` lists them from
@@ -31,7 +33,11 @@ counter, other uniforms; and seeds are cut to 32 bits), so a backward that
 recomputes a forward must run the same way as the forward did. Dropout
 under XLA is therefore not the uncompiled pipeline's dropout: the masks
 still differ per micro-batch and step and the recomputation draws the
-forward's masks, but they are other masks.
+forward's masks, but they are other masks. That holds for the stateless
+ops of ``gpipe.randomness`` (``Dropout``); a stateful random op in a stage
+that recomputes (e.g. Lingvo's ``DropoutLayer`` with ``tf.nn.dropout``) has
+no seed that ties the recomputation's draw to the forward's, compiled or
+not: use ``gpipe.randomness.Dropout`` (Lingvo's deterministic layers too).
 
 The session: Grappler's memory optimizer, when it runs over the session
 graph, rewrites a large AddN inside a compiled function (a Transformer

@@ -46,6 +46,23 @@ class Stringify(base_layer.BaseLayer):
     return x + 0.0 * tf.cast(tf.strings.length(text), x.dtype)
 
 
+class StringifiedGradient(base_layer.BaseLayer):
+  """The identity, whose gradient has a string op inside."""
+
+  def FProp(self, theta, x):
+
+    @tf.custom_gradient
+    def Identity(x):
+
+      def Grad(dy):
+        text = tf.strings.as_string(dy)
+        return dy + 0.0 * tf.cast(tf.strings.length(text), dy.dtype)
+
+      return tf.identity(x), Grad
+
+    return Identity(x)
+
+
 def _Inputs(dtype=tf.float64):
   rng = np.random.RandomState(3)
   return (tf.constant(rng.randn(8, 8), dtype),), tf.constant(rng.randn(8, 8),
@@ -189,6 +206,23 @@ class XlaStagesTest(test_utils.TestCase, parameterized.TestCase):
           r"compile='xla_where_possible'"
       ):
         self._StringNet('xla')
+
+  def testAnOpOnlyTheGradientHasIsRefusedWithoutRemat(self):
+    # Without remat TensorFlow differentiates the compiled forward call
+    # itself; its gradient's ops are checked when the stage is built, not
+    # met at the first run.
+    with tf.Graph().as_default():
+      layers = lib.Layers(keep_prob=1.0)
+      layers.insert(3, StringifiedGradient.Params().Set(
+          name='stringified_grad', dtype=tf.float64))
+      with self.assertRaisesRegex(
+          xla.UncompilableError,
+          r"stage 1 \(pipe\.stringified_grad, .* in its backward function: "
+          r"op '[^']*AsString' \(AsString\)"):
+        net = lib.Net('gpipe', K, M, 'never', layers=layers, compile='xla',
+                      stage_sizes=[3, 4])
+        inputs, targets = _Inputs()
+        lib.LossAndGrads(net, inputs, targets, pipelined=True)
 
   def testWherePossibleLeavesTheStageWithTheOpUncompiled(self):
     with tf.Graph().as_default() as graph:
