@@ -41,9 +41,9 @@ separability.py (a loss must not mix micro-batches), thread_stack.py.
 Inference: in eval mode the executor runs the forward-only schedule
 (schedules/inference.py); lanes.py decodes autoregressively through the
 stages, the batch in lanes (schedules/decode_lanes.py). Around the step:
-measure/ (timeline, memory, param_count, run_time), compat/ (Lingvo on
-TF 2.15, Lingvo's GPipe on this executor, TensorFlow internals), runtime/
-(worker processes and clusters).
+measure/ (timeline, memory, param_count, run_time, gpu_audit: what would
+leave the GPUs), compat/ (Lingvo on TF 2.15, Lingvo's GPipe on this
+executor, TensorFlow internals), runtime/ (worker processes and clusters).
 
 Before training, the planner chooses a configuration:
 

@@ -4,5 +4,8 @@
   TensorFlow's step stats, bubbles, a PNG and a Perfetto/Chrome trace;
 * ``memory``: peak memory per device from a traced step;
 * ``param_count``: parameter counts and bytes of layers and stages;
-* ``run_time``: how long a session run takes (median of timed runs).
+* ``run_time``: how long a session run takes (median of timed runs);
+* ``gpu_audit``: the ops of GPU stages without a GPU kernel for their dtypes
+  and the host-GPU copies of each micro-batch, from TensorFlow's kernel
+  registry (no GPU needed).
 """
