@@ -36,7 +36,8 @@ public names are imported on first use).
                   thread of its own; RunIsolated for scratch layers)
   2  measure/     what a step did and what a model holds: timeline.py (the
                   tasks of a traced step), memory.py (peak memory per
-                  device), param_count.py, run_time.py
+                  device), param_count.py, run_time.py, gpu_audit.py (what
+                  would leave a GPU, from the kernel registry)
   3  gpipe/       the core: the modules directly in gpipe/, the executor and
                   what it runs, in the order a training step meets them:
        pipeline.py        PipeliningLayer: params, the cut into stages

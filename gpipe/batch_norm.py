@@ -109,7 +109,12 @@ class MicroBatchBatchNormLayer(base_layer.BaseLayer):
     else:
       # Statistics in the variables' dtype (float32 under bfloat16 compute).
       x = tf.cast(inputs, p.dtype)
-      count = tf.cast(tf.reduce_prod(tf.shape(x)[:-1]), p.dtype)
+      if x.shape[:-1].is_fully_defined():
+        # A constant: counted from tf.shape, the count is an int32 a GPU
+        # keeps in host memory and copies to the device in every call.
+        count = tf.constant(x.shape[:-1].num_elements(), p.dtype)
+      else:
+        count = tf.cast(tf.reduce_prod(tf.shape(x)[:-1]), p.dtype)
       total = tf.reduce_sum(x, axes)
       total_sq = tf.reduce_sum(tf.square(x), axes)
       mean = total / count

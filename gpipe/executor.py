@@ -36,7 +36,7 @@ from lingvo.core import py_utils
 class StepSetup(
     collections.namedtuple('StepSetup', [
         'num_micro_batches', 'per_replica', 'replica_orders', 'scheduled_ops',
-        'check', 'seeds', 'inputs', 'targets', 'weight_phase'
+        'check', 'inputs', 'targets', 'weight_phase'
     ])):
   """A pipelined mini-batch before its first task (``_SetUpStep``).
 
@@ -48,7 +48,6 @@ class StepSetup(
     scheduled_ops: the task_ops.ScheduledOps imposing those orders.
     check: the separability.Checker of the schedule's per-micro-batch loss,
       or None.
-    seeds: per micro-batch, its seed.
     inputs: per micro-batch, the pipeline's inputs.
     targets: per micro-batch, the loss layer's targets (or None each).
     weight_phase: the phase whose order the weight gradients are summed in.
@@ -153,12 +152,21 @@ class PipelineExecutor:
     except ValueError as e:
       raise ValueError('%s: %s' % (p.name, e)) from None
 
-  def _Seeds(self, num_micro_batches):
-    step = stage_lib.GlobalStepOrZero()
-    return [
-        randomness.MicroBatchSeed(step, m, self.params.seed)
-        for m in range(num_micro_batches)
-    ]
+  def _Seeds(self, num_micro_batches, step=None, first=0):
+    """The seeds of micro-batches first .. first + num_micro_batches - 1.
+
+    Args:
+      num_micro_batches: how many.
+      step: the global step to derive them from (default: Lingvo's, or 0).
+      first: the index of the first.
+
+    Returns:
+      A list of int64 [2] tensors (randomness.MicroBatchSeed).
+    """
+    if step is None:
+      step = stage_lib.GlobalStepOrZero()
+    return randomness.MicroBatchSeeds(
+        step, range(first, first + num_micro_batches), self.params.seed)
 
   @staticmethod
   def _Unwrap(outputs):
@@ -278,8 +286,8 @@ class PipelineExecutor:
     return StepSetup(
         num_micro_batches=num_mb, per_replica=per_replica,
         replica_orders=replica_orders, scheduled_ops=scheduled_ops,
-        check=check, seeds=self._Seeds(num_mb), inputs=inputs_mb,
-        targets=split_targets, weight_phase=weight_phase)
+        check=check, inputs=inputs_mb, targets=split_targets,
+        weight_phase=weight_phase)
 
   def _RunStage(self, setup, theta, fns, replica, current, accumulated):
     """Stage `fns`'s calls for every micro-batch of one replica.
@@ -310,10 +318,15 @@ class PipelineExecutor:
                                          low_dtypes)
     last = k == self.num_stages - 1
     step = stage_lib.StepOnDevice(fns.device)
+    # Each stage computes the micro-batches' seeds on its own device from
+    # its copy of the step: seeds made once on the host would be copied to
+    # every stage's device in every call (gpipe.measure.gpu_audit).
+    with tf.device(fns.device):
+      seeds = self._Seeds(setup.per_replica, step, first)
     results = []
     for m in range(setup.per_replica):
       result = fns.Call(stage_lib.MicroBatchCall(
-          theta=thetas[m], args=current[m], seed=setup.seeds[first + m],
+          theta=thetas[m], args=current[m], seed=seeds[m],
           step=step, micro_batch=first + m,
           targets=setup.targets[first + m] if last else None,
           check_d_outputs=(setup.check.Check if (setup.check and last) else

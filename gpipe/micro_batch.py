@@ -158,13 +158,31 @@ def NumMicroBatches(batch_size, num_micro_batches=None, micro_batch_size=None,
   return total
 
 
+def _SplitOne(t, num_micro_batches, batch_dim):
+  """The M parts of tensor `t` along `batch_dim`."""
+  if t.dtype.is_floating or t.dtype.is_complex:
+    return tf.split(t, num_micro_batches, axis=batch_dim)
+  # TensorFlow's GPU Split kernel takes floats only: an integer or bool
+  # tensor (token ids, labels) split on a GPU would fall back to the host
+  # (or fail under hard placement). Slices run on the GPU for every dtype.
+  size = StaticBatchSize([t], batch_dim) // num_micro_batches
+  begin = [0] * t.shape.rank
+  shape = [-1] * t.shape.rank
+  shape[batch_dim] = size
+  parts = []
+  for m in range(num_micro_batches):
+    begin[batch_dim] = m * size
+    parts.append(tf.slice(t, list(begin), list(shape)))
+  return parts
+
+
 def Split(inputs, num_micro_batches, batch_dim):
   """Splits every tensor of `inputs`: a list of M nests like `inputs`."""
   flat = tf.nest.flatten(inputs)
   if num_micro_batches == 1:
     return [inputs]
-  parts = [None if t is None else tf.split(t, num_micro_batches,
-                                           axis=batch_dim) for t in flat]
+  parts = [None if t is None else _SplitOne(t, num_micro_batches, batch_dim)
+           for t in flat]
   return [
       tf.nest.pack_sequence_as(inputs,
                                [None if p is None else p[m] for p in parts])

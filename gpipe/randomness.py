@@ -84,6 +84,22 @@ def MicroBatchSeed(step, micro_batch, base_seed=0):
   return tf.stack([step * 1000003 + base_seed, micro_batch * 7919 + base_seed])
 
 
+def MicroBatchSeeds(step, micro_batches, base_seed=0):
+  """MicroBatchSeed of each micro-batch index, the step's part made once.
+
+  Args:
+    step: a scalar integer tensor (usually the global step) or int.
+    micro_batches: the micro-batch indices (Python ints).
+    base_seed: a Python int mixed in.
+
+  Returns:
+    A list of int64 tensors of shape [2], equal to MicroBatchSeed's.
+  """
+  step_part = tf.cast(step, tf.int64) * 1000003 + base_seed
+  return [tf.stack([step_part, tf.constant(m * 7919 + base_seed, tf.int64)])
+          for m in micro_batches]
+
+
 def CurrentSeed():
   """The innermost micro-batch seed, or None outside any scope."""
   scope = _SCOPES.Top()
@@ -103,6 +119,32 @@ def SeedPair(key):
   if scope is None:
     return None
   return scope.seed + tf.constant([0, scope.NextOffset(key)], tf.int64)
+
+
+def StatelessUniform(shape, seed, dtype):
+  """tf.random.stateless_uniform in [0, 1), without host copies on a GPU.
+
+  The same numbers as ``tf.random.stateless_uniform(shape, seed)``: its
+  default algorithm on CPUs and GPUs is Philox, with the key and counter
+  scrambled from the seed. By default TensorFlow scrambles them in a kernel
+  that reads the seed from host memory and leaves them there, so on a GPU
+  every random op copies its seed (computed on the GPU: the micro-batch
+  seed plus the op's offset) to the host, a sync, and the key and counter
+  back (gpipe.measure.gpu_audit finds both). With ``alg='philox'`` the same
+  scrambling runs as ordinary ops on the GPU. On a CPU the default's single
+  kernel is cheaper, and it is kept.
+
+  Args:
+    shape: the output shape (a list or an int32 tensor).
+    seed: an int64 [2] tensor.
+    dtype: a float dtype.
+
+  Returns:
+    A tensor of `shape` uniform in [0, 1).
+  """
+  on_gpu = tf.DeviceSpec.from_string(seed.op.device or '').device_type == 'GPU'
+  return tf.random.stateless_uniform(shape, seed=seed, dtype=dtype,
+                                     alg='philox' if on_gpu else None)
 
 
 def Dropout(x, keep_prob, key, noise_shape=None):
@@ -126,6 +168,6 @@ def Dropout(x, keep_prob, key, noise_shape=None):
   if seed is None:
     uniform = tf.random.uniform(noise_shape, dtype=x.dtype)
   else:
-    uniform = tf.random.stateless_uniform(noise_shape, seed=seed, dtype=x.dtype)
+    uniform = StatelessUniform(noise_shape, seed, x.dtype)
   keep = tf.cast(uniform < keep_prob, x.dtype)
   return x * keep / tf.cast(keep_prob, x.dtype)

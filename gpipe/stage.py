@@ -37,6 +37,7 @@ Lingvo computes gradients.
 
 import collections
 import contextlib
+import re
 
 from gpipe.compat import lingvo_import  # pylint: disable=unused-import
 from gpipe import batch_norm
@@ -70,11 +71,27 @@ def ChainFProp(layers, thetas, args):
     The last layer's output, always as a tuple.
   """
   for layer, theta in zip(layers, thetas):
-    # Ops are attributed to their layer for gpipe.xla's messages.
-    with xla.LayerScope(layer):
+    # Ops are attributed to their layer for gpipe.xla's messages, and named
+    # under it for traces and the GPU audit.
+    with xla.LayerScope(layer), _LayerScope(layer):
       out = layer.FProp(theta, *args)
     args = out if isinstance(out, tuple) else (out,)
   return args
+
+
+_SCOPE_NAME = re.compile(r'^[A-Za-z0-9.][A-Za-z0-9_.\-/]*$')
+
+
+def _LayerScope(layer):
+  """A name scope of the layer's name (if it can name one).
+
+  Each layer's ops under its name: a stage function's ops (and an execution
+  trace's or the GPU audit's rows) say which layer made them.
+  """
+  name = layer.params.name
+  if name and _SCOPE_NAME.match(name):
+    return tf.name_scope(name)
+  return contextlib.nullcontext()
 
 
 STEP_SPEC = tf.TensorSpec([], tf.int64)

@@ -50,6 +50,11 @@ class FlatDigitsInput(dataset_input.DatasetInput):
         'label': labels
     })
 
+  def ExampleSpecs(self):
+    """One example as Examples() yields it (for p.stand_in)."""
+    return {'features': tf.TensorSpec([64], tf.float32),
+            'label': tf.TensorSpec([], tf.int32)}
+
 
 class ToyClassificationTask(base_model.BaseTask):
   """Softmax classification of `features` into `label` by `p.network`."""
@@ -71,9 +76,12 @@ class ToyClassificationTask(base_model.BaseTask):
 
   def ComputePredictions(self, theta, input_batch):
     """NestedMap(logits=[batch, num_classes], xent=[batch], ...)."""
+    # int64 labels: int32 ones would enter the last stage in host memory on
+    # a GPU (see tasks.image.task.ImageClassificationTask).
     return self.network.FProp(
         theta.network, input_batch.features,
-        targets=py_utils.NestedMap(label=input_batch.label))
+        targets=py_utils.NestedMap(
+            label=tf.cast(input_batch.label, tf.int64)))
 
   def ComputeLoss(self, theta, predictions, input_batch):
     """Mean cross entropy and accuracy, as Lingvo (value, weight) pairs."""

@@ -11,6 +11,11 @@ resumed run sees exactly the batches an uninterrupted run would have seen.
 
 ``LoadTfds`` reads a prepared tensorflow-datasets data set for the inputs
 that use one, and says how to prepare it when it is missing.
+
+With ``p.stand_in`` an input yields batches of zeros shaped like its
+examples (``ExampleSpecs()``), without reading any data: a graph that needs
+the input's structure but not its values (the trainer's GPU audit) builds
+also where the data set is not prepared.
 """
 
 from gpipe.compat import lingvo_import  # pylint: disable=unused-import
@@ -69,11 +74,33 @@ class DatasetInput(base_input_generator.BaseInputGenerator):
              'pass (evaluation), with the last partial batch dropped.')
     p.Define('skip_batches', 0,
              'Batches to skip first (set by the trainer when it resumes).')
+    p.Define('stand_in', False,
+             'Yield zeros shaped like the examples (ExampleSpecs) instead of '
+             'the data: for building graphs without the data set (the '
+             "trainer's GPU audit). Never for training.")
     return p
 
   def Examples(self):
     """The unbatched tf.data.Dataset of examples (a dict per example)."""
     raise NotImplementedError('DatasetInput subclasses implement Examples()')
+
+  def ExampleSpecs(self):
+    """{field: tf.TensorSpec} of one example, as Examples() yields them.
+
+    Needed for ``p.stand_in`` only.
+    """
+    raise NotImplementedError(
+        '%s cannot stand in for its data: it does not implement '
+        'ExampleSpecs()' % type(self).__name__)
+
+  def _StandInExamples(self):
+    """Zeros ('' for strings) of ExampleSpecs(), forever."""
+    zeros = {
+        k: tf.fill(spec.shape, tf.constant('' if spec.dtype == tf.string
+                                           else 0, spec.dtype))
+        for k, spec in self.ExampleSpecs().items()
+    }
+    return tf.data.Dataset.from_tensors(zeros).repeat()
 
   def Dataset(self):
     """The batched dataset this generator reads from."""
@@ -81,6 +108,8 @@ class DatasetInput(base_input_generator.BaseInputGenerator):
     if p.batch_size <= 0:
       raise ValueError('%s: batch_size must be > 0, got %d' %
                        (p.name, p.batch_size))
+    if p.stand_in:
+      return self._StandInExamples().batch(p.batch_size, drop_remainder=True)
     ds = self.Examples()
     if p.shuffle_buffer > 1:
       ds = ds.shuffle(p.shuffle_buffer, seed=p.seed,

@@ -6,6 +6,7 @@ name, instead of a pipeline failing somewhere deep inside graph building.
 
 from gpipe.compat import lingvo_import  # pylint: disable=unused-import
 
+import os
 import re
 
 from gpipe.compat import tf_internal
@@ -68,6 +69,24 @@ class TfInternalTest(test_utils.TestCase):
       fn, = tf_internal.GraphFunctions(graph).values()
       self.assertIn('Mul', [n.op for n in
                             tf_internal.FunctionDefinition(fn).node_def])
+  def testRegisteredKernelsListGpuKernelsWithoutAGpu(self):
+    # A CUDA build registers its GPU kernels whatever the machine has.
+    kernels = tf_internal.RegisteredKernels('MatMul')
+    gpu = [k for k in kernels if k.device_type == 'GPU']
+    self.assertNotEmpty(gpu)
+    allowed = {t for k in gpu for c in k.constraint if c.name == 'T'
+               for t in c.allowed_values.list.type}
+    self.assertIn(tf.float32.as_datatype_enum, allowed)
+    self.assertEqual([], tf_internal.RegisteredKernels('NoSuchOpAnywhere'))
+    self.assertEqual(['a', 'b'],
+                     [a.name for a in tf_internal.OpDef('MatMul').input_arg])
+    self.assertIsNone(tf_internal.OpDef('NoSuchOpAnywhere'))
+
+  def testLibraryOpsListsLingvosCustomOps(self):
+    from lingvo.core import ops  # pylint: disable=g-import-not-at-top
+    path = os.path.join(os.path.dirname(ops.__file__), 'x_ops.so')
+    names = {op.name for op in tf_internal.LibraryOps(path)}
+    self.assertContainsSubset(['AssertSameDim0', 'AssertShapeMatch'], names)
 
   def testAMissingInternalFailsNamingTheTensorFlowVersion(self):
     with self.assertRaisesRegex(

@@ -24,14 +24,25 @@ And a worker lists its devices with ``LocalDevices``
 (``tensorflow.python.client.device_lib``), which has no public equivalent
 that takes a session config.
 
+The GPU audit (gpipe/measure/gpu_audit.py) reads the kernel registry with
+``RegisteredKernels`` (``tensorflow.python.framework.kernels``: every op's
+kernels per device type with their dtype constraints, also in a process
+without a GPU), op definitions with ``OpDef`` (``op_def_registry``) and the
+ops a custom-op library defines with ``LibraryOps``
+(the C API's ``TF_LoadLibrary``/``TF_GetOpList``, which ``tf.load_op_library``
+calls without returning the list).
+
 ``//tests:tf_internal_test`` exercises each on the installed TensorFlow, so a
 version that renames or changes one fails there, loudly and by name, not deep
 inside a pipeline.
 """
 
 import tensorflow as _tf
+from tensorflow.core.framework import op_def_pb2 as _op_def_pb2
 from tensorflow.python.client import device_lib as _device_lib  # pylint: disable=g-direct-tensorflow-import
 from tensorflow.python.framework import kernels as _kernels  # pylint: disable=g-direct-tensorflow-import
+from tensorflow.python.client import pywrap_tf_session as _pywrap_tf_session  # pylint: disable=g-direct-tensorflow-import
+from tensorflow.python.framework import op_def_registry as _op_def_registry  # pylint: disable=g-direct-tensorflow-import
 from tensorflow.python.framework import ops as _tf_ops  # pylint: disable=g-direct-tensorflow-import
 
 
@@ -128,3 +139,39 @@ def XlaKernels(jit_device, op_type):
 def FunctionDefinition(fn):
   """The FunctionDef proto of a graph function (a GraphFunctions value)."""
   return fn.definition
+def RegisteredKernels(op_type):
+  """The KernelDefs registered for op `op_type` on every device type.
+
+  Args:
+    op_type: an op name, e.g. 'MatMul'.
+
+  Returns:
+    A list of KernelDef protos (device_type, constraint, host_memory_arg,
+    label); empty for an op without kernels (or no op of that name).
+  """
+  try:
+    return list(_kernels.get_registered_kernels_for_op(op_type).kernel)
+  except _tf.errors.NotFoundError:
+    return []
+
+
+def OpDef(op_type):
+  """The registered OpDef of op `op_type`, or None (no such op loaded)."""
+  return _op_def_registry.get(op_type)
+
+
+def LibraryOps(path):
+  """The OpDefs a custom-op library defines (loading it, if not yet loaded).
+
+  TensorFlow loads a library once per path: a library already loaded (e.g.
+  by ``tf.load_op_library``) is not loaded again.
+
+  Args:
+    path: the library's .so file.
+
+  Returns:
+    A list of OpDef protos.
+  """
+  handle = _pywrap_tf_session.TF_LoadLibrary(path)
+  return list(_op_def_pb2.OpList.FromString(
+      _pywrap_tf_session.TF_GetOpList(handle)).op)

@@ -54,7 +54,7 @@ def DropPath(x, keep_prob, key):
   if seed is None:
     uniform = tf.random.uniform(noise_shape, dtype=x.dtype)
   else:
-    uniform = tf.random.stateless_uniform(noise_shape, seed=seed, dtype=x.dtype)
+    uniform = randomness.StatelessUniform(noise_shape, seed, x.dtype)
   keep = tf.cast(uniform < keep_prob, x.dtype)
   return x * keep / keep_prob
 

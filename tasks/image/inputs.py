@@ -103,6 +103,15 @@ class ImageInput(dataset_input.DatasetInput):
     return {'image': image, 'label': tf.cast(label, tf.int32)}
 
 
+  def ExampleSpecs(self):
+    """One example as Preprocess returns it (for p.stand_in)."""
+    p = self.params
+    return {
+        'image': tf.TensorSpec([p.image_size, p.image_size, p.num_channels],
+                               tf.float32),
+        'label': tf.TensorSpec([], tf.int32),
+    }
+
   def PreprocessAll(self, ds):
     """Maps Preprocess over a dataset of (image, label) pairs.
 

@@ -62,7 +62,9 @@ class ImageLossLayer(base_layer.BaseLayer):
   def FProp(self, theta, *args):
     p = self.params
     *logits, targets = args
-    labels = tf.cast(targets.label, tf.int32)
+    # int64: int32 labels would sit in host memory on a GPU (see
+    # ImageClassificationTask.ComputePredictions).
+    labels = tf.cast(targets.label, tf.int64)
     out = py_utils.NestedMap(logits=logits[0])
     out.xent = SmoothedCrossEntropy(logits[0], labels, p.num_classes,
                                     p.label_smoothing)
@@ -122,9 +124,14 @@ class ImageClassificationTask(base_model.BaseTask):
     """
     if isinstance(self.network, pipeline.PipeliningLayer) and (
         self.network.params.loss_tpl is not None):
+      # The labels enter the last stage as int64: on a GPU TensorFlow keeps
+      # int32 tensors that enter a function (a stage call) in host memory,
+      # and every call would copy them to the device for the one-hot
+      # targets (gpipe.measure.gpu_audit).
       return self.network.FProp(
           theta.network, input_batch.image,
-          targets=py_utils.NestedMap(label=input_batch.label))
+          targets=py_utils.NestedMap(
+              label=tf.cast(input_batch.label, tf.int64)))
     out = self.network.FProp(theta.network, input_batch.image)
     if isinstance(out, (tuple, list)):
       if len(out) != 2:

@@ -16,7 +16,8 @@ the map into micro-batches. The map carries:
   * ``src`` [B, S, D] source states (after the embedding) and
     ``src_paddings`` [B, S] (1.0 = padding); absent in a decoder-only stack.
   * ``tgt`` [B, T, D] target states, ``tgt_paddings`` [B, T].
-  * ``tgt_labels`` [B, T] int32 next-token labels and ``tgt_weights`` [B, T],
+  * ``tgt_labels`` [B, T] int next-token labels (int64 from the task: see
+    `NetworkInput`) and ``tgt_weights`` [B, T],
     carried untouched to the softmax layer, which returns per-example loss
     sums (see `SoftmaxLayer.FProp`).
 
@@ -392,7 +393,7 @@ class DecoderLayer(_TransformerBlock):
     h = self.self_atten_ln.FProp(theta.self_atten_ln, x)
     new_keys, new_values = self.self_atten.KeysAndValues(theta.self_atten, h)
     # Write position t: x * 1 + y * 0 leaves the other positions bit-exact.
-    at_t = tf.one_hot(t, max_len, dtype=keys.dtype)[:, tf.newaxis]  # [L, 1]
+    at_t = sublayers.OneHotAt(t, max_len, keys.dtype)[:, tf.newaxis]  # [L, 1]
     keys = keys * (1.0 - at_t) + new_keys * at_t
     values = values * (1.0 - at_t) + new_values * at_t
     h = self.self_atten.Attend(theta.self_atten, h, keys, values,
@@ -408,10 +409,62 @@ class DecoderLayer(_TransformerBlock):
         flops=cls._Flops(p, b, t, source_length), out_shapes=(inputs,))
 
 
+def NetworkInput(tensor):
+  """A field of the network's input as its stages take it: int32 as int64.
+
+  On a GPU, TensorFlow keeps int32 tensors that enter a function (a stage
+  call) in host memory, so ids handed to the stages as int32 would be copied
+  to the GPU by every stage call that reads them (the embedding lookup, the
+  loss's one-hot labels; gpipe.measure.gpu_audit). As int64 they are split
+  on the first stage's device and stay in device memory.
+
+  Args:
+    tensor: a field of the input batch.
+
+  Returns:
+    The tensor, int32 cast to int64.
+  """
+  return tf.cast(tensor, tf.int64) if tensor.dtype == tf.int32 else tensor
+
+
+def EmbeddingLookup(table, ids):
+  """tf.nn.embedding_lookup(table, ids), its gradient's shapes constants.
+
+  TensorFlow's gradient of a gather reads the table's shape on the table's
+  device, casts it to int32 there and slices it in host memory: on a GPU a
+  device-to-host copy (a sync) in every backward call, and the int32 shape
+  leaves the function from device memory (gpipe.measure.gpu_audit). With
+  static shapes the same IndexedSlices come from Python constants.
+
+  Args:
+    table: [V, D] embeddings.
+    ids: int ids of any shape.
+
+  Returns:
+    [..., D] embeddings of `ids`.
+  """
+  if not (table.shape.is_fully_defined() and ids.shape.is_fully_defined()):
+    return tf.nn.embedding_lookup(table, ids)
+  table_shape = table.shape.as_list()
+  num_ids = ids.shape.num_elements()
+
+  @tf.custom_gradient
+  def Lookup(table):
+
+    def Grad(d_embedded):
+      return tf.IndexedSlices(
+          tf.reshape(d_embedded, [num_ids] + table_shape[1:]),
+          tf.reshape(ids, [num_ids]), tf.constant(table_shape, tf.int32))
+
+    return tf.gather(table, ids), Grad
+
+  return Lookup(table)
+
+
 class EmbeddingLayer(base_layer.BaseLayer):
   """Token embeddings (x sqrt(D)) plus sinusoidal positions, for src and tgt.
 
-  Reads ``src_ids`` [B, S] and ``tgt_ids`` [B, T] (int32) and replaces them by
+  Reads ``src_ids`` [B, S] and ``tgt_ids`` [B, T] (int) and replaces them by
   ``src`` [B, S, D] and ``tgt`` [B, T, D]; other fields pass through.
   """
 
@@ -445,7 +498,7 @@ class EmbeddingLayer(base_layer.BaseLayer):
     """[B, L] ids -> [B, L, D] scaled embeddings plus positions, dropped."""
     p = self.params
     length = py_utils.GetShape(ids, 2)[1]
-    x = tf.nn.embedding_lookup(table, ids) * (p.model_dim**0.5)
+    x = EmbeddingLookup(table, ids) * (p.model_dim**0.5)
     x += tf.cast(sublayers.SinusoidalPositions(length, p.model_dim),
                  x.dtype)[tf.newaxis]
     return sublayers.Dropout(self, x, p.dropout_prob, tag)
@@ -489,7 +542,7 @@ class EmbeddingLayer(base_layer.BaseLayer):
     x = tf.nn.embedding_lookup(table, ids[:, tf.newaxis]) * (p.model_dim**0.5)
     positions = tf.cast(sublayers.SinusoidalPositions(max_len, p.model_dim),
                         x.dtype)
-    x += tf.gather(positions, t)[tf.newaxis, tf.newaxis]
+    x += sublayers.RowAt(positions, t)[tf.newaxis]
     return sublayers.Dropout(self, x, p.dropout_prob, 'tgt')
 
   @classmethod
@@ -581,8 +634,11 @@ class SoftmaxLayer(base_layer.BaseLayer):
     smooth = -tf.reduce_mean(log_probs, axis=-1)
     xent = (1.0 - p.label_smoothing) * nll + p.label_smoothing * smooth
     weights = tf.cast(inputs.tgt_weights, logits.dtype)
+    # The argmax in the labels' dtype: int64 stays in device memory on a
+    # GPU, where an int32 argmax would be compared in host memory.
     correct = tf.cast(
-        tf.equal(tf.argmax(logits, axis=-1, output_type=tf.int32),
+        tf.equal(tf.argmax(logits, axis=-1,
+                           output_type=inputs.tgt_labels.dtype),
                  inputs.tgt_labels), logits.dtype)
     return py_utils.NestedMap(
         xent=tf.reduce_sum(xent * weights, axis=1),

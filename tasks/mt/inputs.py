@@ -86,6 +86,21 @@ class _TranslationInputBase(dataset_input.DatasetInput):
              'refused (its ids would not fit the embedding). 0: no check.')
     return p
 
+  def ExampleSpecs(self):
+    """One example as Examples() yields it (for p.stand_in)."""
+    p = self.params
+    src, tgt = [p.src_len], [p.tgt_len]
+    return {
+        'src_ids': tf.TensorSpec(src, tf.int32),
+        'src_paddings': tf.TensorSpec(src, tf.float32),
+        'tgt_ids': tf.TensorSpec(tgt, tf.int32),
+        'tgt_labels': tf.TensorSpec(tgt, tf.int32),
+        'tgt_paddings': tf.TensorSpec(tgt, tf.float32),
+        'tgt_weights': tf.TensorSpec(tgt, tf.float32),
+        'tgt_text': tf.TensorSpec([], tf.string),
+        'pair': tf.TensorSpec([], tf.string),
+    }
+
   def _BuildMissingVocab(self):
     """Builds a missing `vocab_path` if this input can; by default it cannot."""
 

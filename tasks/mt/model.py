@@ -86,7 +86,8 @@ class TransformerMTTask(base_model.BaseTask):
     # A decoder-only stack (Transformer-L) has no source to carry.
     fields = (NETWORK_FIELDS if self.params.network.layers[0].has_source else
               NETWORK_FIELDS[2:])
-    inputs = py_utils.NestedMap({k: input_batch[k] for k in fields})
+    inputs = py_utils.NestedMap({k: blocks.NetworkInput(input_batch[k])
+                                 for k in fields})
     if self.params.pipelined:
       return self.network.FProp(theta.network, inputs)
     return self.network.FPropUnpipelined(theta.network, inputs)
@@ -177,7 +178,7 @@ class TransformerMTTask(base_model.BaseTask):
 
     Args:
       theta: the task's theta.
-      prev_ids: [B] int32, the token at position t - 1 (<s> at t = 0).
+      prev_ids: [B] int ids, the token at position t - 1 (<s> at t = 0).
       t: a scalar int32 tensor.
       caches: from `InitDecodeState` or the previous `StepLogits`.
       sources: from `InitDecodeState`.
@@ -198,7 +199,9 @@ class TransformerMTTask(base_model.BaseTask):
   def _PreviousTokens(outputs, t):
     """The tokens at position t - 1 of `outputs` [..., T]; <s> at t = 0."""
     prev = tf.gather(outputs, tf.maximum(t - 1, 0), axis=-1)
-    return tf.where(t > 0, prev, tf.fill(tf.shape(prev), vocab_lib.BOS_ID))
+    return tf.where(t > 0, prev, tf.fill(tf.shape(prev),
+                                         tf.constant(vocab_lib.BOS_ID,
+                                                     prev.dtype)))
 
   def GreedyDecode(self, theta, src_ids, src_paddings):
     """Greedy decoding.
@@ -227,7 +230,7 @@ class TransformerMTTask(base_model.BaseTask):
     _, result, _ = tf.while_loop(
         lambda t, *_: t < length, _Step,
         (tf.constant(0), search.GreedyStart(batch, length), caches))
-    return result.outputs, result.score
+    return tf.cast(result.outputs, tf.int32), result.score
 
   def BeamSearchDecode(self, theta, src_ids, src_paddings, beam_size=None):
     """Beam search with length normalization of the final scores.
@@ -262,7 +265,9 @@ class TransformerMTTask(base_model.BaseTask):
     _, result, _ = tf.while_loop(
         lambda t, *_: t < length, _Step,
         (tf.constant(0), search.BeamStart(batch, k, length), caches))
-    return search.BestBeams(result, p.length_alpha)
+    ids, scores, all_ids, all_scores = search.BestBeams(result, p.length_alpha)
+    return (tf.cast(ids, tf.int32), scores, tf.cast(all_ids, tf.int32),
+            all_scores)
 
   def DecodeWithTheta(self, theta, input_batch):
     """Decodes a batch: hypothesis ids plus what BLEU needs."""

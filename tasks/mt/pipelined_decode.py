@@ -44,6 +44,7 @@ from gpipe import stage as stage_lib
 from gpipe.schedules import decode_lanes
 from lingvo import compat as tf
 from lingvo.core import py_utils
+import numpy as np
 from tasks.mt import blocks
 from tasks.mt import search
 from tasks.mt import vocab as vocab_lib
@@ -242,7 +243,7 @@ def _EncoderInputs(src_ids, src_paddings):
   batch = py_utils.GetShape(src_ids, 2)[0]
   return (py_utils.NestedMap(
       src_ids=src_ids, src_paddings=src_paddings,
-      tgt_ids=tf.zeros([batch, 1], tf.int32),
+      tgt_ids=tf.zeros([batch, 1], src_ids.dtype),
       tgt_paddings=tf.zeros([batch, 1])),)
 
 
@@ -316,7 +317,9 @@ def _StepFn(stage, beam_size, max_len):
     if beams:
       result, beam = search.BeamPick(logits, t, state.result)
       batch, k, _ = py_utils.GetShape(result.outputs, 3)
-      ids = tf.reshape(tf.gather(result.outputs, t, axis=-1), [batch * k])
+      # Sliced at t, a begin in host memory (see sublayers.RowAt).
+      ids = tf.reshape(tf.slice(result.outputs, tf.stack([0, 0, t]),
+                                [-1, -1, 1]), [batch * k])
       out = py_utils.NestedMap(ids=ids, beam=beam)
     else:
       result, ids = search.GreedyPick(logits, t, state.result)
@@ -377,7 +380,10 @@ def Decode(task, theta, src_ids, src_paddings, beam_size=1, num_lanes=None,
   decode_stages = _LoopStages(stages)
   m = NumLanes(task, batch, beam_size, num_lanes)
   k = beam_size
-  encoded = _Encode(stages, theta, src_ids, src_paddings, m, _Compile(task))
+  # The ids as the stages take them in training (int64: device memory on a
+  # GPU); the search keeps its ids in search.ID_DTYPE too.
+  encoded = _Encode(stages, theta, blocks.NetworkInput(src_ids), src_paddings,
+                    m, _Compile(task))
   rows = batch // m * k
   lane_stages, states, constants = [], [], []
   for s in decode_stages:
@@ -414,9 +420,11 @@ def Decode(task, theta, src_ids, src_paddings, beam_size=1, num_lanes=None,
     feedback = []
     for _ in range(m):
       start = py_utils.NestedMap(
-          ids=tf.fill([rows], vocab_lib.BOS_ID), done=tf.constant(False))
+          ids=tf.fill([rows], tf.constant(vocab_lib.BOS_ID, search.ID_DTYPE)),
+          done=tf.constant(False))
       if k > 1:
-        start.beam = tf.tile(tf.range(k)[tf.newaxis], [rows // k, 1])
+        start.beam = tf.constant(np.tile(np.arange(k), [rows // k, 1]),
+                                 search.ID_DTYPE)
       # The loop starts once the whole encoder has run: a lane's steps
       # cannot run ahead of the others' (each device runs step t of every
       # lane before step t+1), so an early lane would only take a device
@@ -432,4 +440,5 @@ def Decode(task, theta, src_ids, src_paddings, beam_size=1, num_lanes=None,
       best = [search.BestBeams(r, p.length_alpha)[:2] for r in results]
     else:
       best = [(r.outputs, r.score) for r in results]
-    return micro_batch.Merge(best, 0)
+    ids, scores = micro_batch.Merge(best, 0)
+    return tf.cast(ids, tf.int32), scores

@@ -13,6 +13,7 @@ from gpipe import randomness
 from lingvo import compat as tf
 from lingvo.core import base_layer
 from lingvo.core import py_utils
+import numpy as np
 
 # Added to attention logits of masked positions.
 _MASK_LOGIT = -1e9
@@ -59,6 +60,13 @@ def Dropout(layer, x, dropout_prob, tag):
   return randomness.Dropout(x, 1.0 - dropout_prob, key=layer.path + '/' + tag)
 
 
+def _FloatRange(n):
+  """[n] float32 0, 1, ..., n - 1: a constant for a Python int `n`."""
+  if isinstance(n, int):
+    return tf.constant(np.arange(n, dtype=np.float32))
+  return tf.cast(tf.range(n), tf.float32)
+
+
 def SinusoidalPositions(length, dim):
   """[length, dim] sinusoidal position signal (no parameters).
 
@@ -69,11 +77,12 @@ def SinusoidalPositions(length, dim):
   Returns:
     A float32 tensor of shape [length, dim].
   """
-  positions = tf.cast(tf.range(length), tf.float32)[:, tf.newaxis]
+  # The ranges as float constants (the values of cast tf.range's): on a GPU
+  # an int32 range is made in host memory and copied to the device for the
+  # cast, and a float range reads its bounds from host memory.
+  positions = _FloatRange(length)[:, tf.newaxis]
   half = dim // 2
-  inv_freq = tf.exp(
-      tf.cast(tf.range(half), tf.float32) * (-math.log(1.0e4) / max(half - 1,
-                                                                    1)))
+  inv_freq = tf.exp(_FloatRange(half) * (-math.log(1.0e4) / max(half - 1, 1)))
   angles = positions * inv_freq[tf.newaxis, :]
   signal = tf.concat([tf.sin(angles), tf.cos(angles)], axis=1)
   if dim % 2:
@@ -94,11 +103,45 @@ def CausalBias(length):
   return (future * _MASK_LOGIT)[tf.newaxis]
 
 
+def RowAt(table, t):
+  """Row `t` of constant `table` [L, ...], as [1, ...], sliced at `t`.
+
+  Decoding steps index by the position `t`, an int32 scalar that a GPU keeps
+  in host memory: read as a slice's begin (a host-memory argument) it stays
+  there, where tf.gather(table, t) or tf.one_hot(t) would copy it to the
+  device in every step (gpipe.measure.gpu_audit).
+
+  Args:
+    table: a tensor [L, ...].
+    t: a scalar int32 tensor in [0, L).
+
+  Returns:
+    A tensor [1, ...].
+  """
+  rank = table.shape.rank
+  return tf.slice(table, tf.stack([t] + [0] * (rank - 1)),
+                  [1] + [-1] * (rank - 1))
+
+
+def OneHotAt(t, length, dtype):
+  """[length] of `dtype`: 1 at position `t`, 0 elsewhere (tf.one_hot's).
+
+  Args:
+    t: a scalar int32 tensor in [0, length).
+    length: a Python int.
+    dtype: the result's dtype.
+
+  Returns:
+    Row t of the identity matrix (see RowAt).
+  """
+  return RowAt(tf.constant(np.eye(length), dtype), t)[0]
+
+
 def CausalBiasAt(t, length):
   """[1, 1, length] additive mask of one query position `t`: keys <= t.
 
-  Row `t` of `CausalBias(length)`, without building the whole square; used
-  when decoding one position at a time.
+  Row `t` of `CausalBias(length)`; used when decoding one position at a
+  time.
 
   Args:
     t: a scalar int32 tensor, the query position.
@@ -107,8 +150,10 @@ def CausalBiasAt(t, length):
   Returns:
     A float32 tensor, 0 where visible and a large negative value elsewhere.
   """
-  future = tf.cast(tf.range(length) > t, tf.float32)
-  return (future * _MASK_LOGIT)[tf.newaxis, tf.newaxis]
+  keys = np.arange(length)
+  future = (keys[np.newaxis, :] > keys[:, np.newaxis]).astype(np.float32)
+  bias = tf.constant(future * np.float32(_MASK_LOGIT))
+  return RowAt(bias, t)[tf.newaxis]
 
 
 def PaddingBias(paddings):

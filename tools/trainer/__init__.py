@@ -14,7 +14,8 @@ Its parts, in the order a run meets them:
   steps;
 * ``checkpoints`` and ``restored``: saving, choosing and restoring
   checkpoints; the one restore set-up of ``evaler`` and ``decoder``;
-* ``inspect_model``: layers, stages and parameter counts without weights.
+* ``inspect_model``: layers, stages and parameter counts without weights;
+  with the stages on (planned) GPUs, the GPU audit of the training graph.
 """
 
 import time as _time

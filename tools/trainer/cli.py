@@ -17,7 +17,10 @@ Modes:
 * ``train_and_eval``: like train, evaluating on Test() after every checkpoint.
 * ``eval`` / ``decode``: evaluates / decodes the newest checkpoint on Test().
 * ``inspect_model``: prints every layer and stage with its parameter count,
-  ending with ``total params: N``, without allocating weights.
+  ending with ``total params: N``, without allocating weights; with the
+  stages on GPUs (``--device_type=gpu``, also with ``--cluster_spec`` and
+  ``--devices_per_task``: no GPU needed here) then the GPU audit of the
+  training graph (tools/trainer/inspect_model.py).
 
 Where the stages run: by default K virtual CPU devices in this process;
 ``--worker_processes=K`` starts K local TensorFlow worker processes, one
@@ -110,7 +113,9 @@ flags.DEFINE_integer(
     'Use the first N devices of --device_type on each worker task (0: all). '
     'With --worker_processes: virtual CPUs per local worker. With '
     '--mode=inspect_model and a cluster: plan N devices per task without '
-    'connecting.')
+    'connecting; with --mode=inspect_model --device_type=gpu and no '
+    'cluster: plan N GPUs in this process (default: as many as the stages '
+    'need; no GPU needed).')
 flags.DEFINE_float(
     'connect_timeout_secs', 10,
     'The longest each check of a running worker (reachable, serving as '
@@ -265,6 +270,8 @@ def Main(run, echo):
   """
   if run.mode == 'inspect_model':
     inspect_model.Inspect(run.train, echo=echo)
+    if inspect_model.HasGpuStages(run.placement):
+      inspect_model.AuditGpus(run.train, run.placement, run.seed, echo=echo)
     return 0
   placement = run.placement
   try:

@@ -11,13 +11,23 @@ parameter configs can be inspected on a laptop:
   in a scratch graph with each pipeline replaced by an empty layer, and its
   variables are counted by layer.
 
-The last line is ``total params: N``.
+The last line of that report is ``total params: N``.
+
+With the stages on GPUs (``--device_type=gpu``, alone for GPUs of this
+process, or with ``--cluster_spec`` and ``--devices_per_task`` for a
+cluster's; neither needs a GPU here), ``AuditGpus`` then builds the
+training graph on those devices, without running or allocating anything and
+with the input standing in for its data, and prints
+``gpipe.measure.gpu_audit``'s report: per GPU, the ops without a GPU kernel
+for their dtypes, the host-GPU copies of every micro-batch, and the Lingvo
+ops that would run on the host.
 """
 
 import collections
 
 from gpipe.compat import lingvo_import  # pylint: disable=unused-import
 from absl import logging
+from gpipe.measure import gpu_audit
 from gpipe.measure import param_count
 from gpipe.runtime import background
 from gpipe import partition
@@ -25,6 +35,8 @@ from gpipe.runtime import layout
 from lingvo import compat as tf
 from lingvo.core import base_layer
 from lingvo.core import hyperparams
+from tasks import dataset_input
+from tools.trainer import model_graph
 from tools.trainer import model_select
 
 
@@ -131,3 +143,58 @@ def Inspect(cfg, echo=print):
     total += sum(rest.values())
   echo('total params: %d' % total)
   return total
+
+
+def _CanStandIn(input_params):
+  """Whether an input can yield zeros in place of its data (stand_in)."""
+  return (input_params is not None and 'stand_in' in input_params and
+          input_params.cls.ExampleSpecs is not
+          dataset_input.DatasetInput.ExampleSpecs)
+
+
+def HasGpuStages(placement):
+  """Whether a planned placement puts the stages on GPUs."""
+  return placement is not None and placement.device_type == 'GPU'
+
+
+def AuditGpus(cfg, placement, seed=1234, echo=print):
+  """Builds the training graph on the planned GPUs and prints its audit.
+
+  Nothing runs and no weight is allocated: the graph is read against
+  TensorFlow's kernel registry (gpipe.measure.gpu_audit), so the GPUs need
+  not exist. An input that can (tasks.dataset_input's ``stand_in``) yields
+  zeros in place of its data, so a data set that is not prepared here does
+  not stop the audit.
+
+  Args:
+    cfg: model params, the stage devices set (run_config.Settle).
+    placement: the planned placement.Placement of those devices.
+    seed: the graph-level random seed.
+    echo: prints a line.
+
+  Returns:
+    The gpu_audit.AuditResult.
+
+  Raises:
+    ValueError: the graph could not be built (e.g. an input that cannot
+      stand in and whose data is missing); the message says why.
+  """
+  cfg = cfg.Copy()
+  if _CanStandIn(cfg.input):
+    cfg.input.stand_in = True
+  echo('GPU audit: building the training graph on %s (nothing runs)' %
+       layout.CountByTask(placement.devices))
+  verbosity = logging.get_verbosity()
+  # Lingvo logs every variable it creates; the report is what matters here.
+  logging.set_verbosity(logging.ERROR)
+  try:
+    built = model_graph.Build(cfg, placement, 'train', seed)
+  except ValueError as e:
+    raise ValueError('the GPU audit could not build the training graph: %s'
+                     % e) from e
+  finally:
+    logging.set_verbosity(verbosity)
+  result = gpu_audit.Audit(built.graph)
+  for line in gpu_audit.Report(result):
+    echo(line)
+  return result

@@ -164,7 +164,9 @@ class Placement:
       connect_timeout_secs: the longest each check of a running worker may
         take.
       plan_only: do not start or ask workers: plan devices_per_task devices
-        on each task (--mode=inspect_model).
+        on each task (--mode=inspect_model); without a cluster and with
+        device_type 'gpu', plan devices_per_task (default num_stages) GPUs
+        in this process, which need not have any.
       environ: the environment to read TF_CONFIG from (default os.environ).
       worker_wait_secs: on Restart, how long to wait for lost servers of a
         running cluster to serve again.
@@ -212,7 +214,7 @@ class Placement:
       self._RunningCluster(description, device_type, devices_per_task,
                            connect_timeout_secs, plan_only)
     else:
-      self._ThisProcess(num_stages, device_type, devices_per_task)
+      self._ThisProcess(num_stages, device_type, devices_per_task, plan_only)
     if self.task_devices is not None:
       self.devices = layout.Flatten(self.task_devices)
     self.distributed = bool(self.target)
@@ -260,10 +262,19 @@ class Placement:
                                                   devices_per_task)
     self.target = description.Target(0)
 
-  def _ThisProcess(self, num_stages, device_type, devices_per_task):
-    """num_stages virtual CPUs, or this process's GPUs."""
-    self.device_type = _LocalDeviceType(device_type)
+  def _ThisProcess(self, num_stages, device_type, devices_per_task,
+                   plan_only=False):
+    """num_stages virtual CPUs, or this process's GPUs (planned: any)."""
     self.target = ''
+    if plan_only and device_type == 'gpu':
+      # Planned GPUs are device names only: nothing runs on them, so this
+      # process need not have them (--mode=inspect_model's GPU audit).
+      self.device_type = 'GPU'
+      self.devices = ['/device:GPU:%d' % g
+                      for g in range(devices_per_task or num_stages)]
+      self.num_cpus = 1
+      return
+    self.device_type = _LocalDeviceType(device_type)
     if self.device_type == 'CPU':
       self.devices = ['/device:CPU:%d' % k for k in range(num_stages)]
       self.num_cpus = num_stages

@@ -38,8 +38,9 @@ class RunConfig:
     model: the registered model name, 'family.ClassName'.
     mode: 'train', 'eval', 'decode', 'train_and_eval' or 'inspect_model'.
     logdir: the absolute run directory (None for inspect_model).
-    placement: a placement.Placement (None for inspect_model): stage
-      devices, the session target and worker liveness.
+    placement: a placement.Placement: stage devices, the session target and
+      worker liveness. For inspect_model the planned one (nothing started,
+      its devices need not exist), or None when the flags name no devices.
     train: the model params with the Train() input, stage devices set.
     test: the model params with the Test() input, stage devices set.
     seed: the graph-level random seed.
@@ -128,25 +129,37 @@ def _SetDevices(train, test, placement, data_parallel, loop_stages):
 
 
 def _PlanLayout(train, where, data_parallel, loop_stages):
-  """--mode=inspect_model: the layout on the cluster the flags describe.
+  """--mode=inspect_model: the layout on the devices the flags describe.
 
   Local worker processes are planned, not started; a cluster is planned
-  with --devices_per_task and asked for its devices without it. Without
-  either, the pipelines keep their own (default) devices.
+  with --devices_per_task and asked for its devices without it;
+  --device_type=gpu without either plans GPUs of this process (which need
+  not have any: nothing runs). Otherwise the pipelines keep their own
+  (default) devices.
+
+  Returns:
+    The planned placement.Placement, or None.
   """
   described = where['worker_processes'] or cluster_spec_lib.Resolve(
       where['cluster_spec'], environ=where['environ'], slurm=False)
-  if not described:
+  local_gpus = not described and where['device_type'] == 'gpu'
+  if not described and not local_gpus:
     if where.get('device_type') == 'tpu':
       # What Placement refuses with a cluster: said here too, before the
       # model is built for CPUs.
       placement_lib.RefuseTpu(0, None, where['connect_timeout_secs'], True)
-    return
+    return None
+  # Local GPUs are planned as many as the layout uses (a V uses K/2).
+  needed = (max([model_select.DevicesPerReplica(pp)
+                 for _, pp in model_select.FindPipelines(train)] or [1])
+            if local_gpus else model_select.MaxStages(train))
   placement = placement_lib.Placement(
-      model_select.MaxStages(train) * data_parallel,
-      plan_only=bool(where['worker_processes'] or where['devices_per_task']),
+      needed * data_parallel,
+      plan_only=bool(where['worker_processes'] or where['devices_per_task'] or
+                     local_gpus),
       **where)
   _SetDevices(train, None, placement, data_parallel, loop_stages)
+  return placement
 
 
 def Settle(model, mode, logdir=None, override='', num_stages=None,
@@ -237,8 +250,8 @@ def Settle(model, mode, logdir=None, override='', num_stages=None,
                connect_timeout_secs=connect_timeout_secs, environ=environ,
                session_graph_optimizer=session_graph_optimizer)
   if mode == 'inspect_model':
-    _PlanLayout(train, where, data_parallel, loop_stages)
-    return RunConfig(model=model, mode=mode, logdir=None, placement=None,
+    placement = _PlanLayout(train, where, data_parallel, loop_stages)
+    return RunConfig(model=model, mode=mode, logdir=None, placement=placement,
                      train=train, test=None, **settings)
   logdir = PrepareLogdir(logdir, mode)
   test = _ModelParams(model, 'Test', *shape,
