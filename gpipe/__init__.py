@@ -31,7 +31,8 @@ public names are imported on first use).
                   inference.py (forward only), decode_lanes.py (decoding)
   1  runtime/     where stages run: cluster_spec.py (a cluster's workers),
                   worker.py (the worker binary), local_cluster.py (K worker
-                  processes here), devices.py, layout.py (R x K stages on
+                  processes here), liveness.py (does the server at an
+                  address answer), devices.py, layout.py (R x K stages on
                   the devices), memory_cap.py, background.py (work in a
                   thread of its own; RunIsolated for scratch layers)
   2  measure/     what a step did and what a model holds: timeline.py (the

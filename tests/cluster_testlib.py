@@ -16,7 +16,8 @@ from tests import polling
 from tests import trainer_testlib
 
 _LAUNCHER = r'''
-import json, os, socket, subprocess, sys, time
+import json, os, subprocess, sys, time
+from gpipe.runtime import liveness
 workers = json.loads(sys.argv[1])
 procs = []
 for w in workers:
@@ -27,16 +28,15 @@ for w in workers:
         start_new_session=True))
 deadline = time.time() + float(sys.argv[2])
 for w, p in zip(workers, procs):
-  host, port = w['address'].rsplit(':', 1)
   while True:
-    with socket.socket() as s:
-      s.settimeout(0.2)
-      if s.connect_ex((host, int(port))) == 0:
-        break
+    reason = liveness.Probe(w['address'], 5.0)
+    if reason is None:
+      break
     if p.poll() is not None or time.time() > deadline:
       for other in procs:
         other.kill()
-      print(json.dumps({'failed': w['address'], 'code': p.poll()}))
+      print(json.dumps({'failed': w['address'], 'code': p.poll(),
+                        'reason': reason}))
       sys.exit(1)
     time.sleep(0.1)
 print(json.dumps({'pids': [p.pid for p in procs]}))

@@ -150,8 +150,8 @@ class ClusterWorkersTest(test_utils.TestCase):
     code, _, err = _Run(logdir=self.create_tempdir().full_path,
                         cluster_spec='worker=%s,%s' % (self.workers[0], free))
     self.assertEqual(1, code)
-    self.assertIn('cannot reach worker task 1 (%s) from --cluster_spec: '
-                  'Connection refused' % free, err)
+    self.assertIn('worker task 1 (%s) from --cluster_spec does not answer '
+                  '(cannot connect: Connection refused)' % free, err)
     self.assertIn('python -m gpipe.worker --cluster_spec=worker=%s,%s '
                   '--task=1' % (self.workers[0], free), err)
 
@@ -183,9 +183,10 @@ class ClusterWorkersTest(test_utils.TestCase):
                           cluster_spec='worker=%s' % address,
                           connect_timeout_secs=2)
     self.assertEqual(1, code)
-    self.assertIn('worker task 0 (%s) from --cluster_spec accepts '
-                  'connections but did not answer as a TensorFlow server '
-                  'within 2 s' % address, err)
+    self.assertIn('worker task 0 (%s) from --cluster_spec does not answer '
+                  '(accepts connections, but no TensorFlow server answered '
+                  'within 2 s: is something else listening there?)' % address,
+                  err)
 
   def testBadDescriptionsAreRefusedByTrainerAndWorker(self):
     code, _, err = _Run(logdir=self.create_tempdir().full_path,

@@ -4,6 +4,8 @@
   a JSON cluster dict, ``TF_CONFIG`` or Slurm;
 * ``worker``: the worker binary (``python -m gpipe.worker``);
 * ``local_cluster``: K worker processes on this host (``LocalCluster``);
+* ``liveness``: whether the TensorFlow server at an address answers (the
+  one liveness check of the library, the trainer and the tests);
 * ``devices``: asking a running cluster for its devices;
 * ``layout``: R replicas x K stages on the tasks' devices;
 * ``memory_cap``: a memory cap per worker process;

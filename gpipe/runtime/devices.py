@@ -2,13 +2,13 @@
 
 ``Discover`` checks each worker task in turn and returns its devices:
 
-1. a TCP connect to its address with a short timeout: an address where
-   nothing listens, or that cannot be reached, is named at once instead of a
-   session that waits for it forever;
+1. ``liveness.Probe`` within the timeout: an address where nothing
+   listens, that cannot be reached, or where something other than a
+   TensorFlow server listens is named at once instead of a session that
+   waits for it forever;
 2. a session to that address alone, with device filters that match no other
    task, lists the server's own devices: they name the job and task it
-   serves, so a server of another job or task index (or something that is
-   not a TensorFlow server: no answer within the timeout) is named too;
+   serves, so a server of another job or task index is named too;
 3. a session to worker 0, which masters the training sessions, lists the
    whole cluster's devices: every task must be there, as described.
 
@@ -18,13 +18,12 @@ each task (the first N with ``devices_per_task``). ``PlannedDevices`` gives
 the device strings of a cluster that is not running, for planning.
 """
 
-import socket
-import threading
 import time
 
 from gpipe.compat import lingvo_import  # pylint: disable=unused-import
 from gpipe.runtime import cluster_spec as cluster_spec_lib
 from gpipe.runtime import layout
+from gpipe.runtime import liveness
 from lingvo import compat as tf
 
 DEVICE_TYPES = ('auto', 'cpu', 'gpu', 'tpu')
@@ -102,32 +101,6 @@ def TpuFound(task_devices, description=None):
                         for n in task_devices[first]) or 'no devices')), False
 
 
-def Probe(address, timeout_secs):
-  """None if a TCP connection to 'host:port' opens, else the reason.
-
-  The name lookup runs in a thread too: a resolver that does not answer
-  would otherwise hold the caller for its own (long) timeouts.
-  """
-  host, _, port = address.rpartition(':')
-  result = []
-
-  def Connect():
-    try:
-      with socket.create_connection((host.strip('[]'), int(port)),
-                                    timeout=timeout_secs):
-        result.append(None)
-    except socket.timeout:
-      result.append('no answer within %.0f s' % timeout_secs)
-    except OSError as e:
-      result.append(e.strerror or str(e))
-
-  thread = threading.Thread(target=Connect, daemon=True)
-  thread.start()
-  thread.join(timeout_secs)
-  return result[0] if result else (
-      'no answer (name lookup or connect) within %.0f s' % timeout_secs)
-
-
 def _ListDevices(target, timeout_secs, device_filters=()):
   """The device names a session to `target` lists (OpError on failure)."""
   config = tf.compat.v1.ConfigProto(
@@ -147,19 +120,20 @@ def _OwnDevices(description, task, timeout_secs):
   """The devices of the server at task `task`'s address; checks who it is."""
   address = description.workers[task]
   where = '%s from %s' % (description.Name(task), description.source)
-  reason = Probe(address, timeout_secs)
+  reason = liveness.Probe(address, timeout_secs)
   if reason:
-    raise DiscoveryError('cannot reach %s: %s. Is the worker running and the '
-                         'address right? If not, %s' %
+    raise DiscoveryError('%s does not answer (%s). Is the worker running and '
+                         'the address right? If not, %s' %
                          (where, reason, _StartHint(description, task)))
   try:
     names = _ListDevices(description.Target(task), timeout_secs,
                          [_NO_REMOTE_TASK])
   except tf.errors.OpError as e:
     raise DiscoveryError(
-        '%s accepts connections but did not answer as a TensorFlow server '
-        'within %.0f s (%s): is something else listening at %s? A worker: %s' %
-        (where, timeout_secs, type(e).__name__, address,
+        '%s answers as a TensorFlow server but did not list its devices '
+        'within %.0f s (%s: %s): if it is stuck, stop it and %s' %
+        (where, timeout_secs, type(e).__name__,
+         e.message.strip().splitlines()[0][:200],
          _StartHint(description, task))) from None
   own = '/job:%s/replica:0/task:%d/' % (cluster_spec_lib.JOB, task)
   if not names or not all(n.startswith(own) for n in names):

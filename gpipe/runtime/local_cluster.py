@@ -29,9 +29,14 @@ import time
 
 from gpipe.runtime import background
 from gpipe.runtime import cluster_spec
+from gpipe.runtime import liveness
 from gpipe.runtime import memory_cap as memory_cap_lib
 
 JOB = cluster_spec.JOB
+# How long one check of a starting worker may take: a refused connection
+# (not listening yet) returns at once, a listening worker answers in
+# milliseconds.
+_PROBE_SECS = 5.0
 
 
 def _MiB(num_bytes):
@@ -44,12 +49,6 @@ def FreePort():
   with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
     s.bind(('localhost', 0))
     return s.getsockname()[1]
-
-
-def _Serving(port):
-  with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-    s.settimeout(0.2)
-    return s.connect_ex(('localhost', port)) == 0
 
 
 def StageDevice(task, job=JOB, index=0):
@@ -147,8 +146,11 @@ class LocalCluster:
     if start_timeout is None:
       start_timeout = 60.0 + 15.0 * num_workers
     deadline = time.time() + start_timeout
-    for i, port in enumerate(self.ports):
-      while not _Serving(port):
+    for i, address in enumerate(self.cluster_def[JOB]):
+      while True:
+        reason = liveness.Probe(address, _PROBE_SECS)
+        if reason is None:
+          break
         try:
           self.CheckAlive()
         except WorkerDiedError:
@@ -156,8 +158,11 @@ class LocalCluster:
           raise
         if time.time() > deadline:
           self.Stop()
-          raise RuntimeError('worker %d did not start serving on port %d '
-                             'within %.0f s' % (i, port, start_timeout))
+          raise RuntimeError('worker %d did not start serving at %s within '
+                             '%.0f s (%s)%s' % (
+                                 i, address, start_timeout, reason,
+                                 '; its log: %s' % self._logs[i].name
+                                 if log_dir else ''))
         time.sleep(0.2)
 
   @property

@@ -59,12 +59,13 @@ import re
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import threading
 import time
+
+from gpipe.runtime import liveness
 
 PREFIX = 'gpnl'
 SUBNET = '10.213.0'
@@ -213,12 +214,6 @@ def InNamespace(ns, fn):
   if isinstance(result[0], BaseException):
     raise result[0]
   return result[0]
-
-
-def _Connects(address, port, timeout):
-  with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-    s.settimeout(timeout)
-    return s.connect_ex((address, port)) == 0
 
 
 def StopProcess(proc, timeout=10.0):
@@ -428,9 +423,12 @@ class Lab:
 
   def Serving(self, i, port, timeout=0.5):
     """Whether host i accepts TCP connections on `port` (from the client)."""
+    # TCP only: gRPC would connect from its own threads, outside the
+    # client's namespace.
+    address = '%s:%d' % (self.host_addresses[i], port)
     return InNamespace(
-        self.client,
-        lambda: _Connects(self.host_addresses[i], port, timeout))
+        self.client, lambda: liveness.Probe(
+            address, timeout, connect_only=True)) is None
 
   def Close(self):
     """Kills the lab's processes and deletes its namespaces (idempotent)."""

@@ -5,10 +5,11 @@ a supervisor (Slurm, Kubernetes, systemd, or whoever started it) starts it
 again at the same address. ``RemoteTasks`` is what the trainer knows about
 them:
 
-* ``Probe``: asks the TensorFlow server at an address for its status (the
-  worker service's ``GetStatus`` RPC) within a short deadline. A server that
-  is gone is refused at once; a host cut off the network does not answer
-  before the deadline. Either way the reason is returned, never a hang.
+* each task is probed with ``gpipe.runtime.liveness.Probe`` (does the
+  TensorFlow server at its address answer, within a short deadline): a
+  server that is gone is refused at once; a host cut off the network does
+  not answer before the deadline. Either way the reason is returned, never
+  a hang.
 * ``Describe``: a task by index, address and the pipeline stages placed on
   it, e.g. ``task 1 at 10.0.0.2:2222 (stage 1)``, for error messages.
 * ``Unreachable``: the tasks that do not answer now (probed in parallel).
@@ -28,41 +29,11 @@ import time
 
 from gpipe.compat import lingvo_import  # pylint: disable=unused-import
 from gpipe.runtime import cluster_spec as cluster_spec_lib
-import grpc
+from gpipe.runtime import liveness
 from lingvo import compat as tf
 from tools.trainer import model_select
 
-# The worker service every TensorFlow server (tf.distribute.Server) runs.
-_GET_STATUS = '/tensorflow.WorkerService/GetStatus'
 _TASK = re.compile(r'/task:(\d+)')
-
-
-def Probe(address, timeout_secs=3.0):
-  """None if the TensorFlow server at `address` answers, else why not.
-
-  Args:
-    address: 'host:port' of the server.
-    timeout_secs: how long to wait for the answer.
-
-  Returns:
-    None, or a short reason ('cannot connect: Connection refused', 'no
-    answer within 3 s').
-  """
-  channel = grpc.insecure_channel(address)
-  try:
-    # An empty GetStatusRequest: every field is optional.
-    channel.unary_unary(_GET_STATUS)(b'', timeout=timeout_secs)
-    return None
-  except grpc.RpcError as e:
-    if e.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
-      return 'no answer within %g s' % timeout_secs
-    details = e.details() or ''
-    if 'failed to connect' in details.lower():
-      # gRPC's text ends with the socket's error: 'Connection refused'.
-      return 'cannot connect: %s' % details.rsplit(': ', 1)[-1]
-    return '%s: %s' % (e.code().name, details[:200])
-  finally:
-    channel.close()
 
 
 class TaskUnreachableError(RuntimeError):
@@ -131,7 +102,7 @@ class RemoteTasks:
     """[(task, reason)] of the tasks that do not answer now, in task order."""
     with concurrent.futures.ThreadPoolExecutor(len(self.addresses)) as pool:
       reasons = list(pool.map(
-          lambda a: Probe(a, self.probe_timeout_secs), self.addresses))
+          lambda a: liveness.Probe(a, self.probe_timeout_secs), self.addresses))
     return [(t, r) for t, r in enumerate(reasons) if r is not None]
 
   def Explain(self, lost):

@@ -32,6 +32,7 @@ import time
 
 from gpipe.compat import lingvo_import  # pylint: disable=unused-import
 from gpipe.runtime import background
+from gpipe.runtime import liveness
 from gpipe.runtime import local_cluster
 from gpipe.measure import timeline
 from lingvo import compat as tf
@@ -550,8 +551,8 @@ class TrainLoop:
                       _ForceHint(self.stop_requested)))
         if remote is None or time.time() < next_probe:
           continue
-        reason = remote_tasks.Probe(remote.addresses[0],
-                                    remote.probe_timeout_secs)
+        reason = liveness.Probe(remote.addresses[0],
+                                remote.probe_timeout_secs)
         next_probe = time.time() + MASTER_PROBE_SECS
         misses = misses + 1 if reason else 0
         if misses >= MASTER_PROBE_MISSES and not call.done:
