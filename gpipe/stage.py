@@ -38,6 +38,7 @@ Lingvo computes gradients.
 import collections
 import contextlib
 import re
+import time
 
 from gpipe.compat import lingvo_import  # pylint: disable=unused-import
 from gpipe import batch_norm
@@ -392,7 +393,8 @@ class StageFunctions:
           args[0] if self.loss_layer is not None else args))
       self._theta_struct = theta
       self._arg_struct = args
-      self._BuildCompiled(theta_flat, args_flat, acc_values)
+      with _Tracing(self):
+        self._BuildCompiled(theta_flat, args_flat, acc_values)
     return theta_flat, args_flat
 
   def BeginStep(self):
@@ -489,3 +491,40 @@ def ReadTheta(theta, device):
 def NestedTheta(theta, keys):
   """The sub-NestedMap of `theta` holding `keys`."""
   return py_utils.NestedMap({k: theta[k] for k in keys})
+
+
+# Called as fn(stage, seconds) after each stage is traced (OnTrace).
+_TRACE_OBSERVERS = []
+
+
+@contextlib.contextmanager
+def OnTrace(fn):
+  """Inside the body, calls fn(stage, seconds) after each stage is traced.
+
+  Each stage's functions are traced once, at its first call, while the
+  pipeline's graph is built: a tool times that (the trainer's start-up log)
+  with this hook. Traces in every thread of the process are reported.
+
+  Args:
+    fn: called with the StageFunctions traced (``index``, ``device``) and
+      the seconds its tracing took (every function of the stage: forward
+      and backward, or the F, B and W pieces of a split backward).
+
+  Yields:
+    Nothing; on exit fn is no longer called.
+  """
+  _TRACE_OBSERVERS.append(fn)
+  try:
+    yield
+  finally:
+    _TRACE_OBSERVERS.remove(fn)
+
+
+@contextlib.contextmanager
+def _Tracing(stage):
+  """Times the body, the tracing of `stage`, for the OnTrace observers."""
+  started = time.time()
+  yield
+  seconds = time.time() - started
+  for fn in list(_TRACE_OBSERVERS):
+    fn(stage, seconds)

@@ -245,7 +245,12 @@ class TrainerTrainTest(test_utils.TestCase):
     path = os.path.join(logdir, 'startup.json')
     self.assertLess(total, os.path.getmtime(path) - exec_time + 0.5)
     with open(path) as f:
-      self.assertGreaterEqual(json.load(f)['started'], exec_time)
+      result = json.load(f)
+    self.assertGreaterEqual(result['started'], exec_time)
+    # The stage functions' tracing (gpipe.stage.OnTrace), inside the forward.
+    phases = {row['phase']: row for row in result['phases']}
+    self.assertEqual('forward', phases['stage tracing']['parent'])
+    self.assertEqual(2, phases['stage tracing']['calls'])
 
   def testLogdirNotWritable(self):
     blocker = os.path.join(self.create_tempdir().full_path, 'a_file')

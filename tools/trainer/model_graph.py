@@ -44,8 +44,7 @@ def Build(cfg, placement, mode, seed, phases=None):
     with placement.LingvoCluster(do_eval=mode != 'train'):
       with phases.Phase('layers and variables'):
         model = cfg.Instantiate()
-      with phases.Phase('%s graph' % mode), phases.Hooks(
-          startup.GraphBuildHooks()):
+      with phases.Phase('%s graph' % mode), startup.TimeGraphBuild(phases):
         if mode == 'train':
           model.ConstructFPropBPropGraph()
         elif mode == 'eval':

@@ -10,7 +10,9 @@ nested in it), the process's resident and peak memory at its end, and writes
 them to ``<logdir>/startup.json`` for ``python -m tools.benchmark startup``.
 
 The phases inside Lingvo's graph construction are timed by wrapping the
-functions that do the work (``Hooks``), only while the log is active:
+functions that do the work (``Hooks``) and with the library's own hook on
+stage tracing (``gpipe.stage.OnTrace``), only while the log is active
+(``TimeGraphBuild``):
 
 - ``forward``: the task's FProp on its inputs (the pipeline's schedule of
   stage calls), with ``stage tracing`` (tracing the stage functions) apart;
@@ -102,12 +104,23 @@ class StartupLog:
                    (name, wall, memory.FormatMiB(row['rss_bytes']),
                     memory.FormatMiB(row['peak_bytes'])))
 
-  def Mark(self, name, seconds):
-    """Adds a phase measured elsewhere (e.g. before the log existed)."""
-    row = self._Row(name, None)
+  def Mark(self, name, seconds, nested=False):
+    """Adds a phase measured elsewhere.
+
+    Args:
+      name: the phase.
+      seconds: its time.
+      nested: False: a phase of its own (e.g. before the log existed);
+        True: a phase that just ended inside the open one (a hook's report),
+        whose own time it is taken from.
+    """
+    parent = self._stack[-1] if nested and self._stack else None
+    row = self._Row(name, parent[0] if parent else None)
     row['seconds'] += seconds
     row['calls'] += 1
     row['rss_bytes'], row['peak_bytes'] = ProcessMemory()
+    if parent:
+      parent[2] += seconds
 
   @contextlib.contextmanager
   def Hooks(self, hooks):
@@ -160,20 +173,33 @@ class StartupLog:
 
 
 def GraphBuildHooks():
-  """The (owner, attribute, phase) hooks inside a training graph's build."""
-  # Imported here: the hooks name Lingvo's and the pipeline's internals, which
-  # only a trainer that builds a graph needs.
-  from gpipe import split_backward  # pylint: disable=g-import-not-at-top
-  from gpipe import stage as stage_lib  # pylint: disable=g-import-not-at-top
+  """The (owner, attribute, phase) hooks of Lingvo's inside a graph's build."""
+  # Imported here: the hooks name Lingvo's internals, which only a trainer
+  # that builds a graph needs.
   from lingvo.core import base_model  # pylint: disable=g-import-not-at-top
   from lingvo.core import learner  # pylint: disable=g-import-not-at-top
   from lingvo.core import optimizer  # pylint: disable=g-import-not-at-top
   from lingvo.core import py_utils  # pylint: disable=g-import-not-at-top
   return [
       (base_model.BaseTask, 'FPropDefaultTheta', 'forward'),
-      (stage_lib.StageFunctions, '_Build', 'stage tracing'),
-      (split_backward.SplitStageFunctions, '_Build', 'stage tracing'),
       (learner.Learner, 'Apply', 'learner'),
       (py_utils, 'ComputeGradients', 'tf.gradients'),
       (optimizer.Base, 'Apply', 'optimizer update'),
   ]
+
+
+@contextlib.contextmanager
+def TimeGraphBuild(log):
+  """Inside the body, times the phases of a graph's build in `log`.
+
+  Args:
+    log: a StartupLog.
+
+  Yields:
+    Nothing; on exit the functions are restored and the hook removed.
+  """
+  from gpipe import stage as stage_lib  # pylint: disable=g-import-not-at-top
+  traced = lambda unused_stage, seconds: log.Mark('stage tracing', seconds,
+                                                  nested=True)
+  with log.Hooks(GraphBuildHooks()), stage_lib.OnTrace(traced):
+    yield
