@@ -142,6 +142,26 @@ class HandMadeGraphTest(test_utils.TestCase):
                       '(lookup)'),
                      (result.findings[0].dtype, result.findings[0].detail))
 
+  def testInt32ResultsLeaveFromHostMemory(self):
+    # ArgMax's GPU kernel writes its int32 indices to device memory; a
+    # function returns int32 from host memory (through the Identity
+    # tf.function adds, whose int32 kernel is in host memory): one copy per
+    # call.
+    @tf.function(autograph=False)
+    def Stage(x):
+      return (tf.argmax(x, axis=-1, output_type=tf.int32, name='best32'),
+              tf.argmax(x, axis=-1, output_type=tf.int64, name='best64'))
+
+    with tf.Graph().as_default() as graph:
+      fn = Stage.get_concrete_function(tf.TensorSpec([2, 3], tf.float32))
+      _Call(fn, 'stage0_F0', GPU0, tf.zeros([2, 3]))
+    result = gpu_audit.Audit(graph)
+    self.assertEqual(
+        [(gpu_audit.HOST_MEMORY, 'stage0 F', 'ArgMax', 'best32:0', 1)],
+        _Rows(result))
+    self.assertIn('device memory -> host memory of',
+                  result.findings[0].detail)
+
   def testHandOversAndTheBatchOncePerStepAreNotFindings(self):
     # Stage 0 on GPU 0 hands its output to stage 1 on GPU 1; the batch comes
     # from the host (the input) once per step, split before the stages.

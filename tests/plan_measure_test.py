@@ -143,7 +143,8 @@ class ModelProfileTest(test_utils.TestCase):
     self.assertEqual(spec.shape.as_list(), [32, 64])
     loss_params, targets = described.loss
     self.assertEqual(loss_params.cls.__name__, 'ImageLossLayer')
-    self.assertEqual(targets.label.dtype, tf.int32)
+    # As the task hands them to the pipeline: int64, device memory on a GPU.
+    self.assertEqual(targets.label.dtype, tf.int64)
     cfg = model_profile.model_select.ModelParams('toy.PipelinedDigitsMlp')
     self.assertEqual(model_profile.OptimizerCosts(cfg), (2, 7.0))
 

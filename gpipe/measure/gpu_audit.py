@@ -280,6 +280,7 @@ class _Node:
     self.kernel = None
     self.fallback = False  # placed on a GPU that has no kernel for it
     self.inputs = []
+    self.colocate = []  # names of the nodes it is colocated with
     self.in_types = []  # [(arg name, dtype)] per input, flat
     self.out_types = []
     self.out_offsets = {}  # output arg name -> its first flat index
@@ -374,16 +375,24 @@ def Layer(name):
 class _Body:
   """The nodes of the graph or of one function body at one call device."""
 
-  def __init__(self, label, node_defs, device, library, signature=None):
+  def __init__(self, label, node_defs, device, library, function=None):
     self.label = label
     self._functions = library
     self.nested = None  # (function, call device, label) of its calls
     self.nodes = {}
+    signature = function.signature if function is not None else None
+    # A function's arguments and results, as the _Arg and _Retval nodes
+    # TensorFlow adds on the call's device when it runs the body.
     for arg in (signature.input_arg if signature is not None else []):
       node = _Node(arg.name, '_Arg', {}, device)
       node.out_types = _ArgTypes([arg], {})
       node.out_offsets = {arg.name: 0}
       self.nodes[arg.name] = node
+    for arg in (signature.output_arg if signature is not None else []):
+      node = _Node('%s/_Retval' % arg.name, '_Retval', {}, device)
+      node.in_types = _ArgTypes([arg], {})
+      node.inputs = [function.ret[arg.name]]
+      self.nodes[node.name] = node
     for node_def in node_defs:
       self._Add(node_def, device, library)
     self._Colocate()
@@ -415,13 +424,13 @@ class _Body:
   def _Colocate(self):
     """Unplaced nodes colocated with a placed one ('_class') go there."""
     for node in self.nodes.values():
-      for other in getattr(node, 'colocate', []):
+      for other in node.colocate:
         if other in self.nodes and self.nodes[other].device:
           node.device = self.nodes[other].device
           break
 
   def _Place(self, node):
-    if node.op == '_Arg' or _DeviceType(node.device) != _GPU:
+    if node.op in ('_Arg', '_Retval') or _DeviceType(node.device) != _GPU:
       return
     if node.op_def is None:
       return
@@ -512,7 +521,7 @@ class _Auditor:
     if key not in self.bodies:
       fdef = self.library[function]
       self.bodies[key] = _Body(label, fdef.node_def, device, self.library,
-                               fdef.signature)
+                               fdef)
     return self.bodies[key]
 
   def _Visit(self, key, body, calls):
@@ -535,7 +544,8 @@ class _Auditor:
   def _Check(self, key, body):
     """The findings of one body (once; their calls are counted later)."""
     for node in body.nodes.values():
-      if _DeviceType(node.device) == _GPU and node.op != '_Arg':
+      if _DeviceType(node.device) == _GPU and node.op not in ('_Arg',
+                                                              '_Retval'):
         self.num_ops[node.device] += 1
         if node.op_def is None:
           self.unchecked[node.device].add(node.op)
