@@ -173,12 +173,12 @@ def Layout(devices, num_replicas, num_stages, placement=ONE_PER_DEVICE,
         '%d replica(s) x %d device(s) each (%d stages, %s) = %d devices, but '
         '%d device(s) are there (%s): every device is used, so R x D must '
         'equal %d%s' % (r, d, k, how, r * d, n, CountByTask(devices), n,
-                        _Fits(n, r, k, placement)))
+                        FitsNote(n, r, k, placement)))
   where = StagePlacement(k, d, placement, loop)
   return [[devices[i * d + j] for j in where] for i in range(r)]
 
 
-def _Fits(n, r, k, placement):
+def FitsNote(n, r, k, placement):
   """'; R=2 x K=4 or R=1 x K=8 would fit' for n devices ('' if neither)."""
   per_device = 2 if placement == V_SHAPE else 1  # stages per device
   d = max(1, k // per_device)

@@ -457,22 +457,10 @@ def Layout(tpu_slice, num_replicas, num_stages,
         'so R x D must equal %d%s' % (
             r, d, k, ', two per core in a V' if placement == layout.V_SHAPE
             else '', r * d, tpu_slice.name, n, tpu_slice.num_tasks,
-            tpu_slice.cores_per_task, n, _Fits(n, r, k, placement)))
+            tpu_slice.cores_per_task, n, layout.FitsNote(n, r, k, placement)))
   stage_cores = layout.StagePlacement(k, d, placement, loop)
   assignment = [path[i * d:(i + 1) * d] for i in range(r)]
   return SliceLayout(tpu_slice, k, stage_cores, assignment)
-
-
-def _Fits(n, r, k, placement):
-  """'; R=2 x K=4 or R=1 x K=8 would fit' on n cores ('' if neither)."""
-  per_core = 2 if placement == layout.V_SHAPE else 1
-  d = max(1, k // per_core)
-  fits = []
-  if n % d == 0 and n // d != r:
-    fits.append('R=%d x K=%d' % (n // d, k))
-  if n % r == 0 and n // r * per_core != k:
-    fits.append('R=%d x K=%d' % (r, n // r * per_core))
-  return '; %s would fit' % ' or '.join(fits) if fits else ''
 
 
 def Describe(slice_layout):
