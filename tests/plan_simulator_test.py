@@ -257,9 +257,18 @@ class TimeTest(absltest.TestCase):
     self.assertLen(one, 1)
     self.assertEqual(trainer_step.Fit(profile, [(one[0], simulator.Predict(
         profile, one[0]).step_seconds + 0.2)])[1], 1.0)
-    # A trainer faster than the model: no negative cost.
-    self.assertEqual(trainer_step.Fit(profile, [(c, 0.0) for c in refs])[0],
-                     0.0)
+    # A trainer faster than the profile predicts: the correction shortens
+    # every prediction, and both references are predicted again.
+    fast = profile.Replace(trainer_seconds=-0.2, update_factor=0.5)
+    measured = [(c, simulator.Predict(fast, c).step_seconds) for c in refs]
+    fixed, factor = trainer_step.Fit(profile, measured)
+    self.assertAlmostEqual(fixed, -0.2)
+    self.assertAlmostEqual(factor, 0.5)
+    # References that differ by far more than their updates: the factor is
+    # bounded, and the fixed cost fits both on average.
+    wild = [(refs[0], measured[0][1] + 100.0), (refs[1], measured[1][1])]
+    self.assertEqual(trainer_step.Fit(profile, wild)[1],
+                     trainer_step.MAX_UPDATE_FACTOR)
 
   def testCalibrationScalesEachKindOfTask(self):
     factors = (profile_lib.Factors(rows=1, F=2.0, B=3.0, W=4.0, BW=5.0,

@@ -45,6 +45,8 @@ from tools.trainer import progress
 # intervals' mean steps): a console line, a step-log flush and a TensorBoard
 # flush per interval, as a run logging every few steps pays them.
 WARMUP_STEPS = 4
+# The largest factor on the update's modelled time ``Fit`` gives.
+MAX_UPDATE_FACTOR = 10.0
 LOG_EVERY = 4
 TIMED_STEPS = 12
 
@@ -187,8 +189,12 @@ def Fit(profile, measured):
   Each prediction is ``base + f * update + a``: `base` the step without the
   update, `update` the update's modelled seconds on the busiest device after
   the last gradient, `f` the factor and `a` the fixed cost. Two references
-  whose updates differ give both; one gives `a` with f = 1. Neither goes
-  below 0 (a prediction above the trainer's step keeps its modelled costs).
+  whose updates differ give both; one gives `a` with f = 1. `a` is negative
+  when the profile's step is longer than the trainer's (its calibration
+  over-predicts): the correction then shortens every prediction. The
+  factor stays within [0, MAX_UPDATE_FACTOR] (a larger one says the two
+  references differ by more than the update, not what the update costs),
+  and `a` is then fitted to both on average.
 
   Args:
     profile: the profile.Profile.
@@ -206,10 +212,11 @@ def Fit(profile, measured):
   factor = 1.0
   if len(terms) > 1:
     (rest_a, update_a), (rest_b, update_b) = terms[:2]
-    if abs(update_a - update_b) > 1e-6 * max(rest_a, rest_b, 1e-9):
-      factor = max((rest_a - rest_b) / (update_a - update_b), 0.0)
+    if abs(update_a - update_b) > 1e-6 * max(abs(rest_a), abs(rest_b), 1e-9):
+      factor = min(max((rest_a - rest_b) / (update_a - update_b), 0.0),
+                   MAX_UPDATE_FACTOR)
   fixed = statistics.mean(rest - factor * update for rest, update in terms)
-  return max(fixed, 0.0), factor
+  return fixed, factor
 
 
 def Predicted(profile, config):
