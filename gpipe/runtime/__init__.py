@@ -8,6 +8,9 @@
   one liveness check of the library, the trainer and the tests);
 * ``devices``: asking a running cluster for its devices;
 * ``layout``: R replicas x K stages on the tasks' devices;
+* ``tpu_layout``: R replicas x K stages on a TPU slice's cores (a pure
+  function checked against TensorFlow's DeviceAssignment; nothing runs on
+  TPU cores yet, docs/TPU.md);
 * ``memory_cap``: a memory cap per worker process;
 * ``background``: work in a thread of its own (a session run watched
   while it runs), its value or error kept; ``RunIsolated`` for layers built

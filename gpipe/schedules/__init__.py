@@ -23,7 +23,8 @@ The package, by job:
   (eval mode of every pipeline) and its table with ``decode_lanes``, the
   schedule of pipelined autoregressive decoding (M lanes through K stages).
 
-``python -m gpipe.schedules`` prints the table and a drawing of each.
+* ``__main__``: ``python -m gpipe.schedules`` prints the table and a drawing
+  of each.
 """
 
 from gpipe.schedules import decode_lanes
