@@ -249,7 +249,9 @@ def _Parser():
                  help="the planner's timed runs per profiled figure")
   p.add_argument('--steps', type=int, default=20,
                  help='timed trainer steps per configuration (the median)')
-  p.add_argument('--warmup', type=int, default=5)
+  p.add_argument('--warmup', type=int, default=4,
+                 help='untimed trainer steps first (a multiple of the '
+                 'trainer runs\' logging period, 4)')
   p = sub.add_parser('startup', help=startup.Startup.__doc__)
   Common(p)
   p.add_argument('--before',

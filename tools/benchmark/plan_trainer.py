@@ -33,24 +33,13 @@ from gpipe.plan import choice
 from gpipe.plan import profile as profile_lib
 from gpipe.plan import search
 from tools.benchmark import report
-from tools.trainer import progress
+from tools.trainer import timed_run
 
 # The registered models that train on this machine kind in minutes.
 MODELS = ('image.AmoebaNetD_Digits', 'mt.NumbersSmall', 'mt.NumbersTiny',
           'toy.PipelinedDigitsMlp')
 # The pick counts as the fastest when within this of the fastest measured.
 PICK_TOLERANCE = 0.05
-_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(
-    os.path.abspath(__file__))))
-
-
-def _Environment():
-  env = dict(os.environ)
-  env['PYTHONPATH'] = os.pathsep.join(
-      [_ROOT] + [p for p in env.get('PYTHONPATH', '').split(os.pathsep) if p])
-  env.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
-  return env
-
 
 def _Family(schedule):
   return 'zero bubble' if schedule.startswith('zb') else schedule
@@ -91,7 +80,8 @@ def _Plan(model, devices, workdir, repeats):
           '--devices=%d' % devices, '--plan_out=' + plan_path,
           '--profile_out=' + profile_path, '--repeats=%d' % repeats]
   start = time.time()
-  done = subprocess.run(args, cwd=_ROOT, env=_Environment(),
+  done = subprocess.run(args, cwd=timed_run.ROOT,
+                        env=timed_run.Environment(),
                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                         text=True, check=False)
   seconds = time.time() - start
@@ -106,20 +96,9 @@ def _Plan(model, devices, workdir, repeats):
 
 
 def _Train(model, plan_path, devices, warmup, steps, batch, logdir):
-  """The trainer's median step (s) with the plan, and every step's."""
-  args = [sys.executable, '-m', 'tools.trainer', '--model=' + model,
-          '--logdir=' + logdir, '--plan=' + plan_path,
-          '--worker_processes=%d' % devices, '--pin_cores',
-          '--max_steps=%d' % (warmup + steps), '--log_every_n_steps=1',
-          '--checkpoint_every_n_steps=%d' % (10 * (warmup + steps)),
-          '--trace_every_n_steps=0', '--eval_after_train=false']
-  done = subprocess.run(args, cwd=_ROOT, env=_Environment(),
-                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                        text=True, check=False)
-  seconds = progress.StepSeconds(done.stdout, batch, warmup)
-  if done.returncode or not seconds:
-    raise RuntimeError('the trainer failed with %s:\n%s' %
-                       (plan_path, done.stdout[-3000:]))
+  """The trainer's median step (s) with the plan, and each interval's."""
+  seconds = timed_run.StepSeconds(model, plan_path, devices, batch, warmup,
+                                  steps, logdir)
   return statistics.median(seconds), seconds
 
 

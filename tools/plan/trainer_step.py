@@ -31,23 +31,19 @@ import contextlib
 import os
 import shutil
 import statistics
-import subprocess
-import sys
 import tempfile
 
 from gpipe.plan import choice
 from gpipe.plan import search
 from gpipe.plan import simulator
-from tools.trainer import progress
+from tools.trainer import timed_run
 
 # Steps run before the timed ones (graph optimization, first allocations),
-# and the timed ones, in intervals of LOG_EVERY steps (the median of the
-# intervals' mean steps): a console line, a step-log flush and a TensorBoard
-# flush per interval, as a run logging every few steps pays them.
+# and the timed ones, in intervals of timed_run.LOG_EVERY steps (the median
+# of the intervals' mean steps).
 WARMUP_STEPS = 4
 # The largest factor on the update's modelled time ``Fit`` gives.
 MAX_UPDATE_FACTOR = 10.0
-LOG_EVERY = 4
 TIMED_STEPS = 12
 
 class TrainerStepError(RuntimeError):
@@ -76,11 +72,6 @@ def References(profile, devices):
         1, n, search.Cut(profile, n, profile.batch // n), n, 'gpipe',
         'never'))
   return found
-
-
-def _Root():
-  return os.path.dirname(os.path.dirname(os.path.dirname(
-      os.path.abspath(__file__))))
 
 
 @contextlib.contextmanager
@@ -141,41 +132,20 @@ def _MeasureOne(model, override, profile, config, log, timed_steps,
                      examples_per_second=predicted.examples_per_second,
                      bubble=predicted.bubble,
                      peak_bytes=list(predicted.peak_bytes))), plan_path)
-  steps = WARMUP_STEPS + timed_steps
-  args = [sys.executable, '-m', 'tools.trainer', '--model=' + model,
-          '--logdir=' + os.path.join(workdir, 'run'), '--plan=' + plan_path,
-          '--worker_processes=%d' % config.num_devices, '--pin_cores',
-          '--max_steps=%d' % steps, '--log_every_n_steps=%d' % LOG_EVERY,
-          '--checkpoint_every_n_steps=%d' % (10 * steps),
-          '--trace_every_n_steps=0', '--eval_after_train=false']
-  if override:
-    args.append('--model_params_override=' + override)
   if log:
     log('timing the trainer\'s own step: %s on %d worker process(es), %d '
-        'steps' % (config.label, config.num_devices, steps))
-  env = dict(os.environ)
-  env['PYTHONPATH'] = os.pathsep.join(
-      [_Root()] + [p for p in env.get('PYTHONPATH', '').split(os.pathsep)
-                   if p])
-  env.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
+        'steps' % (config.label, config.num_devices,
+                   WARMUP_STEPS + timed_steps))
   try:
     with _Unpinned():
-      done = subprocess.run(args, cwd=_Root(), env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, stdin=subprocess.DEVNULL,
-                            timeout=timeout, check=False)
-  except subprocess.TimeoutExpired as e:
-    raise TrainerStepError('the trainer did not finish %d steps of %s in %d '
-                           's' % (steps, config.label, timeout)) from e
+      seconds = timed_run.StepSeconds(
+          model, plan_path, config.num_devices, profile.batch, WARMUP_STEPS,
+          timed_steps, os.path.join(workdir, 'run'), override, timeout)
+  except timed_run.TimedRunError as e:
+    raise TrainerStepError('the reference run of %s: %s' %
+                           (config.label, e)) from e
   finally:
     shutil.rmtree(workdir, ignore_errors=True)  # Its checkpoint too.
-  seconds = progress.StepSeconds(done.stdout, profile.batch, WARMUP_STEPS)
-  if done.returncode or not seconds:
-    lines = [l for l in done.stdout.splitlines() if l.strip()]
-    raise TrainerStepError(
-        'the trainer\'s reference run (%s) failed with exit status %d: %s' %
-        (config.label, done.returncode,
-         lines[-1] if lines else 'no output'))
   return statistics.median(seconds)
 
 
