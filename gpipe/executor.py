@@ -535,9 +535,9 @@ def DefineParams(p):
       'on its device (CPU, GPU), under every schedule, remat mode, replicas '
       'and fprop_dtype. Costs: XLA compiles each function at its first run, '
       'and again for each new input shape (the first step takes longer, '
-      "seconds per stage); the session graph does not grow. XLA's random "
-      "generator draws other dropout masks than TensorFlow's kernels for the "
-      'same seeds (still per micro-batch, reproduced by the recomputation). '
+      "seconds per stage); the session graph does not grow. Dropout through "
+      'gpipe.randomness draws the same masks compiled or not (TensorFlow\'s '
+      'own random ops do not: see gpipe/xla.py). '
       'Not compiled: before_tpl, the micro-batch split and merge, the '
       'gradient sums. An op without an XLA kernel for the stage\'s device '
       '(string ops, py_function, Lingvo custom ops, tf.print) is, with '

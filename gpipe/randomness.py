@@ -121,30 +121,72 @@ def SeedPair(key):
   return scope.seed + tf.constant([0, scope.NextOffset(key)], tf.int64)
 
 
-def StatelessUniform(shape, seed, dtype):
-  """tf.random.stateless_uniform in [0, 1), without host copies on a GPU.
+_GOLDEN = 0x9E3779B9  # 2^32 / golden ratio: spreads consecutive counters.
+# Significand bits (with the implicit one) of the floats shorter than 24.
+_MANTISSA_BITS = {tf.bfloat16: 8, tf.float16: 11}
 
-  The same numbers as ``tf.random.stateless_uniform(shape, seed)``: its
-  default algorithm on CPUs and GPUs is Philox, with the key and counter
-  scrambled from the seed. By default TensorFlow scrambles them in a kernel
-  that reads the seed from host memory and leaves them there, so on a GPU
-  every random op copies its seed (computed on the GPU: the micro-batch
-  seed plus the op's offset) to the host, a sync, and the key and counter
-  back (gpipe.measure.gpu_audit finds both). With ``alg='philox'`` the same
-  scrambling runs as ordinary ops on the GPU. On a CPU the default's single
-  kernel is cheaper, and it is kept.
+
+def _U32(value):
+  return tf.constant(value, tf.uint32)
+
+
+def _Mix32(h):
+  """MurmurHash3's 32-bit finalizer: every input bit flips each output bit
+  with probability about one half (uint32 arithmetic wraps)."""
+  h = tf.bitwise.bitwise_xor(h, tf.bitwise.right_shift(h, _U32(16)))
+  h *= _U32(0x85EBCA6B)
+  h = tf.bitwise.bitwise_xor(h, tf.bitwise.right_shift(h, _U32(13)))
+  h *= _U32(0xC2B2AE35)
+  return tf.bitwise.bitwise_xor(h, tf.bitwise.right_shift(h, _U32(16)))
+
+
+def _SeedWords(seed):
+  """The four 32-bit words of an int64 [2] seed (all 64 bits of each)."""
+  low = tf.cast(tf.bitwise.bitwise_and(seed, 0xFFFFFFFF), tf.uint32)
+  high = tf.cast(tf.bitwise.bitwise_and(tf.bitwise.right_shift(seed, 32),
+                                        0xFFFFFFFF), tf.uint32)
+  return low[0], high[0], low[1], high[1]
+
+
+def StatelessUniform(shape, seed, dtype):
+  """Uniform numbers in [0, 1) that are the same compiled or not, on any device.
+
+  A counter-based generator written in plain integer ops: element i of the
+  output hashes (i, seed) through MurmurHash3's finalizer, twice, keyed by
+  the seed's 128 bits, and keeps as many top bits as `dtype` holds exactly
+  (24 for float32 and float64, 11 for float16, 8 for bfloat16), so every
+  value is ``k / 2**bits`` and below 1. Why not
+  ``tf.random.stateless_uniform``: XLA's kernels draw other numbers than
+  TensorFlow's for the same seed and algorithm, and cut seeds to 32 bits, so
+  an XLA-compiled stage (``p.compile='xla'``) would drop other units than the
+  uncompiled pipeline, and its losses would differ. These ops (uint32
+  multiply, xor, shift, an int64 range) have the same meaning in every
+  TensorFlow kernel and in XLA, and have GPU kernels that keep their tensors
+  in device memory (no host copy per random op: gpipe.measure.gpu_audit
+  checks). Quality is what dropout needs: uncorrelated across neighbouring
+  elements and neighbouring seeds (tested), not cryptographic.
 
   Args:
-    shape: the output shape (a list or an int32 tensor).
+    shape: the output shape (a list or an integer tensor).
     seed: an int64 [2] tensor.
     dtype: a float dtype.
 
   Returns:
-    A tensor of `shape` uniform in [0, 1).
+    A tensor of `shape` uniform in [0, 1), in steps of 2**-24 (float32 and
+    float64; coarser for 16-bit floats).
   """
-  on_gpu = tf.DeviceSpec.from_string(seed.op.device or '').device_type == 'GPU'
-  return tf.random.stateless_uniform(shape, seed=seed, dtype=dtype,
-                                     alg='philox' if on_gpu else None)
+  dtype = tf.as_dtype(dtype)
+  kept = min(24, _MANTISSA_BITS.get(dtype, 24))
+  shape = tf.cast(shape, tf.int64)
+  w0, w1, w2, w3 = _SeedWords(tf.cast(seed, tf.int64))
+  key_a = _Mix32(tf.bitwise.bitwise_xor(w0, _Mix32(w1 + _U32(_GOLDEN))))
+  key_b = _Mix32(tf.bitwise.bitwise_xor(w2, _Mix32(w3 + key_a)))
+  counter = tf.cast(tf.range(tf.reduce_prod(shape), dtype=tf.int64), tf.uint32)
+  bits = _Mix32(tf.bitwise.bitwise_xor(counter * _U32(_GOLDEN), key_a))
+  bits = _Mix32(tf.bitwise.bitwise_xor(bits, key_b))
+  top = tf.bitwise.right_shift(bits, _U32(32 - kept))
+  uniform = tf.cast(top, dtype) * tf.constant(2.0**-kept, dtype)
+  return tf.reshape(uniform, shape)
 
 
 def Dropout(x, keep_prob, key, noise_shape=None):

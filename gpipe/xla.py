@@ -26,18 +26,21 @@ TensorFlow's kernel registry. With ``compile='xla'`` that is an
 ``UncompilableError`` naming the stage, the function, the layer and the op;
 with ``compile='xla_where_possible'`` every function of the stage that holds
 such an op runs uncompiled (a warning names the op) and the other stages
-stay compiled. A stage is compiled whole or not at all because of random
-ops: XLA's stateless random generator draws other numbers than
-TensorFlow's kernels for the same seed (measured: the same Philox key and
-counter, other uniforms; and seeds are cut to 32 bits), so a backward that
-recomputes a forward must run the same way as the forward did. Dropout
-under XLA is therefore not the uncompiled pipeline's dropout: the masks
-still differ per micro-batch and step and the recomputation draws the
-forward's masks, but they are other masks. That holds for the stateless
-ops of ``gpipe.randomness`` (``Dropout``); a stateful random op in a stage
-that recomputes (e.g. Lingvo's ``DropoutLayer`` with ``tf.nn.dropout``) has
-no seed that ties the recomputation's draw to the forward's, compiled or
-not: use ``gpipe.randomness.Dropout`` (Lingvo's deterministic layers too).
+stay compiled.
+
+Random ops: the dropout and drop path of ``gpipe.randomness`` draw their
+masks with a counter-based generator written in plain integer ops, which
+XLA and TensorFlow's kernels compute alike: a compiled stage drops exactly
+the units the uncompiled pipeline drops, so losses and gradients match it
+with dropout on. TensorFlow's own random kernels do not have that property
+(``tf.random.stateless_uniform`` under XLA draws other numbers for the same
+seed and algorithm, and cuts seeds to 32 bits), so a layer that calls them
+(e.g. Lingvo's ``DeterministicDropoutLayer``) drops other units compiled; a
+stateful random op (Lingvo's ``DropoutLayer`` with ``tf.nn.dropout``) has no
+seed that ties a recomputation's draw to the forward's, compiled or not:
+use ``gpipe.randomness.Dropout``. Because of such ops a stage is compiled
+whole or not at all, so that a recomputing backward runs the way its
+forward did.
 
 The session: Grappler's memory optimizer, when it runs over the session
 graph, rewrites a large AddN inside a compiled function (a Transformer
@@ -354,10 +357,10 @@ def Problems(concrete, device, owners=None, names=None):
 def Resolve(mode, what, problems, device):
   """What to do with a group of functions after their compiled trace.
 
-  The functions of one stage are compiled together or not at all: with
-  dropout, XLA's random generator draws other masks than TensorFlow's
-  kernels for the same seed, so a recomputing backward must be compiled
-  exactly when its forward is.
+  The functions of one stage are compiled together or not at all: a random
+  op from TensorFlow's kernels (not gpipe.randomness) draws other numbers
+  under XLA, so a recomputing backward must be compiled exactly when its
+  forward is.
 
   Args:
     mode: the ``compile`` value.

@@ -1,8 +1,8 @@
 """XLA-compiled stages (PipeliningLayer's compile='xla', gpipe/xla.py).
 
 Every stage function runs as one XLA computation and the pipeline's loss
-and gradients equal the uncompiled pipeline's (float64, no dropout: XLA
-draws other dropout masks than TensorFlow's kernels), under every schedule
+and gradients equal the uncompiled pipeline's (float64, with dropout: the
+masks of gpipe.randomness are the same compiled or not), under every schedule
 of the registry, every remat mode, replicas, batched weight gradients and
 bfloat16; pipelined decoding gives the unpipelined decoder's tokens. An op
 XLA cannot compile is refused when the graph is built, naming the layer and
@@ -18,6 +18,8 @@ from unittest import mock
 from absl.testing import parameterized
 from gpipe import pipeline
 from gpipe import precision
+from gpipe import randomness
+from gpipe import stage
 from gpipe import xla
 from gpipe.schedules import registry
 import numpy as np
@@ -88,9 +90,13 @@ def _Run(fetches, trace=False):
 class XlaStagesTest(test_utils.TestCase, parameterized.TestCase):
 
   def _AssertCompiledAndExact(self, schedule, remat='always', **kwargs):
-    """XLA's loss and gradients equal the uncompiled (unpipelined) ones."""
+    """XLA's loss and gradients equal the uncompiled (unpipelined) ones.
+
+    With dropout (keep 0.8 in every layer): the unpipelined reference draws
+    its masks uncompiled, so equality needs the same masks under XLA.
+    """
     with tf.Graph().as_default() as graph:
-      net = lib.Net(schedule, K, M, remat, layers=lib.Layers(keep_prob=1.0),
+      net = lib.Net(schedule, K, M, remat, layers=lib.Layers(keep_prob=0.8),
                     compile='xla', **kwargs)
       inputs, targets = _Inputs()
       loss, grads = lib.LossAndGrads(net, inputs, targets, pipelined=True)
@@ -156,8 +162,7 @@ class XlaStagesTest(test_utils.TestCase, parameterized.TestCase):
     self.assertLess(np.linalg.norm(got - want) / np.linalg.norm(want), 0.04)
 
   def testDropoutMasksAreReproducedByTheRecomputation(self):
-    # XLA's random generator draws other masks than TensorFlow's kernels;
-    # the recomputed forward (remat 'always') draws the masks the forward
+    # The recomputed forward (remat 'always') draws the masks the forward
     # drew: its gradients are those of TensorFlow's gradient of the
     # compiled forward itself (remat 'never').
     values = {}
@@ -320,6 +325,62 @@ class XlaStagesTest(test_utils.TestCase, parameterized.TestCase):
         self.assertTrue(fn.attr[xla.MUST_COMPILE_ATTR].b, fn.signature.name)
       (got, want), _ = _Run([got, want])
     decode_testlib.AssertSameDecodes(self, got, want, 'XLA, 2 lanes')
+
+
+def _Compiled(fn, seed):
+  """fn(seed) as an XLA-compiled call that the session does not inline."""
+  concrete = xla.Trace(fn, [tf.TensorSpec([2], tf.int64)], True, 'draw',
+                       stage.NO_INLINE)
+  return concrete(seed)
+
+
+class CompiledRandomnessTest(test_utils.TestCase, parameterized.TestCase):
+  """gpipe.randomness draws the same numbers compiled by XLA or not."""
+
+  @parameterized.parameters(tf.float64, tf.float32, tf.bfloat16)
+  def testSameNumbersCompiledOrNot(self, dtype):
+    shape = [3, 5, 7]
+    with tf.Graph().as_default():
+      # Fed, not a constant: the session would fold a constant's draws.
+      seed = tf.placeholder(tf.int64, [2])
+      plain = randomness.StatelessUniform(shape, seed, dtype)
+      compiled = _Compiled(
+          lambda s: randomness.StatelessUniform(shape, s, dtype), seed)
+      # TensorFlow's own stateless kernel, for contrast: XLA draws others.
+      tf_plain = tf.random.stateless_uniform(shape, seed, dtype=tf.float32)
+      tf_compiled = _Compiled(
+          lambda s: tf.random.stateless_uniform(shape, s, dtype=tf.float32),
+          seed)
+      with tf.Session(config=lib.CONFIG) as sess:
+        a, b, c, d = sess.run([plain, compiled, tf_plain, tf_compiled],
+                              {seed: [2**40 + 12345, -987654321]})
+    self.assertEqual(a.dtype, b.dtype)
+    self.assertAllEqual(a, b)
+    self.assertGreater(np.abs(c - d).max(), 0.01)
+    self.assertTrue(np.all(a >= 0) and np.all(a < 1))
+
+  def testUniformAndUncorrelated(self):
+    n = 1 << 16
+    with tf.Graph().as_default():
+      seed = tf.constant([7, 11], tf.int64)
+      draws = [randomness.StatelessUniform([n], seed + delta, tf.float64)
+               for delta in ([0, 0], [0, 1], [1, 0], [2**32, 0])]
+      with tf.Session() as sess:
+        draws = sess.run(draws)
+    first = draws[0]
+    # Mean 1/2 and variance 1/12 within 5 standard errors.
+    self.assertLess(abs(first.mean() - 0.5), 5 * np.sqrt(1 / 12 / n))
+    self.assertLess(abs(first.var() - 1 / 12), 5 * np.sqrt(1 / 180 / n))
+    # Neighbouring elements, and neighbouring seeds (either word, and the
+    # high 32 bits of a word), are uncorrelated.
+    limit = 5 / np.sqrt(n)
+    self.assertLess(abs(np.corrcoef(first[1:], first[:-1])[0, 1]), limit)
+    for other in draws[1:]:
+      self.assertFalse(np.array_equal(first, other))
+      self.assertLess(abs(np.corrcoef(first, other)[0, 1]), limit)
+    # A dropout mask keeps about keep_prob of the units.
+    self.assertLess(abs((first < 0.8).mean() - 0.8),
+                    5 * np.sqrt(0.16 / n))
 
 
 if __name__ == '__main__':
