@@ -51,6 +51,10 @@ Subcommands:
               mt.T64Structure_Numbers by default): seconds and memory of
               each phase up to the second step, beside another checkout's
               trainer (--before) in the same run.
+  xla_trainer The trainer with --xla beside without, per registered model
+              and schedule: first-step loss and gradient norm, later losses
+              beside the uncompiled schedules' own float32 spread, step
+              time, and the decode outputs.
 
 Every subcommand prints a markdown table, the machine and the settings, and
 writes ``--json`` and ``--plot`` if given. ``--quick`` runs a tiny version

@@ -5,7 +5,8 @@ the defaults for ``--quick`` and runs one of ``throughput.Throughput``,
 ``memory.Memory``, ``bubble.Bubble``, ``schedules.Schedules``,
 ``data_parallel.DataParallel``, ``graph.Graph``, ``links.Links``,
 ``decode.Decode`` (``decode_memory.MemoryCap`` with ``--memory_cap``),
-``plan.Plan``, ``plan_trainer.PlanTrainer`` or ``startup.Startup``.
+``plan.Plan``, ``plan_trainer.PlanTrainer``, ``startup.Startup`` or
+``xla_trainer.XlaTrainer``.
 """
 
 import argparse
@@ -26,6 +27,7 @@ from tools.benchmark import plan_trainer
 from tools.benchmark import schedules
 from tools.benchmark import startup
 from tools.benchmark import throughput
+from tools.benchmark import xla_trainer
 
 
 def _Parser():
@@ -252,6 +254,20 @@ def _Parser():
   p.add_argument('--warmup', type=int, default=4,
                  help='untimed trainer steps first (a multiple of the '
                  'trainer runs\' logging period, 4)')
+  p = sub.add_parser('xla_trainer', help=xla_trainer.XlaTrainer.__doc__)
+  Common(p)
+  p.add_argument('--models', default='',
+                 help='comma-separated registered models (default: %s)' %
+                 ','.join(xla_trainer.MODELS))
+  p.add_argument('--schedules', default='',
+                 help='comma-separated schedules (default: all of the '
+                 'registry)')
+  p.add_argument('--steps', type=int, default=6,
+                 help='training steps of each run')
+  p.add_argument('--warmup', type=int, default=2,
+                 help='leading steps left out of the step time')
+  p.add_argument('--timeout_secs', type=int, default=1800,
+                 help='stop a trainer run that takes longer than this')
   p = sub.add_parser('startup', help=startup.Startup.__doc__)
   Common(p)
   p.add_argument('--before',
@@ -316,6 +332,10 @@ def _ApplyQuick(args):
     args.top, args.repeats, args.steps = min(args.top, 2), 1, 2
     if not args.models:
       args.models = 'toy.PipelinedDigitsMlp'
+  if args.command == 'xla_trainer':
+    args.steps, args.warmup = 2, 1
+    args.models = args.models or 'toy.PipelinedDigitsMlp'
+    args.schedules = args.schedules or 'gpipe,zb_v'
   if args.command == 'startup' and args.model == 'mt.T64Structure_Numbers':
     args.model, args.worker_processes = 'mt.NumbersTiny', 2
   if args.command == 'memory':
@@ -346,6 +366,7 @@ def main(argv=None):
                   decode=lambda a: (decode_memory.MemoryCap if a.memory_cap
                                     else decode.Decode)(a), plan=plan.Plan,
                   plan_trainer=plan_trainer.PlanTrainer,
-                  startup=startup.Startup)
+                  startup=startup.Startup,
+                  xla_trainer=xla_trainer.XlaTrainer)
   commands[args.command](args)
   return 0
