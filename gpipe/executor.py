@@ -522,9 +522,8 @@ def DefineParams(p):
       'most this many rows that reads a weight transposed is computed as '
       '(W dy^T)^T, the weight read in place. Why: oneDNN re-packs a '
       "matmul's second operand on every call, and at a few rows that copy of "
-      'the weight costs about as much as the product: measured on one core, '
-      '1024x1024 float32 weight, 32 rows: 102-109 GFLOP/s as dy W^T, 142-159 '
-      'swapped; at 128 rows both within noise. 0 turns the rewrite off.')
+      'the weight costs about as much as the product (figures: '
+      'docs/BENCHMARKS.md, per-micro-batch cost). 0 turns the rewrite off.')
   p.Define(
       'compile', None,
       "None, 'xla' or 'xla_where_possible': compile every stage function "
