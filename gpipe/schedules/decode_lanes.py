@@ -178,10 +178,8 @@ def DefaultNumLanes(num_stages, batch):
   M = K is the fewest lanes that keep every stage busy in steady state (the
   bubble is (K-1)/(TM+K-1)). More lanes only add calls: each lane's step
   pays every stage's fixed cost (its small ops, its weights read again by
-  each matmul), and fewer rows per lane make the matmuls less efficient.
-  Measured with pinned one-core workers, K=2 decoding a T(4, 2048, 8) ran
-  as fast at M=2 as at M=4 and 20% slower at M=8; a small model on two
-  worker processes took 2.3-2.4 s at M=2, 2.9 s at M=4 and 5.4 s at M=8.
+  each matmul), and fewer rows per lane make the matmuls less efficient (2K
+  and 4K lanes ran no faster: docs/BENCHMARKS.md, pipelined decoding).
   M = K assumes a hand-over much shorter than a stage's step: each lane's
   token goes through every stage and back, so a device idles for the
   hand-overs of a round (more lanes hide them, at the calls' cost; give
