@@ -17,7 +17,7 @@ schedule).
 ``Off()`` at a test module's top covers function calls (their
 ``config_proto``, which worker processes read when they run a stage) and
 sessions opened without a config; ``SessionConfig`` is for sessions that
-need one (e.g. virtual CPU devices).
+need one, ``CpuConfig`` for the usual one: N virtual CPU devices.
 """
 
 import tensorflow as tf
@@ -34,3 +34,24 @@ def SessionConfig(**kwargs):
   config = tf.compat.v1.ConfigProto(**kwargs)
   config.graph_options.rewrite_options.disable_meta_optimizer = True
   return config
+
+
+def CpuDevices(num_cpus):
+  """'/device:CPU:0', ...: the devices of CpuConfig(num_cpus)."""
+  return ['/device:CPU:%d' % i for i in range(num_cpus)]
+
+
+def CpuConfig(num_cpus, grappler=False):
+  """A session config with `num_cpus` virtual CPUs ('/device:CPU:0', ...).
+
+  Args:
+    num_cpus: CPU devices of the session's process (they share its threads).
+    grappler: leave Grappler's rewrites on, as users run (tests of memory
+      and of the runtime's timeline measure that); off by default.
+
+  Returns:
+    A tf.compat.v1.ConfigProto.
+  """
+  if grappler:
+    return tf.compat.v1.ConfigProto(device_count={'CPU': num_cpus})
+  return SessionConfig(device_count={'CPU': num_cpus})
