@@ -26,7 +26,6 @@ from tests import polling
 from tests import trainer_testlib
 from tools.trainer import checkpoints
 from tools.trainer import model_graph
-from tools.trainer import progress
 
 TOY = trainer_testlib.TOY
 PROBE = 'tests.trainer_signal_probe'
@@ -36,12 +35,6 @@ FLAGS = ['--model=' + TOY, '--checkpoint_every_n_steps=%d' % EVERY,
          '--eval_after_train=false']
 # The console's word on the step a signal stopped the run after.
 _STOPPED = re.compile(r'interrupted (?:at|after) step (\d+)')
-
-
-def _Losses(logdir):
-  path = os.path.join(logdir, progress.STEP_LOG)
-  return [(r['step'], r['loss'], r['accuracy'])
-          for r in progress.ReadStepLog(path)]
 
 
 def _NewestStep(logdir):
@@ -74,7 +67,7 @@ class TrainerSignalTest(test_utils.TestCase):
          'step log': list(range(1, step + 1))},
         {'console': [int(s) for s in _STOPPED.findall(output)],
          'checkpoint': _NewestStep(logdir),
-         'step log': [s for s, _, _ in _Losses(logdir)]}, output)
+         'step log': [s for s, _ in trainer_testlib.Losses(logdir)]}, output)
     self.assertIn('interrupted after step %d (%s)' % (step, name), output)
     self.assertTrue(checkpoints.Newest(logdir).endswith('ckpt-%d' % step))
 
@@ -123,7 +116,7 @@ class TrainerSignalTest(test_utils.TestCase):
     # The steps before the forced one are logged, not saved: the next run
     # drops them from the log and redoes them.
     self.assertEqual(list(range(1, stop + forced)),
-                     [s for s, _, _ in _Losses(logdir)])
+                     [s for s, _ in trainer_testlib.Losses(logdir)])
 
     # To the end, with SIGTERM while the exit checkpoint is written: it is
     # written whole, and the run ends as it would have anyway.
@@ -138,7 +131,7 @@ class TrainerSignalTest(test_utils.TestCase):
     self.assertIn('saved %s/ckpt-%d' % (logdir, final_step), result.stdout)
     self.assertIsNone(_STOPPED.search(output), output)
     self.assertEqual(final_step, _NewestStep(logdir))
-    resumed = _Losses(logdir)
+    resumed = trainer_testlib.Losses(logdir, 'accuracy')
 
     # The same steps without interruption (in this process).
     reference_dir = self.create_tempdir().full_path
@@ -148,7 +141,7 @@ class TrainerSignalTest(test_utils.TestCase):
         trace_every_n_steps=0, eval_after_train=False)
     self.assertEqual(0, code, err)
     # Bit-identical: no step lost, none run twice.
-    self.assertEqual(_Losses(reference_dir), resumed)
+    self.assertEqual(trainer_testlib.Losses(reference_dir, 'accuracy'), resumed)
 
   def _CtrlCInProcess(self, logdir, after_step):
     """Trains in this process; Ctrl-C once step `after_step` is logged.
@@ -161,7 +154,7 @@ class TrainerSignalTest(test_utils.TestCase):
     def CtrlC():
       polling.WaitUntil(
           lambda: done.is_set() or (
-              (_Losses(logdir) or [(0,)])[-1][0] > after_step),
+              (trainer_testlib.Losses(logdir) or [(0,)])[-1][0] > after_step),
           'step %d' % (after_step + 1))
       if not done.is_set():
         os.kill(os.getpid(), signal.SIGINT)
@@ -214,7 +207,7 @@ class TrainerSignalTest(test_utils.TestCase):
     self.assertEqual('trainer: stopped by Ctrl-C\n', err)
     self.assertLen(built, 1)
     self.assertIsNone(checkpoints.Newest(logdir), out)
-    self.assertEqual([], _Losses(logdir))
+    self.assertEqual([], trainer_testlib.Losses(logdir))
 
 
 if __name__ == '__main__':

@@ -12,6 +12,7 @@ from absl import flags
 from absl.testing import flagsaver
 from tests import polling
 from tools.trainer import cli
+from tools.trainer import progress
 
 if not flags.FLAGS.is_parsed():
   # Under pytest nobody parses the flags: use their defaults (tf.test.main
@@ -29,6 +30,25 @@ def RunInProcess(**flag_values):
       out), contextlib.redirect_stderr(err):
     code = cli.main(['trainer'])
   return code, out.getvalue(), err.getvalue()
+
+
+def StepLog(logdir):
+  """The records of a run's step log (tools/trainer/progress.py)."""
+  return progress.ReadStepLog(os.path.join(logdir, progress.STEP_LOG))
+
+
+def Losses(logdir, *fields):
+  """[(step, loss, *fields)] of each record of a run's step log.
+
+  Args:
+    logdir: the run directory.
+    *fields: more fields of each record to return, e.g. 'accuracy'.
+
+  Returns:
+    A list of tuples, in the log's order.
+  """
+  names = ('step', 'loss') + fields
+  return [tuple(r[name] for name in names) for r in StepLog(logdir)]
 
 
 def TrainerCommand(*args, module='tools.trainer'):
