@@ -11,12 +11,9 @@ from tests import polling
 from tests import trainer_testlib
 from tools.trainer import checkpoints
 
-TOY = trainer_testlib.TOY
 _Log = trainer_testlib.ReadLog
 EVERY = 20
-FLAGS = ['--model=' + TOY, '--checkpoint_every_n_steps=%d' % EVERY,
-         '--log_every_n_steps=1000', '--trace_every_n_steps=0',
-         '--eval_after_train=false']
+FLAGS = trainer_testlib.ResumableFlags(EVERY)
 
 
 class TrainerResumeTest(test_utils.TestCase):
@@ -59,15 +56,9 @@ class TrainerResumeTest(test_utils.TestCase):
     resumed = trainer_testlib.Losses(logdir, 'accuracy')
     self.assertEqual(list(range(1, final_step + 1)), [s for s, _, _ in resumed])
 
-    # The same steps without interruption (in this process).
-    reference_dir = self.create_tempdir().full_path
-    code, _, err = trainer_testlib.RunInProcess(
-        model=TOY, logdir=reference_dir, max_steps=final_step,
-        checkpoint_every_n_steps=EVERY, log_every_n_steps=1000,
-        trace_every_n_steps=0, eval_after_train=False)
-    self.assertEqual(0, code, err)
-    reference = trainer_testlib.Losses(reference_dir, 'accuracy')
-    # Bit-identical: same data order, dropout masks and optimizer state.
+    # The same steps without interruption (in this process), bit-identical.
+    reference = trainer_testlib.UninterruptedLosses(
+        self.create_tempdir().full_path, final_step, EVERY)
     self.assertEqual(reference, resumed)
     # Including the steps the killed run had computed past its checkpoint.
     self.assertEqual(reference[:len(killed)], killed)

@@ -27,12 +27,9 @@ from tests import trainer_testlib
 from tools.trainer import checkpoints
 from tools.trainer import model_graph
 
-TOY = trainer_testlib.TOY
 PROBE = 'tests.trainer_signal_probe'
 EVERY = 5
-FLAGS = ['--model=' + TOY, '--checkpoint_every_n_steps=%d' % EVERY,
-         '--log_every_n_steps=1000', '--trace_every_n_steps=0',
-         '--eval_after_train=false']
+FLAGS = trainer_testlib.ResumableFlags(EVERY)
 # The console's word on the step a signal stopped the run after.
 _STOPPED = re.compile(r'interrupted (?:at|after) step (\d+)')
 
@@ -133,15 +130,11 @@ class TrainerSignalTest(test_utils.TestCase):
     self.assertEqual(final_step, _NewestStep(logdir))
     resumed = trainer_testlib.Losses(logdir, 'accuracy')
 
-    # The same steps without interruption (in this process).
-    reference_dir = self.create_tempdir().full_path
-    code, _, err = trainer_testlib.RunInProcess(
-        model=TOY, logdir=reference_dir, max_steps=final_step,
-        checkpoint_every_n_steps=EVERY, log_every_n_steps=1000,
-        trace_every_n_steps=0, eval_after_train=False)
-    self.assertEqual(0, code, err)
-    # Bit-identical: no step lost, none run twice.
-    self.assertEqual(trainer_testlib.Losses(reference_dir, 'accuracy'), resumed)
+    # The same steps without interruption (in this process), bit-identical:
+    # no step lost, none run twice.
+    self.assertEqual(
+        trainer_testlib.UninterruptedLosses(
+            self.create_tempdir().full_path, final_step, EVERY), resumed)
 
   def _CtrlCInProcess(self, logdir, after_step):
     """Trains in this process; Ctrl-C once step `after_step` is logged.
@@ -166,9 +159,8 @@ class TrainerSignalTest(test_utils.TestCase):
     sender.start()
     try:
       code, out, err = trainer_testlib.RunInProcess(
-          model=TOY, logdir=logdir, max_steps=1000,
-          checkpoint_every_n_steps=EVERY, log_every_n_steps=1000,
-          trace_every_n_steps=0, eval_after_train=False)
+          logdir=logdir, max_steps=1000,
+          **trainer_testlib.ResumableSettings(EVERY))
     finally:
       done.set()
       sender.join()
@@ -198,9 +190,8 @@ class TrainerSignalTest(test_utils.TestCase):
     try:
       with mock.patch.object(model_graph, 'Build', BuildThenCtrlC):
         code, out, err = trainer_testlib.RunInProcess(
-            model=TOY, logdir=logdir, max_steps=3,
-            checkpoint_every_n_steps=EVERY, log_every_n_steps=1000,
-            trace_every_n_steps=0, eval_after_train=False)
+            logdir=logdir, max_steps=3,
+            **trainer_testlib.ResumableSettings(EVERY))
     finally:
       signal.signal(signal.SIGINT, previous)
     self.assertEqual(130, code, out + err)
