@@ -47,6 +47,7 @@ EARLY_LENGTHS = [1, 1, 1, 1, 5, 2, 4, 3]
 # Switch and Merge of a done lane's tf.cond).
 _PASS_NODES = ('Enter', 'Merge', 'Switch', 'NextIteration', 'Exit',
                'Identity')
+_Cpus = graph_rewrites.CpuDevices
 
 
 def _Cpu(device):
@@ -127,7 +128,7 @@ class PipelinedDecodeTest(test_utils.TestCase, parameterized.TestCase):
     dt.AssertDecodesMatch(self, self.checkpoint, devices, lanes, cut=cut)
 
   def testOneStage(self):
-    self._AssertDecodesMatch(graph_rewrites.CpuDevices(1))
+    self._AssertDecodesMatch(_Cpus(1))
 
   # Two stages: testEarlyStoppingDecodesMatch (M = 2, 4), and every M of
   # LANES on worker processes (pipelined_decode_workers_test).
@@ -136,20 +137,20 @@ class PipelinedDecodeTest(test_utils.TestCase, parameterized.TestCase):
     # 8 layers cut uniformly: [emb, enc0] [enc1, enc2] [dec0, dec1]
     # [dec2, softmax]: stage 1 has no decoding work and is left out of the
     # decoding loop.
-    self._AssertDecodesMatch(graph_rewrites.CpuDevices(4))
+    self._AssertDecodesMatch(_Cpus(4))
 
   def testSeveralStagesPerDevice(self):
     self._AssertDecodesMatch(['/device:CPU:0', '/device:CPU:1'] * 2,
                              lanes=(2,))
 
   def testDecodeCutSplitsTheEncoderAndTheDecoderOverTheDevices(self):
-    cut = decode_cut.DecodeCut(dt.Layers(), graph_rewrites.CpuDevices(2))
+    cut = decode_cut.DecodeCut(dt.Layers(), _Cpus(2))
     # [emb, enc0, enc1] [enc2] [dec0, dec1] [dec2, softmax] on a loop of the
     # two devices (the encoder by weights, the decoder by step weights).
-    self.assertEqual(cut.stage_devices, graph_rewrites.CpuDevices(2) * 2)
+    self.assertEqual(cut.stage_devices, _Cpus(2) * 2)
     self.assertEqual(cut.stage_sizes, [3, 1, 2, 2])
-    self._AssertDecodesMatch(graph_rewrites.CpuDevices(2), lanes=LANES, cut=cut)
-    graph = dt.DecodeGraph(graph_rewrites.CpuDevices(2), cut=cut)
+    self._AssertDecodesMatch(_Cpus(2), lanes=LANES, cut=cut)
+    graph = dt.DecodeGraph(_Cpus(2), cut=cut)
     with graph.graph.as_default():
       ids = graph.Pipelined(2)
       with tf.compat.v1.Session(config=dt.CONFIG) as sess:
@@ -193,13 +194,13 @@ class PipelinedDecodeTest(test_utils.TestCase, parameterized.TestCase):
     self.assertEqual(decode_cut.DecodeCut(layers, ['a']),
                      decode_cut.Cut([8], ['a']))
     with self.assertRaisesRegex(ValueError, 'needs at least 4 encoder'):
-      decode_cut.DecodeCut(layers, graph_rewrites.CpuDevices(4))
+      decode_cut.DecodeCut(layers, _Cpus(4))
     with self.assertRaisesRegex(ValueError, 'needs at least 5 decoder'):
-      decode_cut.DecodeCut(layers, graph_rewrites.CpuDevices(5))
+      decode_cut.DecodeCut(layers, _Cpus(5))
     with self.assertRaisesRegex(ValueError, 'one per layer after the '):
-      decode_cut.DecodeCut(layers, graph_rewrites.CpuDevices(2), [1.0])
+      decode_cut.DecodeCut(layers, _Cpus(2), [1.0])
     with self.assertRaisesRegex(ValueError, r'needs \[embedding, encoder'):
-      decode_cut.DecodeCut(layers[::-1], graph_rewrites.CpuDevices(2))
+      decode_cut.DecodeCut(layers[::-1], _Cpus(2))
 
   def _AssertStateStaysOnItsDevice(self, devices, cut=None):
     """The devices where the loop's caches and keys/values live.
@@ -276,7 +277,7 @@ class PipelinedDecodeTest(test_utils.TestCase, parameterized.TestCase):
   def testCachesStayOnTheirStagesDevice(self):
     # The decoder layers are on stages 2 and 3: two and one, each with its
     # keys and values (2 tensors) of its cache and of the source, per lane.
-    where = self._AssertStateStaysOnItsDevice(graph_rewrites.CpuDevices(4))
+    where = self._AssertStateStaysOnItsDevice(_Cpus(4))
     self.assertEqual(where, {('CPU:2', 'cache'): 8, ('CPU:2', 'source'): 8,
                              ('CPU:3', 'cache'): 4, ('CPU:3', 'source'): 4})
 
@@ -285,7 +286,7 @@ class PipelinedDecodeTest(test_utils.TestCase, parameterized.TestCase):
     # Per step part costs (self-attention, cross-attention, feed-forward):
     # whole layers cut 2 | 1 + softmax (10 | 6), parts 1 layer + layer 1's
     # self-attention | the rest of layer 1, layer 2, softmax (8 | 8).
-    cut = decode_cut.DecodeCut(layers, graph_rewrites.CpuDevices(2),
+    cut = decode_cut.DecodeCut(layers, _Cpus(2),
                                [[3, 1, 1], [3, 1, 1], [3, 1, 1], 1])
     self.assertEqual(cut.stage_sizes, [3, 1, 1, 3])
     self.assertEqual(cut.lead_parts, [0, 0, 0, 1])
@@ -294,12 +295,12 @@ class PipelinedDecodeTest(test_utils.TestCase, parameterized.TestCase):
     # Layer 1's cache is on CPU:0 (its self-attention), its source's keys
     # and values on CPU:1 (its cross-attention); layer 0's on CPU:0, layer
     # 2's on CPU:1.
-    where = self._AssertStateStaysOnItsDevice(graph_rewrites.CpuDevices(2), cut=cut)
+    where = self._AssertStateStaysOnItsDevice(_Cpus(2), cut=cut)
     self.assertEqual(where, {('CPU:0', 'cache'): 8, ('CPU:0', 'source'): 4,
                              ('CPU:1', 'cache'): 4, ('CPU:1', 'source'): 8})
     # The task decodes with the cut's lead parts (decode_lead_parts), by
     # default in K = 2 lanes: one per device of the loop, not per stage (4).
-    graph = dt.DecodeGraph(graph_rewrites.CpuDevices(2), cut=cut)
+    graph = dt.DecodeGraph(_Cpus(2), cut=cut)
     self.assertEqual(graph.task.params.decode_lead_parts, [0, 0, 0, 1])
     self.assertEqual(pipelined_decode.NumLanes(graph.task, dt.BATCH, 1), 2)
     with graph.graph.as_default(), cluster_factory.SetEval(True):
@@ -313,7 +314,7 @@ class PipelinedDecodeTest(test_utils.TestCase, parameterized.TestCase):
     self.assertAllEqual(got, want)
     # Whole layers when parts do not cut better.
     self.assertEqual(
-        decode_cut.DecodeCut(layers, graph_rewrites.CpuDevices(2),
+        decode_cut.DecodeCut(layers, _Cpus(2),
                              [[1, 1, 1], [1, 1, 1], [1, 1, 1], 3]).lead_parts,
         [0] * 4)
 
@@ -321,12 +322,12 @@ class PipelinedDecodeTest(test_utils.TestCase, parameterized.TestCase):
     # [emb, enc0] [enc1] [enc2] | dec0 + dec1.self_atten | dec1.cross_atten,
     # dec1.ffn, dec2.self_atten, dec2.cross_atten | dec2.ffn, softmax: the
     # third device runs only the feed-forward of its first layer.
-    cut = decode_cut.DecodeCut(dt.Layers(), graph_rewrites.CpuDevices(3),
+    cut = decode_cut.DecodeCut(dt.Layers(), _Cpus(3),
                                [[1, 1, 1], [1, 1, 1], [1, 1, 1], 3])
     self.assertEqual(cut.stage_sizes, [2, 1, 1, 1, 1, 2])
     self.assertEqual(cut.lead_parts, [0, 0, 0, 0, 1, 2])
-    self._AssertDecodesMatch(graph_rewrites.CpuDevices(3), lanes=(4,), cut=cut)
-    where = self._AssertStateStaysOnItsDevice(graph_rewrites.CpuDevices(3), cut=cut)
+    self._AssertDecodesMatch(_Cpus(3), lanes=(4,), cut=cut)
+    where = self._AssertStateStaysOnItsDevice(_Cpus(3), cut=cut)
     self.assertEqual(where, {('CPU:0', 'cache'): 8, ('CPU:0', 'source'): 4,
                              ('CPU:1', 'cache'): 4, ('CPU:1', 'source'): 8})
 
@@ -363,8 +364,8 @@ class PipelinedDecodeTest(test_utils.TestCase, parameterized.TestCase):
       self.assertEqual(max(loads), best, (costs, k, layers, lead))
 
   def testBadLeadParts(self):
-    cut = decode_cut.Cut([3, 1, 1, 3], graph_rewrites.CpuDevices(2) * 2, [0, 0, 0, 2])
-    graph = dt.DecodeGraph(graph_rewrites.CpuDevices(2), cut=cut)
+    cut = decode_cut.Cut([3, 1, 1, 3], _Cpus(2) * 2, [0, 0, 0, 2])
+    graph = dt.DecodeGraph(_Cpus(2), cut=cut)
     for lead, error in (([0, 0, 2], 'one count per stage'),
                         ([0, 0, 0, 3], r'lead_parts\[3\]=3: .* more than 3'),
                         ([0, 0, 1, 0], r'lead_parts\[2\]=1: .* after a stage'
@@ -376,7 +377,7 @@ class PipelinedDecodeTest(test_utils.TestCase, parameterized.TestCase):
                                                             error):
         graph.Pipelined(2)
     with self.assertRaisesRegex(ValueError, r'one cost per step part'):
-      decode_cut.DecodeCut(dt.Layers(), graph_rewrites.CpuDevices(2), [[1, 1], 1, 1, 1])
+      decode_cut.DecodeCut(dt.Layers(), _Cpus(2), [[1, 1], 1, 1, 1])
     with self.assertRaisesRegex(ValueError, 'beam_size 3 must divide'):
       decode_cut.MeasuredStepCosts(dt.Layers()[4:], rows=4, src_len=dt.LEN,
                                    max_len=dt.LEN + 1, beam_size=3)
@@ -394,11 +395,11 @@ class PipelinedDecodeTest(test_utils.TestCase, parameterized.TestCase):
     # state on each.
     cut = None
     if split_layer:
-      cut = decode_cut.DecodeCut(dt.Layers(), graph_rewrites.CpuDevices(2),
+      cut = decode_cut.DecodeCut(dt.Layers(), _Cpus(2),
                                  [[3, 1, 1], [3, 1, 1], [3, 1, 1], 1])
       self.assertEqual(cut.lead_parts, [0, 0, 0, 1])
     graph, values = dt.AssertDecodesMatch(
-        self, self.checkpoint, graph_rewrites.CpuDevices(2), lanes=(2, 4), cut=cut,
+        self, self.checkpoint, _Cpus(2), lanes=(2, 4), cut=cut,
         max_decode_len=max_decode_len, lengths=EARLY_LENGTHS)
     # The batch is what it is meant to be: the copies end at different
     # steps, and the first lane of 2 is done long before the second.
@@ -419,7 +420,7 @@ class PipelinedDecodeTest(test_utils.TestCase, parameterized.TestCase):
     # 9 steps; the trained model ends its copies of EARLY_LENGTHS tokens with
     # </s> at steps 2 to 6: each lane's last stage picks tokens only until
     # its sequences ended, and the lane done first stops first.
-    graph = dt.DecodeGraph(graph_rewrites.CpuDevices(2), max_decode_len=9, lengths=EARLY_LENGTHS)
+    graph = dt.DecodeGraph(_Cpus(2), max_decode_len=9, lengths=EARLY_LENGTHS)
     with graph.graph.as_default():
       ids, _ = graph.Pipelined(2)
       with tf.compat.v1.Session(config=dt.CONFIG) as sess:
@@ -444,7 +445,7 @@ class PipelinedDecodeTest(test_utils.TestCase, parameterized.TestCase):
                       for m in range(2)})
 
   def testBadLanesAndModelsAreRefused(self):
-    graph = dt.DecodeGraph(graph_rewrites.CpuDevices(2))
+    graph = dt.DecodeGraph(_Cpus(2))
     with graph.graph.as_default():
       with self.assertRaisesRegex(ValueError,
                                   'decode_micro_batches=16 lanes but the '
@@ -467,7 +468,7 @@ class PipelinedDecodeTest(test_utils.TestCase, parameterized.TestCase):
     for layer_list, message in ((no_decoder, 'no DecoderLayer'),
                                 (decoder_only, 'no encoder')):
       with tf.Graph().as_default(), cluster_factory.SetEval(True):
-        task = dt.TaskParams(graph_rewrites.CpuDevices(2), layers=layer_list).Instantiate()
+        task = dt.TaskParams(_Cpus(2), layers=layer_list).Instantiate()
         with self.assertRaisesRegex(ValueError, message):
           pipelined_decode.Decode(task, task.theta,
                                   tf.zeros([4, 3], tf.int32),

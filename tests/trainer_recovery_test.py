@@ -15,13 +15,10 @@ from tests import trainer_testlib
 from tools.trainer import checkpoints
 from tools.trainer import summaries
 
-TOY = trainer_testlib.TOY
 _Log = trainer_testlib.ReadLog
 EVERY = 10
-FLAGS = ['--model=' + TOY, '--checkpoint_every_n_steps=%d' % EVERY,
-         '--log_every_n_steps=1000', '--trace_every_n_steps=0',
-         '--eval_after_train=false', '--worker_processes=2',
-         '--max_steps=1000000']
+FLAGS = trainer_testlib.ResumableFlags(EVERY) + [
+    '--worker_processes=2', '--max_steps=1000000']
 
 
 class TrainerRecoveryTest(test_utils.TestCase):
@@ -91,14 +88,10 @@ class TrainerRecoveryTest(test_utils.TestCase):
     recovered = trainer_testlib.Losses(logdir, 'accuracy')
     steps = [s for s, _, _ in recovered]
     self.assertEqual(list(range(1, len(steps) + 1)), steps)
-    reference_dir = self.create_tempdir().full_path
-    code, _, err = trainer_testlib.RunInProcess(
-        model=TOY, logdir=reference_dir, max_steps=len(steps),
-        checkpoint_every_n_steps=1000, log_every_n_steps=1000,
-        trace_every_n_steps=0, eval_after_train=False)
-    self.assertEqual(0, code, err)
-    self.assertAllClose(trainer_testlib.Losses(reference_dir, 'accuracy'),
-                        recovered, rtol=1e-5)
+    self.assertAllClose(
+        trainer_testlib.UninterruptedLosses(
+            self.create_tempdir().full_path, len(steps), 1000),
+        recovered, rtol=1e-5)
 
   def testWorkersThatCannotBeRestartedStopTheRun(self):
     logdir = self.create_tempdir().full_path

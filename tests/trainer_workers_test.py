@@ -40,7 +40,8 @@ class TrainerWorkersTest(test_utils.TestCase):
     for k in range(2):
       self.assertIn('memory/peak_bytes/worker_%d_CPU_0' % k, tags)
       self.assertGreater(tags['pipeline/stage_%d/compute_sec' % k][0][1], 0)
-    self.assertAllClose(trainer_testlib.Losses(self.local_dir), trainer_testlib.Losses(logdir), rtol=1e-5)
+    self.assertAllClose(trainer_testlib.Losses(self.local_dir),
+                        trainer_testlib.Losses(logdir), rtol=1e-5)
 
   def testTrainsOnExistingServersFromClusterSpec(self):
     logdir = self.create_tempdir().full_path
@@ -51,7 +52,8 @@ class TrainerWorkersTest(test_utils.TestCase):
           cluster_spec='worker=' + ','.join(servers.cluster_def['worker']))
     self.assertEqual(0, code, err)
     self.assertNotIn('started', out)
-    self.assertAllClose(trainer_testlib.Losses(self.local_dir), trainer_testlib.Losses(logdir), rtol=1e-5)
+    self.assertAllClose(trainer_testlib.Losses(self.local_dir),
+                        trainer_testlib.Losses(logdir), rtol=1e-5)
 
 
 if __name__ == '__main__':
