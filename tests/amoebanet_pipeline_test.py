@@ -40,12 +40,12 @@ class AmoebaNetPipelineTest(test_utils.TestCase):
              - 1]
     with self.session(
         graph=tf.Graph(),
-        config=graph_rewrites.SessionConfig(device_count={'CPU': 2})) as sess:
+        config=graph_rewrites.CpuConfig(2)) as sess:
       py_utils.GetOrCreateGlobalStepVar()
       net = pipeline.PipeliningLayer.Params().Set(
           name='pipe', layers=layers, num_stages=2, stage_sizes=sizes,
           num_micro_batches=2, dtype=tf.float64,
-          stage_devices=['/device:CPU:0', '/device:CPU:1']).Instantiate()
+          stage_devices=graph_rewrites.CpuDevices(2)).Instantiate()
       rng = np.random.RandomState(0)
       images = tf.constant(rng.randn(BATCH, 8, 8, 1))
       labels = tf.constant(rng.randint(0, NUM_CLASSES, [BATCH]), tf.int32)
@@ -77,7 +77,7 @@ class AmoebaNetPipelineTest(test_utils.TestCase):
         name='pipe', layers=network.LayerParams(net), num_stages=2,
         num_micro_batches=2, partition_cost='flops',
         input_shapes=network.InputShapes(net, BATCH // 2),
-        stage_devices=['/device:CPU:0', '/device:CPU:1'])
+        stage_devices=graph_rewrites.CpuDevices(2))
     with tf.Graph().as_default():
       layer = p.Instantiate()
       self.assertLen(layer.stage_sizes, 2)

@@ -25,6 +25,7 @@ from gpipe import schedules
 from gpipe.measure import timeline
 from lingvo import compat as tf
 from lingvo.core import test_utils
+from tests import graph_rewrites
 from tests import simulated_runner
 from tools.benchmark import cli
 from tools.benchmark import floor
@@ -37,10 +38,7 @@ PNG_MAGIC = b'\x89PNG'
 CAP_MIB = 1.0
 # Virtual CPU devices of this process for the in-process real steps; set
 # before TensorFlow's runtime starts.
-NUM_LOCAL_CPUS = 2
-tf.config.set_logical_device_configuration(
-    tf.config.list_physical_devices('CPU')[0],
-    [tf.config.LogicalDeviceConfiguration()] * NUM_LOCAL_CPUS)
+LOCAL_DEVICES = graph_rewrites.VirtualCpus(2)
 
 
 def _Simulated():
@@ -51,18 +49,6 @@ def _Simulated():
 def _SimulatedStep(config):
   """What the simulated runner makes of `config` (the prediction)."""
   return simulated_runner.SimulatedRunner().Add(config)
-
-
-LOCAL_DEVICES = ['/job:localhost/replica:0/task:0/device:CPU:%d' % i
-                 for i in range(NUM_LOCAL_CPUS)]
-
-
-class _InProcessRunner(runner.Runner):
-  """runner.Runner building and running real steps in this process."""
-
-  def Cluster(self, impl, num_stages):
-    del impl, num_stages  # Every configuration shares the local devices.
-    return simulated_runner.Cluster(LOCAL_DEVICES, '')
 
 
 class BenchmarkTest(test_utils.TestCase):
@@ -134,7 +120,7 @@ class BenchmarkTest(test_utils.TestCase):
     json_path = os.path.join(out_dir, 'cost.json')
     stdout = io.StringIO()
     with contextlib.redirect_stdout(stdout), mock.patch.object(
-        runner, 'Runner', _InProcessRunner):
+        runner, 'Runner', simulated_runner.InProcessRunner):
       cli.main(['cost', '--quick', '--json', json_path, '--model', 'dense'])
     with open(json_path) as f:
       result = json.load(f)
@@ -219,7 +205,7 @@ class BenchmarkTest(test_utils.TestCase):
         runner.Config('lingvo', 'dense', 4, 4, 2, 2, 'always', 16),
         runner.Config('plain', 'dense', 4, 4, 1, 1, 'never', 16),
         runner.Config('inline', 'dense', 4, 4, 1, 2, 'never', 16)]
-    steps = _InProcessRunner(log=lambda *unused: None)
+    steps = simulated_runner.InProcessRunner(log=lambda *unused: None)
     try:
       traced = {}
       for config in configs:

@@ -24,16 +24,10 @@ from lingvo import compat as tf
 from lingvo.core import test_utils
 from tests import cluster_testlib
 from tests import trainer_testlib
-from tools.trainer import progress
 from tools.trainer import summaries
 
 TOY = trainer_testlib.TOY  # 4 layers, batch 32.
 STEPS = 4
-
-
-def _Losses(logdir):
-  path = os.path.join(logdir, progress.STEP_LOG)
-  return [(r['step'], r['loss']) for r in progress.ReadStepLog(path)]
 
 
 def _Run(**flags):
@@ -109,7 +103,8 @@ class ClusterWorkersTest(test_utils.TestCase):
       for cpu in range(2):
         self.assertIn('memory/peak_bytes/worker_%d_CPU_%d' % (task, cpu),
                       tags)
-    self.assertAllClose(_Losses(self.ref_dir), _Losses(logdir), rtol=1e-5)
+    self.assertAllClose(trainer_testlib.Losses(self.ref_dir),
+                        trainer_testlib.Losses(logdir), rtol=1e-5)
     # Session 2, same workers: R=2 replicas x K=2 stages, one per task.
     logdir = self.create_tempdir().full_path
     code, out, err = _Run(logdir=logdir, cluster_spec=self.spec,
@@ -117,7 +112,8 @@ class ClusterWorkersTest(test_utils.TestCase):
     self.assertEqual(0, code, err)
     self.assertIn('  replica 1: stages 0-1 on task 1 (CPU:0, CPU:1); 0 '
                   'hand-over(s) between tasks', out)
-    self.assertAllClose(_Losses(self.ref_dir), _Losses(logdir), rtol=1e-5)
+    self.assertAllClose(trainer_testlib.Losses(self.ref_dir),
+                        trainer_testlib.Losses(logdir), rtol=1e-5)
     # The launcher is gone; the workers serve on.
     self.assertTrue(all(cluster_testlib.Alive(p) for p in self.pids))
 
@@ -129,7 +125,8 @@ class ClusterWorkersTest(test_utils.TestCase):
     self.assertEqual(0, code, err)
     self.assertIn('  replica 0: stages 0-1 on task 0 (CPU:0, CPU:1), stages '
                   '2-3 on task 1 (CPU:0, CPU:1)', out)
-    self.assertAllClose(_Losses(self.ref_dir)[:2], _Losses(logdir), rtol=1e-5)
+    self.assertAllClose(trainer_testlib.Losses(self.ref_dir)[:2],
+                        trainer_testlib.Losses(logdir), rtol=1e-5)
 
   def testLayoutMustUseEveryDevice(self):
     code, _, err = _Run(logdir=self.create_tempdir().full_path,

@@ -26,7 +26,7 @@ from tests import graph_rewrites
 BATCH, LEN, VOCAB = 8, 5, 16  # Copy 5 tokens drawn from ids 4..15.
 NUM_LAYERS = 3
 BEAM = 3
-CONFIG = graph_rewrites.SessionConfig(device_count={'CPU': 4})
+CONFIG = graph_rewrites.CpuConfig(4)
 
 
 def CopyBatch(rng, batch=BATCH, lengths=None):

@@ -12,25 +12,15 @@ import os
 import signal
 
 from gpipe.runtime import local_cluster
-from gpipe import pipeline
 from gpipe.schedules import pipeline_tasks
 from gpipe import schedules
 from gpipe.measure import timeline
 import numpy as np
 from lingvo import compat as tf
-from lingvo.core import py_utils
 from lingvo.core import test_utils
+from tests import pipeline_testlib
 from tests import polling
 from tests import toy_layers
-
-
-def _Layers():
-  return [
-      toy_layers.DenseDropout.Params().Set(
-          name='dense%d' % i, dtype=tf.float64,
-          params_init=py_utils.WeightInit.Gaussian(0.5, seed=10 + i))
-      for i in range(4)
-  ]
 
 
 class DistributedPipelineTest(test_utils.TestCase):
@@ -48,9 +38,9 @@ class DistributedPipelineTest(test_utils.TestCase):
   def testGradientsAcrossWorkerProcessesMatchUnpipelined(self):
     x_np = np.random.RandomState(0).randn(16, 8)
     with tf.Graph().as_default():
-      net = pipeline.PipeliningLayer.Params().Set(
-          name='pipe', layers=_Layers(), num_stages=2, num_micro_batches=4,
-          stage_devices=self.cluster.devices, dtype=tf.float64).Instantiate()
+      net = pipeline_testlib.Pipeline(
+          pipeline_testlib.DenseLayers(4, seed=10), 2, 4,
+          stage_devices=self.cluster.devices)
       # Each stage's variables live in its worker process.
       for var in net.vars.Flatten():
         task = 0 if 'dense0' in var.name or 'dense1' in var.name else 1
@@ -91,12 +81,12 @@ class DistributedPipelineTest(test_utils.TestCase):
     }
     for name, devices in placements.items():
       with tf.Graph().as_default():
-        net = pipeline.PipeliningLayer.Params().Set(
-            name='pipe_' + name, layers=_Layers(), num_stages=len(devices),
-            num_micro_batches=4, stage_devices=devices, schedule=name,
-            partition_cost='uniform', dtype=tf.float64,
+        net = pipeline_testlib.Pipeline(
+            pipeline_testlib.DenseLayers(4, seed=10), len(devices), 4,
+            name='pipe_' + name, stage_devices=devices, schedule=name,
+            partition_cost='uniform',
             loss_tpl=toy_layers.SquaredErrorLoss.Params().Set(
-                dtype=tf.float64)).Instantiate()
+                dtype=tf.float64))
         x = tf.constant(x_np)
         losses = []
         for fprop in (net.FProp, net.FPropUnpipelined):

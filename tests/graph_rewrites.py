@@ -17,7 +17,9 @@ schedule).
 ``Off()`` at a test module's top covers function calls (their
 ``config_proto``, which worker processes read when they run a stage) and
 sessions opened without a config; ``SessionConfig`` is for sessions that
-need one (e.g. virtual CPU devices).
+need one, ``CpuConfig`` for the usual one: N virtual CPU devices.
+``VirtualCpus`` splits the CPU of a process that runs eagerly or through
+``tf.function`` (no session config) into N devices the same way.
 """
 
 import tensorflow as tf
@@ -34,3 +36,53 @@ def SessionConfig(**kwargs):
   config = tf.compat.v1.ConfigProto(**kwargs)
   config.graph_options.rewrite_options.disable_meta_optimizer = True
   return config
+
+
+def CpuDevices(num_cpus):
+  """'/device:CPU:0', ...: the devices of CpuConfig(num_cpus)."""
+  return ['/device:CPU:%d' % i for i in range(num_cpus)]
+
+
+def CpuConfig(num_cpus, grappler=False):
+  """A session config with `num_cpus` virtual CPUs ('/device:CPU:0', ...).
+
+  Args:
+    num_cpus: CPU devices of the session's process (they share its threads).
+    grappler: leave Grappler's rewrites on, as users run (tests of memory
+      and of the runtime's timeline measure that); off by default.
+
+  Returns:
+    A tf.compat.v1.ConfigProto.
+  """
+  if grappler:
+    return tf.compat.v1.ConfigProto(device_count={'CPU': num_cpus})
+  return SessionConfig(device_count={'CPU': num_cpus})
+
+
+def VirtualCpus(num_cpus):
+  """Splits this process's CPU into `num_cpus` logical devices.
+
+  For processes that open no session (eager code, tf.function), where
+  CpuConfig does not apply. Call it at a test module's top, before
+  TensorFlow's runtime starts.
+
+  Args:
+    num_cpus: CPU devices of the process (they share its threads).
+
+  Returns:
+    Their full names, '/job:localhost/replica:0/task:0/device:CPU:0', ...
+  """
+  tf.config.set_logical_device_configuration(
+      tf.config.list_physical_devices('CPU')[0],
+      [tf.config.LogicalDeviceConfiguration()] * num_cpus)
+  return _LocalCpuNames(num_cpus)
+
+
+def LocalCpus():
+  """The full names of this process's CPU devices (starts its runtime)."""
+  return _LocalCpuNames(len(tf.config.list_logical_devices('CPU')))
+
+
+def _LocalCpuNames(num_cpus):
+  return ['/job:localhost/replica:0/task:0/device:CPU:%d' % i
+          for i in range(num_cpus)]

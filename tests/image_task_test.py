@@ -26,7 +26,7 @@ def _ModelParams():
       network=pipeline.PipeliningLayer.Params().Set(
           layers=network.LayerParams(net), num_stages=2,
           num_micro_batches=2,
-          stage_devices=['/device:CPU:0', '/device:CPU:1']))
+          stage_devices=graph_rewrites.CpuDevices(2)))
   task_p.input = inputs.DigitsInput.Params().Set(image_size=8, batch_size=8)
   task_p.train.learning_rate = 1e-3
   return base_model.SingleTaskModel.Params(task_p).Set(name='model')
@@ -38,7 +38,7 @@ class ImageTaskTest(test_utils.TestCase):
   def testTrainStepUpdatesWeightsAndBatchNormAverages(self):
     with self.session(
         graph=tf.Graph(),
-        config=graph_rewrites.SessionConfig(device_count={'CPU': 2})) as sess:
+        config=graph_rewrites.CpuConfig(2)) as sess:
       with cluster_factory.ForTestingWorker(cpus=2, split_size=2):
         model = _ModelParams().Instantiate()
         model.ConstructFPropBPropGraph()

@@ -7,15 +7,16 @@ from lingvo import compat as tf
 from lingvo.core import layers
 from lingvo.core import py_utils
 from lingvo.core import test_utils
+from tests import graph_rewrites
 
 
 class InstalledStackTest(test_utils.TestCase):
 
   def testTwoDeviceTrainingStepReducesLoss(self):
-    config = tf.compat.v1.ConfigProto(device_count={'CPU': 2})
+    config = graph_rewrites.CpuConfig(2, grappler=True)
     with self.session(graph=tf.Graph(), config=config) as sess:
       tf.random.set_seed(1)
-      devices = ['/device:CPU:0', '/device:CPU:1']
+      devices = graph_rewrites.CpuDevices(2)
       fcs = []
       for i, device in enumerate(devices):
         with tf.device(device):

@@ -17,8 +17,8 @@ from tests import graph_rewrites
 
 graph_rewrites.Off()
 
-CONFIG = graph_rewrites.SessionConfig(device_count={'CPU': 2})
-DEVICES = ['/device:CPU:0', '/device:CPU:1']
+CONFIG = graph_rewrites.CpuConfig(2)
+DEVICES = graph_rewrites.CpuDevices(2)
 
 
 def _AddStep(theta, t, carry, state, constants):
@@ -101,7 +101,7 @@ class LanesTest(test_utils.TestCase):
     # op of the loop body that reads a device's step counter runs on that
     # device, so the counter never crosses devices.
     placement = [0, 2, 0, 1, 2]
-    devices = ['/device:CPU:%d' % i for i in range(3)]
+    devices = graph_rewrites.CpuDevices(3)
     with tf.Graph().as_default() as graph:
       stages, states, constants = [], [], []
       for k, d in enumerate(placement):

@@ -23,7 +23,7 @@ from tests import graph_rewrites
 graph_rewrites.Off()
 
 K = 2
-CONFIG = graph_rewrites.SessionConfig(device_count={'CPU': K})
+CONFIG = graph_rewrites.CpuConfig(K)
 DIM, VOCAB, T, B = 8, 12, 5, 4
 
 

@@ -22,7 +22,7 @@ from tests import graph_rewrites
 graph_rewrites.Off()
 
 K, DIM, BATCH = 2, 4, 4
-CONFIG = graph_rewrites.SessionConfig(device_count={'CPU': K})
+CONFIG = graph_rewrites.CpuConfig(K)
 
 
 class _SumAccumulator(base_layer.Accumulator):
@@ -201,7 +201,7 @@ def _AccumulatorRun(schedule, remat, pipelined):
     p = gpipe.PipeliningLayer.Params().Set(
         name='pipe', cell_tpl=_Cells(accumulate=True), num_micro_batches=4,
         schedule=schedule, remat=remat, loss_tpl=_Loss.Params(),
-        stage_devices=['/device:CPU:0', '/device:CPU:1'], dtype=tf.float64)
+        stage_devices=graph_rewrites.CpuDevices(2), dtype=tf.float64)
     net = p.Instantiate()
     rng = np.random.RandomState(2)
     x = tf.constant(rng.randn(8, DIM))

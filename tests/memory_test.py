@@ -13,16 +13,16 @@ os.environ['TF_CPU_ALLOCATOR_USE_BFC'] = 'true'
 from gpipe.compat import lingvo_import  # pylint: disable=unused-import
 
 from gpipe.measure import memory
-from gpipe import pipeline
 from lingvo import compat as tf
-from lingvo.core import py_utils
 from lingvo.core import test_utils
+from tests import graph_rewrites
+from tests import pipeline_testlib
 from tests import polling
 from tests import schedule_memory_probe
-from tests import toy_layers
 
-CONFIG = tf.compat.v1.ConfigProto(device_count={'CPU': 2})
-DEVICES = ['/device:CPU:0', '/device:CPU:1']
+# Grappler on: peak memory as users run the step.
+CONFIG = graph_rewrites.CpuConfig(2, grappler=True)
+DEVICES = graph_rewrites.CpuDevices(2)
 MIB = 1 << 20
 
 
@@ -79,16 +79,12 @@ class MemoryTest(test_utils.TestCase):
     peaks = {}
     for remat, num_mb in (('never', 1), ('always', 8)):
       with self.session(graph=tf.Graph(), config=CONFIG) as sess:
-        net = pipeline.PipeliningLayer.Params().Set(
-            name='pipe_%s' % remat, num_stages=1, num_micro_batches=num_mb,
-            remat=remat, stage_devices=DEVICES[:1],
-            layers=[
-                toy_layers.DenseDropout.Params().Set(
-                    name='d%d' % i, input_dim=256, output_dim=256,
-                    keep_prob=1.0,
-                    params_init=py_utils.WeightInit.Gaussian(0.05, seed=i))
-                for i in range(8)
-            ]).Instantiate()
+        layers = pipeline_testlib.DenseLayers(
+            8, seed=0, init_scale=0.05, input_dim=256, output_dim=256,
+            keep_prob=1.0, dtype=tf.float32)
+        net = pipeline_testlib.Pipeline(
+            layers, 1, num_mb, name='pipe_%s' % remat, remat=remat,
+            dtype=tf.float32)
         x = tf.random.stateless_normal([4096, 256], seed=[1, 2])
         loss = tf.reduce_sum(tf.square(net.FProp(net.theta, x)))
         grads = tf.gradients(loss, net.vars.Flatten(),

@@ -17,6 +17,7 @@ import tempfile
 from lingvo import compat as tf
 from lingvo.core import test_utils
 from tests import netns_testlib
+from tests import trainer_testlib
 from tools.netlab import netns
 from tools.trainer import checkpoints
 from tools.trainer import summaries
@@ -44,7 +45,7 @@ class NetnsRecoveryTest(test_utils.TestCase):
     result = netns_testlib.RunTrainer(
         cls.lab, cls._Flags(logdir) + ['--max_steps=%d' % REFERENCE_STEPS])
     assert result.returncode == 0, result.stderr
-    cls.reference = netns_testlib.Losses(logdir)
+    cls.reference = trainer_testlib.Losses(logdir)
 
   @classmethod
   def tearDownClass(cls):
@@ -98,7 +99,7 @@ class NetnsRecoveryTest(test_utils.TestCase):
         i, re.escape(self.lab.host_addresses[i]), self.workers.port, stage)
 
   def _AssertLossesOfAnUninterruptedRun(self):
-    losses = netns_testlib.Losses(self.logdir)
+    losses = trainer_testlib.Losses(self.logdir)
     steps = [s for s, _ in losses]
     self.assertEqual(list(range(1, len(steps) + 1)), steps)
     self.assertLess(len(steps), REFERENCE_STEPS)
@@ -116,7 +117,7 @@ class NetnsRecoveryTest(test_utils.TestCase):
     netns_testlib.WaitFor(
         proc, self.log_path,
         lambda: ('every task serves again' in self._Log() and len(
-            netns_testlib.Losses(self.logdir)) > resume_step + 2 * EVERY),
+            trainer_testlib.Losses(self.logdir)) > resume_step + 2 * EVERY),
         'steps after the restart')
     # Losing the master task too exceeds --max_worker_restarts=1.
     self.workers.Kill(0)
@@ -177,7 +178,7 @@ class NetnsRecoveryTest(test_utils.TestCase):
     # log holds every step up to the cut.
     newest = checkpoints.Newest(self.logdir)
     saved = checkpoints.GlobalStepOf(newest)
-    self.assertGreaterEqual(len(netns_testlib.Losses(self.logdir)), saved)
+    self.assertGreaterEqual(len(trainer_testlib.Losses(self.logdir)), saved)
     self.lab.SetLink(1, True)
     proc = self._Start('--max_steps=%d' % (saved + EVERY))
     proc.wait(timeout=120)

@@ -5,7 +5,6 @@ connections must start there); the reference runs use local worker
 processes in this process's namespace.
 """
 
-import os
 import subprocess
 import sys
 
@@ -13,7 +12,6 @@ from tests import polling
 from tests import trainer_testlib
 from tools.netlab import netns
 from tools.trainer import checkpoints
-from tools.trainer import progress
 
 TOY = trainer_testlib.TOY
 # The one-way delay the tests add to every link.
@@ -29,12 +27,6 @@ def SkipUnlessNamespaces(test):
   if reason:
     print('skipped: %s' % reason, file=sys.stderr)
     test.skipTest('network namespaces are not available here: %s' % reason)
-
-
-def Losses(logdir):
-  """[(step, loss)] of a run's step log."""
-  path = os.path.join(logdir, progress.STEP_LOG)
-  return [(r['step'], r['loss']) for r in progress.ReadStepLog(path)]
 
 
 def RunTrainer(lab, args, timeout=300):
@@ -82,7 +74,7 @@ def StepsAfterCheckpoint(logdir, low=2, high=5):
   A worker lost then loses those steps: the trainer must redo them.
   """
   newest = checkpoints.Newest(logdir)
-  records = progress.ReadStepLog(os.path.join(logdir, progress.STEP_LOG))
+  records = trainer_testlib.StepLog(logdir)
   if not newest or not records:
     return False
   return low < records[-1]['step'] - checkpoints.GlobalStepOf(newest) <= high

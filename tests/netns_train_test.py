@@ -37,7 +37,7 @@ class NetnsTrainTest(test_utils.TestCase):
         model=TOY, logdir=logdir, max_steps=STEPS, trace_every_n_steps=0,
         eval_after_train=False, **flags)
     self.assertEqual(0, code, err)
-    return netns_testlib.Losses(logdir)
+    return trainer_testlib.Losses(logdir)
 
   def _TrainOnHosts(self, num_hosts, reference, *flags, cpu_devices=1):
     """Trains on one worker per host, direct then delayed links.
@@ -65,7 +65,7 @@ class NetnsTrainTest(test_utils.TestCase):
           self.assertIn('/job:worker/replica:0/task:%d/device:CPU:%d' %
                         (num_hosts - 1, cpu_devices - 1), result.stdout)
           # Exactly the losses of local worker processes.
-          self.assertEqual(reference, netns_testlib.Losses(logdir))
+          self.assertEqual(reference, trainer_testlib.Losses(logdir))
           self.assertEqual(
               [lab.Address(i, delayed) for i in range(num_hosts)],
               [a.split(':')[0] for a in workers.addresses])

@@ -10,7 +10,7 @@ from gpipe import pipeline
 import numpy as np
 from lingvo import compat as tf
 from lingvo.core import test_utils
-from tests import toy_layers
+from tests import pipeline_testlib
 
 
 def _BruteForceBottleneck(costs, k):
@@ -57,30 +57,23 @@ class PartitionByCostTest(test_utils.TestCase, parameterized.TestCase):
       partition.LayerCosts('magic', [])
 
 
-def _Layers(dims):
-  return [
-      toy_layers.DenseDropout.Params().Set(
-          name='d%d' % i, input_dim=a, output_dim=b)
-      for i, (a, b) in enumerate(zip(dims, dims[1:]))
-  ]
-
-
 class LayerCostsTest(test_utils.TestCase):
 
   def testFlopsPropagateShapes(self):
-    layers = _Layers([8, 32, 4])
+    layers = pipeline_testlib.DenseLayers(dims=[8, 32, 4], dtype=tf.float32)
     costs = partition.FlopsCosts(layers, [[16, 8]])
     self.assertEqual(costs, [2 * 16 * 8 * 32, 2 * 16 * 32 * 4])
 
   def testParamBytes(self):
-    layers = _Layers([8, 32, 4])
+    layers = pipeline_testlib.DenseLayers(dims=[8, 32, 4], dtype=tf.float32)
     self.assertEqual(partition.ParamsCosts(layers),
                      [4.0 * (8 * 32 + 32), 4.0 * (32 * 4 + 4)])
 
   def testMeasuredTimeFavorsTheBigLayer(self):
     # The middle layer has 64x the flops of each other one: a margin no
     # scheduling noise on a shared machine can close.
-    layers = _Layers([16, 1024, 1024, 16])
+    layers = pipeline_testlib.DenseLayers(dims=[16, 1024, 1024, 16],
+                                          dtype=tf.float32)
     costs = partition.TimeCosts(
         layers, [tf.TensorSpec([256, 16], tf.float32)], repeats=5)
     self.assertLen(costs, 3)
@@ -89,7 +82,8 @@ class LayerCostsTest(test_utils.TestCase):
 
   def testPipelineCutsByCostAndReports(self):
     with tf.Graph().as_default():
-      layers = _Layers([8, 8, 256, 8, 8])
+      layers = pipeline_testlib.DenseLayers(dims=[8, 8, 256, 8, 8],
+                                            dtype=tf.float32)
       net = pipeline.PipeliningLayer.Params().Set(
           name='pipe', layers=layers, num_stages=2, num_micro_batches=2,
           partition_cost='params',
@@ -99,8 +93,8 @@ class LayerCostsTest(test_utils.TestCase):
       report = net.PartitionReport()
       lines = report.splitlines()
       self.assertLen(lines, 4)  # header, 2 stages, total
-      self.assertIn('d0 .. d1', lines[1])
-      self.assertIn('d2 .. d3', lines[2])
+      self.assertIn('dense0 .. dense1', lines[1])
+      self.assertIn('dense2 .. dense3', lines[2])
       total = 8 * 8 + 8 + 8 * 256 + 256 + 256 * 8 + 8 + 8 * 8 + 8
       self.assertIn('{:,}'.format(total), lines[3])
 
@@ -114,8 +108,9 @@ class StageCutTest(test_utils.TestCase):
         name='pipe', num_micro_batches=2, **kwargs)
 
   def testCutEqualsTheBuiltPipelineChildren(self):
-    p = self._Params(layers=_Layers([8, 8, 256, 8, 8]), num_stages=2,
-                     partition_cost='params',
+    layers = pipeline_testlib.DenseLayers(dims=[8, 8, 256, 8, 8],
+                                          dtype=tf.float32)
+    p = self._Params(layers=layers, num_stages=2, partition_cost='params',
                      stage_devices=['/device:CPU:0'] * 2)
     cut = partition.StageCut(p)
     self.assertEqual(cut.sizes, [2, 2])
@@ -129,13 +124,14 @@ class StageCutTest(test_utils.TestCase):
       self.assertEqual(sorted(net.children), cut.child_keys)
 
   def testCellsAreOneStageEach(self):
-    cut = partition.StageCut(self._Params(cell_tpl=_Layers([4, 4, 4])))
+    cells = pipeline_testlib.DenseLayers(dims=[4, 4, 4], dtype=tf.float32)
+    cut = partition.StageCut(self._Params(cell_tpl=cells))
     self.assertEqual(cut.sizes, [1, 1])
     self.assertEqual(cut.child_keys, ['cell_0', 'cell_1'])
     self.assertIsNone(cut.costs)
 
   def testExplicitSizesAndTimeWithoutRunning(self):
-    layers = _Layers([4, 4, 4, 4])
+    layers = pipeline_testlib.DenseLayers(dims=[4, 4, 4, 4], dtype=tf.float32)
     cut = partition.StageCut(self._Params(layers=layers, num_stages=2,
                                           stage_sizes=[1, 2]))
     self.assertEqual(cut.sizes, [1, 2])
@@ -147,7 +143,7 @@ class StageCutTest(test_utils.TestCase):
     self.assertEqual(cut.sizes, [1, 1, 1])
 
   def testErrorsSayWhatToSet(self):
-    layers = _Layers([4, 4, 4])
+    layers = pipeline_testlib.DenseLayers(dims=[4, 4, 4], dtype=tf.float32)
     with self.assertRaisesRegex(ValueError, 'set exactly one of cell_tpl'):
       partition.StageCut(self._Params(layers=layers, cell_tpl=layers))
     with self.assertRaisesRegex(ValueError, '`layers` needs num_stages'):

@@ -16,6 +16,7 @@ from lingvo.core import cluster_factory
 from lingvo.core import py_utils
 from lingvo.core import test_utils
 from tests import graph_rewrites
+from tests import pipeline_testlib
 from tests import toy_layers
 
 graph_rewrites.Off()
@@ -29,29 +30,7 @@ def _StageCalls(graph):
 
 NUM_LAYERS = 7
 UNEVEN_SIZES = {1: [7], 2: [2, 5], 4: [1, 3, 2, 1]}
-CONFIG = graph_rewrites.SessionConfig(device_count={'CPU': 4})
-
-
-def _Devices(k):
-  return ['/device:CPU:%d' % i for i in range(k)]
-
-
-def _DenseLayers(n=NUM_LAYERS, keep_prob=0.8, use_bn=False):
-  return [
-      toy_layers.DenseDropout.Params().Set(
-          name='dense%d' % i, keep_prob=keep_prob, use_bn=use_bn,
-          dtype=tf.float64,
-          params_init=py_utils.WeightInit.Gaussian(0.5, seed=100 + i))
-      for i in range(n)
-  ]
-
-
-def _Pipeline(layers, k, m=None, **kwargs):
-  p = pipeline.PipeliningLayer.Params().Set(
-      name='pipe', layers=layers, num_stages=k, num_micro_batches=m,
-      stage_devices=_Devices(k), dtype=tf.float64)
-  p.Set(**kwargs)
-  return p.Instantiate()
+CONFIG = graph_rewrites.CpuConfig(4)
 
 
 def _LossAndGrads(net, inputs, pipelined):
@@ -77,8 +56,9 @@ class PipelineGradientTest(test_utils.TestCase, parameterized.TestCase):
                                               enumerate([1, 2, 4, 8])))
   def testUnevenStagesWithDropoutMatchUnpipelined(self, k, m, remat):
     with self.session(graph=tf.Graph(), config=CONFIG) as sess:
-      net = _Pipeline(_DenseLayers(), k, m, stage_sizes=UNEVEN_SIZES[k],
-                      remat=remat)
+      net = pipeline_testlib.Pipeline(pipeline_testlib.DenseLayers(NUM_LAYERS),
+                                      k, m, stage_sizes=UNEVEN_SIZES[k],
+                                      remat=remat)
       self.assertEqual(net.stage_sizes, UNEVEN_SIZES[k])
       x = tf.constant(np.random.RandomState(1).randn(16, 8))
       loss, grads = _LossAndGrads(net, (x,), pipelined=True)
@@ -89,7 +69,9 @@ class PipelineGradientTest(test_utils.TestCase, parameterized.TestCase):
       for v, r in zip(values, refs):
         self.assertAllClose(r, v, rtol=1e-10, atol=1e-12)
       # Dropout was on: the loss differs from the loss without it.
-      no_drop = _Pipeline(_DenseLayers(keep_prob=1.0), k, m, name='nodrop')
+      no_drop = pipeline_testlib.Pipeline(
+          pipeline_testlib.DenseLayers(NUM_LAYERS, keep_prob=1.0), k, m,
+          name='nodrop')
       sess.run(tf.global_variables_initializer())
       self.assertNotAllClose(
           refs[0], sess.run(_LossAndGrads(no_drop, (x,), True)[0]))
@@ -103,7 +85,8 @@ class PipelineGradientTest(test_utils.TestCase, parameterized.TestCase):
               params_init=py_utils.WeightInit.Gaussian(0.5, seed=i))
           for i in range(4)
       ]
-      net = _Pipeline(layers, 2, 4, remat=remat, partition_cost='uniform')
+      net = pipeline_testlib.Pipeline(layers, 2, 4, remat=remat,
+                                      partition_cost='uniform')
       rng = np.random.RandomState(2)
       inputs = py_utils.NestedMap(
           h=tf.constant(rng.randn(8, 8)),
@@ -125,7 +108,7 @@ class PipelineGradientTest(test_utils.TestCase, parameterized.TestCase):
 
   def testCellTemplatesOnePerStage(self):
     with self.session(graph=tf.Graph(), config=CONFIG) as sess:
-      layers = _DenseLayers(5)
+      layers = pipeline_testlib.DenseLayers(5)
       cells = [
           builder_layers.SequentialLayer.Params().Set(
               name='cell0', sub=layers[:2]),
@@ -134,7 +117,7 @@ class PipelineGradientTest(test_utils.TestCase, parameterized.TestCase):
       ]
       p = pipeline.PipeliningLayer.Params().Set(
           name='pipe', cell_tpl=cells, num_micro_batches=4,
-          stage_devices=_Devices(2), dtype=tf.float64)
+          stage_devices=graph_rewrites.CpuDevices(2), dtype=tf.float64)
       net = p.Instantiate()
       self.assertEqual(net.num_stages, 2)
       self.assertEqual(net.stage_sizes, [1, 1])
@@ -149,7 +132,8 @@ class PipelineGradientTest(test_utils.TestCase, parameterized.TestCase):
 
   def testMicroBatchSizeParam(self):
     with self.session(graph=tf.Graph(), config=CONFIG) as sess:
-      net = _Pipeline(_DenseLayers(4), 2, micro_batch_size=2)
+      net = pipeline_testlib.Pipeline(pipeline_testlib.DenseLayers(4), 2,
+                                      micro_batch_size=2)
       x = tf.constant(np.random.RandomState(1).randn(8, 8))
       out = net.FProp(net.theta, x)
       calls = _StageCalls(tf.get_default_graph())
@@ -159,7 +143,8 @@ class PipelineGradientTest(test_utils.TestCase, parameterized.TestCase):
 
   def testDropoutMasksDifferPerMicroBatch(self):
     with self.session(graph=tf.Graph(), config=CONFIG) as sess:
-      net = _Pipeline(_DenseLayers(2, keep_prob=0.5), 2, 4)
+      net = pipeline_testlib.Pipeline(
+          pipeline_testlib.DenseLayers(2, keep_prob=0.5), 2, 4)
       x = tf.constant(np.tile(np.random.RandomState(3).randn(1, 8), [8, 1]))
       out = net.FProp(net.theta, x)
       sess.run(tf.global_variables_initializer())
@@ -175,8 +160,8 @@ class PlacementTest(test_utils.TestCase, parameterized.TestCase):
                                   ('except_last', 'except_last'))
   def testForwardAndGradientOpsOnStageDevices(self, remat):
     with tf.Graph().as_default() as graph:
-      net = _Pipeline(_DenseLayers(4), 2, 4, remat=remat,
-                      partition_cost='uniform')
+      net = pipeline_testlib.Pipeline(pipeline_testlib.DenseLayers(4), 2, 4,
+                                      remat=remat, partition_cost='uniform')
       x = tf.constant(np.random.RandomState(1).randn(8, 8))
       loss, _ = _LossAndGrads(net, (x,), pipelined=True)
       del loss
@@ -204,7 +189,8 @@ class PlacementTest(test_utils.TestCase, parameterized.TestCase):
 
   def testTasksOfAStageAreChainedInScheduleOrder(self):
     with tf.Graph().as_default() as graph:
-      net = _Pipeline(_DenseLayers(4), 2, 3, partition_cost='uniform')
+      net = pipeline_testlib.Pipeline(pipeline_testlib.DenseLayers(4), 2, 3,
+                                      partition_cost='uniform')
       x = tf.constant(np.random.RandomState(1).randn(6, 8))
       _LossAndGrads(net, (x,), pipelined=True)
       ops = {op.name: op for op in graph.get_operations()}
@@ -225,8 +211,9 @@ class PlacementTest(test_utils.TestCase, parameterized.TestCase):
     # Four stages on two devices: stage s on device s % 2.
     devices = ['/device:CPU:0', '/device:CPU:1'] * 2
     with self.session(graph=tf.Graph(), config=CONFIG) as sess:
-      net = _Pipeline(_DenseLayers(), 4, 4, stage_sizes=UNEVEN_SIZES[4],
-                      remat=remat, stage_devices=devices)
+      net = pipeline_testlib.Pipeline(pipeline_testlib.DenseLayers(NUM_LAYERS),
+                                      4, 4, stage_sizes=UNEVEN_SIZES[4],
+                                      remat=remat, stage_devices=devices)
       x = tf.constant(np.random.RandomState(3).randn(16, 8))
       loss, grads = _LossAndGrads(net, (x,), pipelined=True)
       ref_loss, ref_grads = _LossAndGrads(net, (x,), pipelined=False)
@@ -257,8 +244,9 @@ class PlacementTest(test_utils.TestCase, parameterized.TestCase):
 class BatchNormTest(test_utils.TestCase):
 
   def _Net(self, name='pipe'):
-    return _Pipeline(_DenseLayers(2, keep_prob=1.0, use_bn=True), 2, 4,
-                     name=name, partition_cost='uniform')
+    return pipeline_testlib.Pipeline(
+        pipeline_testlib.DenseLayers(2, keep_prob=1.0, use_bn=True), 2, 4,
+        name=name, partition_cost='uniform')
 
   def testMicroBatchStatisticsAndOneMiniBatchUpdate(self):
     with self.session(graph=tf.Graph(), config=CONFIG) as sess:
@@ -357,27 +345,29 @@ class ErrorsTest(test_utils.TestCase):
 
   def testBatchNotDivisible(self):
     with tf.Graph().as_default():
-      net = _Pipeline(_DenseLayers(2), 2, 4)
+      net = pipeline_testlib.Pipeline(pipeline_testlib.DenseLayers(2), 2, 4)
       with self.assertRaisesRegex(ValueError,
                                   'batch 30 is not divisible by 4 micro'):
         net.FProp(net.theta, tf.zeros([30, 8], tf.float64))
 
   def testMicroBatchCountAndSizeMustAgree(self):
     with tf.Graph().as_default():
-      net = _Pipeline(_DenseLayers(2), 2, 4, micro_batch_size=3)
+      net = pipeline_testlib.Pipeline(pipeline_testlib.DenseLayers(2), 2, 4,
+                                      micro_batch_size=3)
       with self.assertRaisesRegex(
           ValueError, 'num_micro_batches=4 and micro_batch_size=3 disagree '
           'with the batch of 8'):
         net.FProp(net.theta, tf.zeros([8, 8], tf.float64))
     with tf.Graph().as_default():
       # Both given and agreeing (as Lingvo accepts): 4 micro-batches of 2.
-      net = _Pipeline(_DenseLayers(2), 2, 4, micro_batch_size=2)
+      net = pipeline_testlib.Pipeline(pipeline_testlib.DenseLayers(2), 2, 4,
+                                      micro_batch_size=2)
       net.FProp(net.theta, tf.zeros([8, 8], tf.float64))
       self.assertLen(_StageCalls(tf.get_default_graph()), 2 * 4)
 
   def testNeitherMicroBatchCountNorSize(self):
     with tf.Graph().as_default():
-      net = _Pipeline(_DenseLayers(2), 2)
+      net = pipeline_testlib.Pipeline(pipeline_testlib.DenseLayers(2), 2)
       with self.assertRaisesRegex(ValueError, 'set num_micro_batches or'):
         net.FProp(net.theta, tf.zeros([8, 8], tf.float64))
 
@@ -385,57 +375,65 @@ class ErrorsTest(test_utils.TestCase):
     with tf.Graph().as_default():
       with self.assertRaisesRegex(ValueError,
                                   'cannot cut 3 layers into 4 stages'):
-        _Pipeline(_DenseLayers(3), 4, 2)
+        pipeline_testlib.Pipeline(pipeline_testlib.DenseLayers(3), 4, 2)
 
   def testFewerDevicesThanStages(self):
     with tf.Graph().as_default():
       with self.assertRaisesRegex(ValueError,
                                   '4 stages but only 2 stage_devices'):
-        _Pipeline(_DenseLayers(4), 4, 2, stage_devices=_Devices(2))
+        pipeline_testlib.Pipeline(pipeline_testlib.DenseLayers(4), 4, 2,
+                                  stage_devices=graph_rewrites.CpuDevices(2))
 
   def testFewerClusterDevicesThanStages(self):
     with tf.Graph().as_default():
       with self.assertRaisesRegex(ValueError, 'device.* per model split'):
-        _Pipeline(_DenseLayers(4), 2, 2, stage_devices=None)
+        pipeline_testlib.Pipeline(pipeline_testlib.DenseLayers(4), 2, 2,
+                                  stage_devices=None)
 
   def testClusterDevicesAreTheDefault(self):
     with tf.Graph().as_default():
       with cluster_factory.ForTestingWorker(cpus=2, split_size=2):
-        net = _Pipeline(_DenseLayers(4), 2, 2, stage_devices=None)
+        net = pipeline_testlib.Pipeline(pipeline_testlib.DenseLayers(4), 2, 2,
+                                        stage_devices=None)
       self.assertEqual([d[-5:] for d in net.stage_devices],
                        ['CPU:0', 'CPU:1'])
 
   def testUnknownStaticBatchSize(self):
     with tf.Graph().as_default():
-      net = _Pipeline(_DenseLayers(2), 2, 2)
+      net = pipeline_testlib.Pipeline(pipeline_testlib.DenseLayers(2), 2, 2)
       x = tf.compat.v1.placeholder(tf.float64, [None, 8])
       with self.assertRaisesRegex(ValueError, 'unknown static batch size'):
         net.FProp(net.theta, x)
 
   def testLayerWithoutCostInformation(self):
     with tf.Graph().as_default():
-      layers = _DenseLayers(2) + [toy_layers.NoMeta.Params().Set(name='nometa')]
+      layers = pipeline_testlib.DenseLayers(2) + [
+          toy_layers.NoMeta.Params().Set(name='nometa')]
       with self.assertRaisesRegex(ValueError,
                                   'layer 2 .nometa, NoMeta. has no cost'):
-        _Pipeline(layers, 2, 2, partition_cost='flops',
-                  input_shapes=[[4, 8]])
+        pipeline_testlib.Pipeline(layers, 2, 2, partition_cost='flops',
+                                  input_shapes=[[4, 8]])
 
   def testFlopsWithoutInputShapes(self):
     with tf.Graph().as_default():
       with self.assertRaisesRegex(ValueError, 'needs input_shapes'):
-        _Pipeline(_DenseLayers(2), 2, 2, partition_cost='flops')
+        pipeline_testlib.Pipeline(pipeline_testlib.DenseLayers(2), 2, 2,
+                                  partition_cost='flops')
 
   def testUnknownRematAndSchedule(self):
     with tf.Graph().as_default():
       with self.assertRaisesRegex(ValueError, "unknown remat 'sometimes'"):
-        _Pipeline(_DenseLayers(2), 2, 2, remat='sometimes')
+        pipeline_testlib.Pipeline(pipeline_testlib.DenseLayers(2), 2, 2,
+                                  remat='sometimes')
       with self.assertRaisesRegex(ValueError, "unknown schedule 'zigzag'"):
-        _Pipeline(_DenseLayers(2), 2, 2, schedule='zigzag')
+        pipeline_testlib.Pipeline(pipeline_testlib.DenseLayers(2), 2, 2,
+                                  schedule='zigzag')
 
   def testBadStageSizes(self):
     with tf.Graph().as_default():
       with self.assertRaisesRegex(ValueError, 'summing to 4 layers'):
-        _Pipeline(_DenseLayers(4), 2, 2, stage_sizes=[1, 2])
+        pipeline_testlib.Pipeline(pipeline_testlib.DenseLayers(4), 2, 2,
+                                  stage_sizes=[1, 2])
 
 
 class ScaleTest(test_utils.TestCase):
@@ -443,9 +441,10 @@ class ScaleTest(test_utils.TestCase):
   def _CountOps(self, num_layers, num_micro_batches):
     """Op types added by FProp + gradients (outside the traced functions)."""
     with tf.Graph().as_default() as graph:
-      net = _Pipeline(_DenseLayers(num_layers), 4, num_micro_batches,
-                      stage_devices=['/device:CPU:0'] * 4,
-                      partition_cost='uniform')
+      net = pipeline_testlib.Pipeline(pipeline_testlib.DenseLayers(num_layers),
+                                      4, num_micro_batches,
+                                      stage_devices=['/device:CPU:0'] * 4,
+                                      partition_cost='uniform')
       before = len(graph.get_operations())
       x = tf.zeros([32, 8], tf.float64)
       _LossAndGrads(net, (x,), pipelined=True)
@@ -467,9 +466,9 @@ class ScaleTest(test_utils.TestCase):
 
   def testStageCallOpsAreKTimesM(self):
     with tf.Graph().as_default() as graph:
-      net = _Pipeline(_DenseLayers(16), 4, 8,
-                      stage_devices=['/device:CPU:0'] * 4,
-                      partition_cost='uniform')
+      net = pipeline_testlib.Pipeline(pipeline_testlib.DenseLayers(16), 4, 8,
+                                      stage_devices=['/device:CPU:0'] * 4,
+                                      partition_cost='uniform')
       _LossAndGrads(net, (tf.zeros([32, 8], tf.float64),), pipelined=True)
       self.assertLen(_StageCalls(graph), 2 * 4 * 8)
       # A forward and a backward function per stage, and the weight fork and

@@ -47,10 +47,7 @@ EARLY_LENGTHS = [1, 1, 1, 1, 5, 2, 4, 3]
 # Switch and Merge of a done lane's tf.cond).
 _PASS_NODES = ('Enter', 'Merge', 'Switch', 'NextIteration', 'Exit',
                'Identity')
-
-
-def _Cpus(k):
-  return ['/device:CPU:%d' % i for i in range(k)]
+_Cpus = graph_rewrites.CpuDevices
 
 
 def _Cpu(device):

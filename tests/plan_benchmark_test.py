@@ -13,25 +13,15 @@ from gpipe.plan import search
 from gpipe.plan import simulator
 from lingvo import compat as tf
 from lingvo.core import test_utils
+from tests import graph_rewrites
 from tests import simulated_runner
 from tools.benchmark import cli
 from tools.benchmark import plan
 from tools.benchmark import runner
 
 PNG_MAGIC = b'\x89PNG'
-tf.config.set_logical_device_configuration(
-    tf.config.list_physical_devices('CPU')[0],
-    [tf.config.LogicalDeviceConfiguration()] * 2)
-LOCAL_DEVICES = ['/job:localhost/replica:0/task:0/device:CPU:%d' % i
-                 for i in range(2)]
-
-
-class _InProcessRunner(runner.Runner):
-  """runner.Runner building and running real steps in this process."""
-
-  def Cluster(self, impl, num_stages):
-    del impl, num_stages
-    return simulated_runner.Cluster(LOCAL_DEVICES, '')
+# The in-process real steps' devices, set before TensorFlow's runtime starts.
+graph_rewrites.VirtualCpus(2)
 
 
 class PlanBenchmarkTest(test_utils.TestCase):
@@ -97,7 +87,7 @@ class PlanBenchmarkTest(test_utils.TestCase):
     self.assertEqual(config.stage_sizes, (1, 3))
     self.assertEqual(json.loads(config.task_costs), costs)
     self.assertIn('cut=1,3 measured-costs', config.label)
-    r = _InProcessRunner(log=lambda *a: None)
+    r = simulated_runner.InProcessRunner(log=lambda *a: None)
     try:
       step = r.Add(config)
       self.assertGreater(step.Run(), 0)

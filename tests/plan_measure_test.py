@@ -9,14 +9,11 @@ from lingvo import compat as tf
 from lingvo.core import py_utils
 from lingvo.core import test_utils
 from tasks import dense
+from tests import graph_rewrites
 from tests import toy_layers
 from tools.plan import model_profile
 
-tf.config.set_logical_device_configuration(
-    tf.config.list_physical_devices('CPU')[0],
-    [tf.config.LogicalDeviceConfiguration()] * 2)
-DEVICES = ['/job:localhost/replica:0/task:0/device:CPU:%d' % i
-           for i in range(2)]
+DEVICES = graph_rewrites.VirtualCpus(2)
 
 
 def _Dense(name, width=16):

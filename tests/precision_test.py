@@ -11,7 +11,6 @@ import re
 
 from absl.testing import parameterized
 from gpipe.runtime import local_cluster
-from gpipe import pipeline
 from gpipe import precision
 import numpy as np
 
@@ -19,12 +18,13 @@ from lingvo import compat as tf
 from lingvo.core import py_utils
 from lingvo.core import test_utils
 from tests import graph_rewrites
+from tests import pipeline_testlib
 from tests import toy_layers
 
 graph_rewrites.Off()
 
-CONFIG = graph_rewrites.SessionConfig(device_count={'CPU': 2})
-DEVICES = ['/device:CPU:0', '/device:CPU:1']
+CONFIG = graph_rewrites.CpuConfig(2)
+DEVICES = graph_rewrites.CpuDevices(2)
 
 # bfloat16 keeps 8 significant bits (relative rounding 2^-9 = 0.2%); through
 # 4 tanh layers, batch norm and a squared loss the float32-accumulated
@@ -37,17 +37,12 @@ EACH_TOLERANCE = 0.10
 
 def _Net(fprop_dtype, remat='always', schedule='gpipe', use_bn=True,
          devices=None, num_micro_batches=4):
-  layers = [
-      toy_layers.DenseDropout.Params().Set(
-          name='dense%d' % i, keep_prob=1.0, use_bn=use_bn,
-          params_init=py_utils.WeightInit.Gaussian(0.5, seed=100 + i))
-      for i in range(4)
-  ]
+  layers = pipeline_testlib.DenseLayers(4, keep_prob=1.0, use_bn=use_bn,
+                                        dtype=tf.float32)
   devices = devices or DEVICES
-  p = pipeline.PipeliningLayer.Params().Set(
-      name='pipe', layers=layers, num_stages=2,
-      num_micro_batches=num_micro_batches, stage_devices=devices,
-      remat=remat, schedule=schedule,
+  p = pipeline_testlib.PipelineParams(
+      layers, 2, num_micro_batches, stage_devices=devices, remat=remat,
+      schedule=schedule, dtype=tf.float32,
       loss_tpl=toy_layers.SquaredErrorLoss.Params())
   if schedule == 'zb_v':
     p.Set(num_stages=4, stage_devices=[devices[0], devices[1], devices[1],

@@ -2,6 +2,8 @@
 
 from gpipe.compat import lingvo_import  # pylint: disable=unused-import
 
+import functools
+
 from gpipe.runtime import local_cluster
 from lingvo import compat as tf
 from lingvo.core import test_utils
@@ -9,6 +11,7 @@ from tests import trainer_testlib
 from tools.trainer import model_select
 from tools.trainer import remote_tasks
 from tools.trainer import run_config
+from tools.trainer import settings
 
 
 def _Free():
@@ -67,19 +70,19 @@ class RemoteTasksTest(test_utils.TestCase):
           self.cluster.target, wait_secs=1)
 
   def testWaitFlagsAreChecked(self):
+    inspect = functools.partial(settings.Settings, model=trainer_testlib.TOY,
+                                mode='inspect_model')
     with self.assertRaisesRegex(ValueError,
                                 '--worker_wait_secs=-1: give seconds >= 0'):
-      run_config.Settle(trainer_testlib.TOY, 'inspect_model',
-                        worker_wait_secs=-1)
+      run_config.Settle(inspect(worker_wait_secs=-1))
     with self.assertRaisesRegex(
         ValueError, '--max_worker_restarts=1: there are no workers to '
         'restart'):
-      run_config.Settle(trainer_testlib.TOY, 'inspect_model',
-                        max_worker_restarts=1)
+      run_config.Settle(inspect(max_worker_restarts=1))
     # A running cluster's servers are waited for: accepted.
-    run = run_config.Settle(trainer_testlib.TOY, 'inspect_model',
-                            max_worker_restarts=1, worker_wait_secs=5,
-                            cluster_spec='worker=' + ','.join(self.addresses))
+    run = run_config.Settle(inspect(
+        max_worker_restarts=1, worker_wait_secs=5,
+        cluster_spec='worker=' + ','.join(self.addresses)))
     self.assertEqual(1, run.max_worker_restarts)
 
 

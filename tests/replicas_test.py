@@ -18,26 +18,18 @@ from lingvo import compat as tf
 from lingvo.core import py_utils
 from lingvo.core import test_utils
 from tests import graph_rewrites
+from tests import pipeline_testlib
 from tests import schedule_testlib as spt
-from tests import toy_layers
 
 graph_rewrites.Off()
-
-
-def _Layers(use_bn=True):
-  return [
-      toy_layers.DenseDropout.Params().Set(
-          name='dense%d' % i, keep_prob=0.8, use_bn=use_bn, dtype=tf.float64,
-          params_init=py_utils.WeightInit.Gaussian(0.5, seed=100 + i))
-      for i in range(4)
-  ]
 
 
 def _Net(devices, m, use_bn=True):
   """A 4-layer pipeline; `devices` is one list (R=1) or R lists of stages."""
   p = pipeline.PipeliningLayer.Params().Set(
-      name='pipe', layers=_Layers(use_bn), num_micro_batches=m,
-      dtype=tf.float64, partition_cost='uniform')
+      name='pipe', num_micro_batches=m, dtype=tf.float64,
+      layers=pipeline_testlib.DenseLayers(4, keep_prob=0.8, use_bn=use_bn),
+      partition_cost='uniform')
   if isinstance(devices[0], list):
     p.Set(num_stages=len(devices[0]), replica_devices=devices)
   else:

@@ -15,9 +15,9 @@ os.environ['TF_CPU_ALLOCATOR_USE_BFC'] = 'true'
 # pylint: disable=g-import-not-at-top,wrong-import-position
 from gpipe.compat import lingvo_import  # pylint: disable=unused-import
 from gpipe.measure import memory
-from gpipe import pipeline
 from lingvo import compat as tf
-from lingvo.core import py_utils
+from tests import graph_rewrites
+from tests import pipeline_testlib
 from tests import toy_layers
 
 K, M, ROWS, WIDTH, LAYERS = 2, 8, 4096, 256, 8
@@ -27,20 +27,17 @@ STEPS = 3  # traced steps; the least peak is reported
 def Measure(name):
   """Peak step bytes of CPU:0 (stage 0) with remat='never'."""
   tf.compat.v1.disable_eager_execution()
-  config = tf.compat.v1.ConfigProto(device_count={'CPU': 2})
-  devices = ['/device:CPU:0', '/device:CPU:1']
+  # Grappler on: peak memory as users run the step.
+  config = graph_rewrites.CpuConfig(2, grappler=True)
   with tf.Graph().as_default(), tf.compat.v1.Session(config=config) as sess:
-    net = pipeline.PipeliningLayer.Params().Set(
-        name='pipe', num_stages=K, num_micro_batches=M, remat='never',
-        schedule=name, stage_devices=devices, partition_cost='uniform',
-        loss_tpl=toy_layers.SquaredErrorLoss.Params(),
-        layers=[
-            toy_layers.DenseDropout.Params().Set(
-                name='d%d' % i, input_dim=WIDTH, output_dim=WIDTH,
-                keep_prob=1.0,
-                params_init=py_utils.WeightInit.Gaussian(0.05, seed=i))
-            for i in range(LAYERS)
-        ]).Instantiate()
+    layers = pipeline_testlib.DenseLayers(
+        LAYERS, seed=0, init_scale=0.05, input_dim=WIDTH, output_dim=WIDTH,
+        keep_prob=1.0, dtype=tf.float32)
+    net = pipeline_testlib.Pipeline(
+        layers, K, M, remat='never', schedule=name, dtype=tf.float32,
+        stage_devices=graph_rewrites.CpuDevices(2),
+        partition_cost='uniform',
+        loss_tpl=toy_layers.SquaredErrorLoss.Params())
     x = tf.random.stateless_normal([ROWS, WIDTH], seed=[1, 2])
     out = net.FProp(net.theta, x, targets=tf.zeros_like(x))
     loss = tf.reduce_mean(out.per_example)

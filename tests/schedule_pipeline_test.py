@@ -10,6 +10,7 @@ from lingvo import compat as tf
 from lingvo.core import py_utils
 from lingvo.core import test_utils
 from tests import graph_rewrites
+from tests import pipeline_testlib
 from tests import schedule_testlib
 from tests import toy_layers
 
@@ -96,12 +97,9 @@ class ScheduleGradientTest(test_utils.TestCase, parameterized.TestCase):
               params_init=py_utils.WeightInit.Gaussian(0.5, seed=i))
           for i in range(4)
       ]
-      p = pipeline.PipeliningLayer.Params().Set(
-          name='pipe', layers=layers, num_stages=2, num_micro_batches=4,
-          schedule=name, dtype=tf.float64, partition_cost='uniform',
-          stage_devices=['/device:CPU:%d' % d for d in Placement(name, 2)],
+      net = schedule_testlib.Pipeline(
+          name, layers, 2, 4, partition_cost='uniform',
           loss_tpl=toy_layers.NestedLoss.Params().Set(dtype=tf.float64))
-      net = p.Instantiate()
       rng = np.random.RandomState(2)
       inputs = py_utils.NestedMap(
           h=tf.constant(rng.randn(8, 8)),
@@ -145,14 +143,11 @@ class ScheduleErrorTest(test_utils.TestCase):
   """Inputs a schedule cannot run get errors that say what to change."""
 
   def _Build(self, name, devices, m, loss=True, batch=8):
-    p = pipeline.PipeliningLayer.Params().Set(
-        name='pipe', layers=_Layers(), num_stages=len(devices),
-        num_micro_batches=m, schedule=name, dtype=tf.float64,
-        partition_cost='uniform',
-        stage_devices=['/device:CPU:%d' % d for d in devices])
-    if loss:
-      p.loss_tpl = toy_layers.SquaredErrorLoss.Params().Set(dtype=tf.float64)
-    net = p.Instantiate()
+    net = pipeline_testlib.Pipeline(
+        _Layers(), len(devices), m, schedule=name, partition_cost='uniform',
+        stage_devices=['/device:CPU:%d' % d for d in devices],
+        loss_tpl=toy_layers.SquaredErrorLoss.Params().Set(
+            dtype=tf.float64) if loss else None)
     x = tf.zeros([batch, 8], tf.float64)
     if loss:
       out = net.FProp(net.theta, x, targets=x)

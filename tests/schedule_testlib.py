@@ -2,16 +2,16 @@
 
 from gpipe.compat import lingvo_import  # pylint: disable=unused-import
 
-from gpipe import pipeline
 from gpipe.schedules import pipeline_tasks
 from gpipe import schedules
 import numpy as np
 from lingvo import compat as tf
 from lingvo.core import py_utils
 from tests import graph_rewrites
+from tests import pipeline_testlib
 from tests import toy_layers
 
-CONFIG = graph_rewrites.SessionConfig(device_count={'CPU': 4})
+CONFIG = graph_rewrites.CpuConfig(4)
 NUM_LAYERS = 6
 # Layers per stage: uneven wherever the stage count allows it.
 UNEVEN_SIZES = {1: [6], 2: [2, 4], 4: [1, 2, 2, 1]}
@@ -40,24 +40,26 @@ def Allowed(name, k, m):
 
 
 def Layers(use_bn=False, keep_prob=0.8):
-  return [
-      toy_layers.DenseDropout.Params().Set(
-          name='dense%d' % i, keep_prob=keep_prob, use_bn=use_bn,
-          dtype=tf.float64,
-          params_init=py_utils.WeightInit.Gaussian(0.5, seed=100 + i))
-      for i in range(NUM_LAYERS)
-  ]
+  return pipeline_testlib.DenseLayers(NUM_LAYERS, use_bn=use_bn,
+                                      keep_prob=keep_prob)
+
+
+def Pipeline(name, layers, k, m, **kwargs):
+  """Schedule `name`'s K-stage pipeline of `layers`, its loss inside.
+
+  Stage s runs on CPU Placement(name, k)[s]; kwargs set other params.
+  """
+  settings = dict(
+      schedule=name,
+      stage_devices=['/device:CPU:%d' % d for d in Placement(name, k)],
+      loss_tpl=toy_layers.SquaredErrorLoss.Params().Set(dtype=tf.float64))
+  settings.update(kwargs)
+  return pipeline_testlib.Pipeline(layers, k, m, **settings)
 
 
 def Net(name, k, m, remat, layers=None, **kwargs):
-  p = pipeline.PipeliningLayer.Params().Set(
-      name='pipe', layers=layers or Layers(), num_stages=k,
-      num_micro_batches=m, stage_sizes=UNEVEN_SIZES[k], remat=remat,
-      schedule=name, dtype=tf.float64,
-      stage_devices=['/device:CPU:%d' % d for d in Placement(name, k)],
-      loss_tpl=toy_layers.SquaredErrorLoss.Params().Set(dtype=tf.float64))
-  p.Set(**kwargs)
-  return p.Instantiate()
+  kwargs.setdefault('stage_sizes', UNEVEN_SIZES[k])
+  return Pipeline(name, layers or Layers(), k, m, remat=remat, **kwargs)
 
 
 def LossAndGrads(net, inputs, targets, pipelined):
@@ -110,13 +112,8 @@ def AssertEmbeddingGradientMatches(test, sess, name, **kwargs):
       name='emb', dtype=tf.float64,
       params_init=py_utils.WeightInit.Gaussian(0.5, seed=1))]
   layers += Layers()[:3]
-  p = pipeline.PipeliningLayer.Params().Set(
-      name='pipe', layers=layers, num_stages=2, num_micro_batches=4,
-      schedule=name, dtype=tf.float64, stage_sizes=[1, 3],
-      stage_devices=['/device:CPU:%d' % d for d in Placement(name, 2)],
-      loss_tpl=toy_layers.SquaredErrorLoss.Params().Set(dtype=tf.float64))
-  p.Set(**kwargs)
-  net = p.Instantiate()
+  kwargs.setdefault('stage_sizes', [1, 3])
+  net = Pipeline(name, layers, 2, 4, **kwargs)
   rng = np.random.RandomState(4)
   ids = tf.constant(rng.randint(0, 10, size=[8]), tf.int32)
   targets = tf.constant(rng.randn(8, 8))

@@ -24,11 +24,15 @@ Step times and memory are thus exact functions of the configuration, so a
 test can predict what a subcommand reports. The other implementations than
 'gpipe' ('lingvo', 'plain', 'inline') are timed as our K=1 step at their M
 times a fixed factor, and traced like it.
+
+``InProcessRunner`` runs the real steps instead, in the test's process on
+its CPU devices.
 """
 
 from gpipe.schedules import pipeline_tasks
 from gpipe import schedules
 from tensorflow.core.protobuf import config_pb2
+from tests import graph_rewrites
 from tools.benchmark import models
 from tools.benchmark import runner as runner_lib
 
@@ -55,6 +59,18 @@ class Cluster:
 
   def Stop(self):
     pass
+
+
+class InProcessRunner(runner_lib.Runner):
+  """runner.Runner building and running real steps in this process.
+
+  Every configuration shares this process's CPU devices (split with
+  graph_rewrites.VirtualCpus at the test module's top).
+  """
+
+  def Cluster(self, impl, num_stages):
+    del impl, num_stages  # Every configuration shares the local devices.
+    return Cluster(graph_rewrites.LocalCpus(), '')
 
 
 class SimulatedRunner(runner_lib.Runner):

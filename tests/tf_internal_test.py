@@ -12,6 +12,7 @@ import re
 from gpipe.compat import tf_internal
 from lingvo import compat as tf
 from lingvo.core import test_utils
+from tests import graph_rewrites
 
 
 class TfInternalTest(test_utils.TestCase):
@@ -95,7 +96,7 @@ class TfInternalTest(test_utils.TestCase):
       tf_internal.GraphFunctions(object())
 
   def testLocalDevicesFollowTheConfig(self):
-    config = tf.compat.v1.ConfigProto(device_count={'CPU': 2})
+    config = graph_rewrites.CpuConfig(2, grappler=True)
     devices = tf_internal.LocalDevices(config)
     self.assertEqual(['CPU:0', 'CPU:1'],
                      [':'.join(d.name.split(':')[-2:]) for d in devices

@@ -5,28 +5,26 @@ import os
 
 from gpipe.compat import lingvo_import  # pylint: disable=unused-import
 
-from gpipe import pipeline
 from gpipe.measure import timeline
 import numpy as np
 from lingvo import compat as tf
 from lingvo.core import test_utils
-from tests import toy_layers
+from tests import graph_rewrites
+from tests import pipeline_testlib
 
 
 class TimelineTest(test_utils.TestCase):
 
   def _TracedStep(self, remat, num_stages=2):
-    config = tf.compat.v1.ConfigProto(device_count={'CPU': 2})
+    # Grappler on: the timeline of a step as users run it.
+    config = graph_rewrites.CpuConfig(2, grappler=True)
     with self.session(graph=tf.Graph(), config=config) as sess:
-      layers = [
-          toy_layers.DenseDropout.Params().Set(
-              name='d%d' % i, input_dim=64, output_dim=64) for i in range(4)
-      ]
-      net = pipeline.PipeliningLayer.Params().Set(
-          name='pipe', layers=layers, num_stages=num_stages,
-          num_micro_batches=3, remat=remat,
+      layers = pipeline_testlib.DenseLayers(4, input_dim=64, output_dim=64,
+                                            dtype=tf.float32)
+      net = pipeline_testlib.Pipeline(
+          layers, num_stages, 3, remat=remat, dtype=tf.float32,
           stage_devices=['/device:CPU:%d' % (k % 2)
-                         for k in range(num_stages)]).Instantiate()
+                         for k in range(num_stages)])
       x = tf.constant(np.random.RandomState(0).randn(24, 64), tf.float32)
       loss = tf.reduce_sum(tf.square(net.FProp(net.theta, x)))
       grads = tf.gradients(loss, net.vars.Flatten())

@@ -2,7 +2,6 @@
 
 from gpipe.compat import lingvo_import  # pylint: disable=unused-import
 
-import os
 import shutil
 import tempfile
 
@@ -12,18 +11,11 @@ from lingvo.core import test_utils
 from tasks import dense
 from tests import trainer_testlib
 from tools.trainer import model_select
-from tools.trainer import progress
 from tools.trainer import summaries
 
 TOY = trainer_testlib.TOY  # K=2, M=4, batch 32.
 STEPS = 6
 SAVED = 4
-
-
-def _Losses(logdir, steps=None):
-  path = os.path.join(logdir, progress.STEP_LOG)
-  return [(r['step'], r['loss']) for r in progress.ReadStepLog(path)
-          if steps is None or r['step'] in steps]
 
 
 def _Run(**flags):
@@ -62,8 +54,8 @@ class TrainerDataParallelTest(test_utils.TestCase):
     total = dict(tags['examples_per_sec'])
     per_replica = dict(tags['examples_per_sec_per_replica'])
     self.assertAllClose(total[2] / 2, per_replica[2])
-    ref = _Losses(self.ref_dir)
-    self.assertAllClose(ref[:SAVED], _Losses(logdir), rtol=1e-5)
+    ref = trainer_testlib.Losses(self.ref_dir)
+    self.assertAllClose(ref[:SAVED], trainer_testlib.Losses(logdir), rtol=1e-5)
     # The checkpoint of R=2, K=2 resumes with R=1, K=4 and with R=1, K=1:
     # the same micro-batches, so the same losses as the uninterrupted run.
     for stages in (4, 1):
@@ -76,7 +68,7 @@ class TrainerDataParallelTest(test_utils.TestCase):
       self.assertIn('resumed from %s/ckpt-%d at step %d' %
                     (resumed, SAVED, SAVED), out)
       self.assertIn('%d stages' % stages, out)
-      self.assertAllClose(ref, _Losses(resumed), rtol=1e-5)
+      self.assertAllClose(ref, trainer_testlib.Losses(resumed), rtol=1e-5)
 
   def testReplicasTimesStagesMustEqualTheWorkers(self):
     logdir = self.create_tempdir().full_path

@@ -2,24 +2,16 @@
 
 from gpipe.compat import lingvo_import  # pylint: disable=unused-import
 
-import os
 
 from lingvo import compat as tf
 from lingvo.core import test_utils
 from tests import trainer_testlib
 from tools.trainer import checkpoints
-from tools.trainer import progress
 
 TOY = trainer_testlib.TOY
 FLAGS = dict(model=TOY, checkpoint_every_n_steps=10, log_every_n_steps=1000,
              trace_every_n_steps=0, eval_after_train=False,
              fprop_dtype='bfloat16')
-
-
-def _Losses(logdir):
-  path = os.path.join(logdir, progress.STEP_LOG)
-  return [(r['step'], r['loss'], r['accuracy'])
-          for r in progress.ReadStepLog(path)]
 
 
 class TrainerPrecisionTest(test_utils.TestCase):
@@ -48,9 +40,9 @@ class TrainerPrecisionTest(test_utils.TestCase):
     code, _, err = trainer_testlib.RunInProcess(logdir=reference_dir,
                                                 max_steps=20, **FLAGS)
     self.assertEqual(0, code, err)
-    reference = _Losses(reference_dir)
+    reference = trainer_testlib.Losses(reference_dir, 'accuracy')
     self.assertLen(reference, 20)
-    self.assertEqual(reference, _Losses(logdir))
+    self.assertEqual(reference, trainer_testlib.Losses(logdir, 'accuracy'))
 
   def testBadFPropDtypes(self):
     logdir = self.create_tempdir().full_path

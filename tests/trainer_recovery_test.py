@@ -13,22 +13,12 @@ from lingvo.core import test_utils
 from tests import polling
 from tests import trainer_testlib
 from tools.trainer import checkpoints
-from tools.trainer import progress
 from tools.trainer import summaries
 
-TOY = trainer_testlib.TOY
 _Log = trainer_testlib.ReadLog
 EVERY = 10
-FLAGS = ['--model=' + TOY, '--checkpoint_every_n_steps=%d' % EVERY,
-         '--log_every_n_steps=1000', '--trace_every_n_steps=0',
-         '--eval_after_train=false', '--worker_processes=2',
-         '--max_steps=1000000']
-
-
-def _Losses(logdir):
-  path = os.path.join(logdir, progress.STEP_LOG)
-  return [(r['step'], r['loss'], r['accuracy'])
-          for r in progress.ReadStepLog(path)]
+FLAGS = trainer_testlib.ResumableFlags(EVERY) + [
+    '--worker_processes=2', '--max_steps=1000000']
 
 
 class TrainerRecoveryTest(test_utils.TestCase):
@@ -42,7 +32,7 @@ class TrainerRecoveryTest(test_utils.TestCase):
 
     def Ready():
       newest = checkpoints.Newest(logdir)
-      records = progress.ReadStepLog(os.path.join(logdir, progress.STEP_LOG))
+      records = trainer_testlib.StepLog(logdir)
       if not newest or not records:
         return False
       return 2 < records[-1]['step'] - checkpoints.GlobalStepOf(newest) <= 5
@@ -67,8 +57,8 @@ class TrainerRecoveryTest(test_utils.TestCase):
       restarted = r'restarted 2 worker processes \(pids \[(\d+), (\d+)\]\)'
       self._WaitFor(
           proc, log_path,
-          lambda: (re.search(restarted, _Log(log_path)) and
-                   len(_Losses(logdir)) > resume_step + 2 * EVERY),
+          lambda: (re.search(restarted, _Log(log_path)) and len(
+              trainer_testlib.StepLog(logdir)) > resume_step + 2 * EVERY),
           'steps after the restart')
       second = re.search(restarted, _Log(log_path))
       # A second loss exceeds --max_worker_restarts=1: a clear error.
@@ -95,16 +85,13 @@ class TrainerRecoveryTest(test_utils.TestCase):
     self.assertEqual([(resume_step, 1.0)],
                      summaries.Read(logdir)['trainer/worker_restarts'])
     # One history, with the redone steps: the losses of an uninterrupted run.
-    recovered = _Losses(logdir)
+    recovered = trainer_testlib.Losses(logdir, 'accuracy')
     steps = [s for s, _, _ in recovered]
     self.assertEqual(list(range(1, len(steps) + 1)), steps)
-    reference_dir = self.create_tempdir().full_path
-    code, _, err = trainer_testlib.RunInProcess(
-        model=TOY, logdir=reference_dir, max_steps=len(steps),
-        checkpoint_every_n_steps=1000, log_every_n_steps=1000,
-        trace_every_n_steps=0, eval_after_train=False)
-    self.assertEqual(0, code, err)
-    self.assertAllClose(_Losses(reference_dir), recovered, rtol=1e-5)
+    self.assertAllClose(
+        trainer_testlib.UninterruptedLosses(
+            self.create_tempdir().full_path, len(steps), 1000),
+        recovered, rtol=1e-5)
 
   def testWorkersThatCannotBeRestartedStopTheRun(self):
     logdir = self.create_tempdir().full_path

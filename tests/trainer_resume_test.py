@@ -10,20 +10,10 @@ from lingvo.core import test_utils
 from tests import polling
 from tests import trainer_testlib
 from tools.trainer import checkpoints
-from tools.trainer import progress
 
-TOY = trainer_testlib.TOY
 _Log = trainer_testlib.ReadLog
 EVERY = 20
-FLAGS = ['--model=' + TOY, '--checkpoint_every_n_steps=%d' % EVERY,
-         '--log_every_n_steps=1000', '--trace_every_n_steps=0',
-         '--eval_after_train=false']
-
-
-def _Losses(logdir):
-  path = os.path.join(logdir, progress.STEP_LOG)
-  return [(r['step'], r['loss'], r['accuracy'])
-          for r in progress.ReadStepLog(path)]
+FLAGS = trainer_testlib.ResumableFlags(EVERY)
 
 
 class TrainerResumeTest(test_utils.TestCase):
@@ -33,14 +23,13 @@ class TrainerResumeTest(test_utils.TestCase):
     log_path = os.path.join(self.create_tempdir().full_path, 'killed.log')
     proc = trainer_testlib.Popen(
         FLAGS + ['--logdir=' + logdir, '--max_steps=1000000'], log_path)
-    step_log = os.path.join(logdir, progress.STEP_LOG)
     try:
       # Kill it mid-run: after a checkpoint, with steps done since, and far
       # enough from the next checkpoint that it cannot be written between
       # this check and the signal.
       def MidInterval():
         newest = checkpoints.Newest(logdir)
-        records = progress.ReadStepLog(step_log)
+        records = trainer_testlib.StepLog(logdir)
         if not newest or not records:
           return False
         return 2 < records[-1]['step'] - checkpoints.GlobalStepOf(
@@ -51,7 +40,7 @@ class TrainerResumeTest(test_utils.TestCase):
     finally:
       proc.send_signal(signal.SIGKILL)
       proc.wait()
-    killed = _Losses(logdir)
+    killed = trainer_testlib.Losses(logdir, 'accuracy')
     resume_step = checkpoints.GlobalStepOf(checkpoints.Newest(logdir))
     self.assertEqual(0, resume_step % EVERY)
     self.assertGreater(killed[-1][0], resume_step)  # Steps were lost.
@@ -64,18 +53,12 @@ class TrainerResumeTest(test_utils.TestCase):
     self.assertEqual(0, result.returncode, result.stderr)
     self.assertIn('resumed from %s/ckpt-%d at step %d' %
                   (logdir, resume_step, resume_step), result.stdout)
-    resumed = _Losses(logdir)
+    resumed = trainer_testlib.Losses(logdir, 'accuracy')
     self.assertEqual(list(range(1, final_step + 1)), [s for s, _, _ in resumed])
 
-    # The same steps without interruption (in this process).
-    reference_dir = self.create_tempdir().full_path
-    code, _, err = trainer_testlib.RunInProcess(
-        model=TOY, logdir=reference_dir, max_steps=final_step,
-        checkpoint_every_n_steps=EVERY, log_every_n_steps=1000,
-        trace_every_n_steps=0, eval_after_train=False)
-    self.assertEqual(0, code, err)
-    reference = _Losses(reference_dir)
-    # Bit-identical: same data order, dropout masks and optimizer state.
+    # The same steps without interruption (in this process), bit-identical.
+    reference = trainer_testlib.UninterruptedLosses(
+        self.create_tempdir().full_path, final_step, EVERY)
     self.assertEqual(reference, resumed)
     # Including the steps the killed run had computed past its checkpoint.
     self.assertEqual(reference[:len(killed)], killed)

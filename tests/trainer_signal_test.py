@@ -26,22 +26,12 @@ from tests import polling
 from tests import trainer_testlib
 from tools.trainer import checkpoints
 from tools.trainer import model_graph
-from tools.trainer import progress
 
-TOY = trainer_testlib.TOY
 PROBE = 'tests.trainer_signal_probe'
 EVERY = 5
-FLAGS = ['--model=' + TOY, '--checkpoint_every_n_steps=%d' % EVERY,
-         '--log_every_n_steps=1000', '--trace_every_n_steps=0',
-         '--eval_after_train=false']
+FLAGS = trainer_testlib.ResumableFlags(EVERY)
 # The console's word on the step a signal stopped the run after.
 _STOPPED = re.compile(r'interrupted (?:at|after) step (\d+)')
-
-
-def _Losses(logdir):
-  path = os.path.join(logdir, progress.STEP_LOG)
-  return [(r['step'], r['loss'], r['accuracy'])
-          for r in progress.ReadStepLog(path)]
 
 
 def _NewestStep(logdir):
@@ -74,7 +64,7 @@ class TrainerSignalTest(test_utils.TestCase):
          'step log': list(range(1, step + 1))},
         {'console': [int(s) for s in _STOPPED.findall(output)],
          'checkpoint': _NewestStep(logdir),
-         'step log': [s for s, _, _ in _Losses(logdir)]}, output)
+         'step log': [s for s, _ in trainer_testlib.Losses(logdir)]}, output)
     self.assertIn('interrupted after step %d (%s)' % (step, name), output)
     self.assertTrue(checkpoints.Newest(logdir).endswith('ckpt-%d' % step))
 
@@ -123,7 +113,7 @@ class TrainerSignalTest(test_utils.TestCase):
     # The steps before the forced one are logged, not saved: the next run
     # drops them from the log and redoes them.
     self.assertEqual(list(range(1, stop + forced)),
-                     [s for s, _, _ in _Losses(logdir)])
+                     [s for s, _ in trainer_testlib.Losses(logdir)])
 
     # To the end, with SIGTERM while the exit checkpoint is written: it is
     # written whole, and the run ends as it would have anyway.
@@ -138,17 +128,13 @@ class TrainerSignalTest(test_utils.TestCase):
     self.assertIn('saved %s/ckpt-%d' % (logdir, final_step), result.stdout)
     self.assertIsNone(_STOPPED.search(output), output)
     self.assertEqual(final_step, _NewestStep(logdir))
-    resumed = _Losses(logdir)
+    resumed = trainer_testlib.Losses(logdir, 'accuracy')
 
-    # The same steps without interruption (in this process).
-    reference_dir = self.create_tempdir().full_path
-    code, _, err = trainer_testlib.RunInProcess(
-        model=TOY, logdir=reference_dir, max_steps=final_step,
-        checkpoint_every_n_steps=EVERY, log_every_n_steps=1000,
-        trace_every_n_steps=0, eval_after_train=False)
-    self.assertEqual(0, code, err)
-    # Bit-identical: no step lost, none run twice.
-    self.assertEqual(_Losses(reference_dir), resumed)
+    # The same steps without interruption (in this process), bit-identical:
+    # no step lost, none run twice.
+    self.assertEqual(
+        trainer_testlib.UninterruptedLosses(
+            self.create_tempdir().full_path, final_step, EVERY), resumed)
 
   def _CtrlCInProcess(self, logdir, after_step):
     """Trains in this process; Ctrl-C once step `after_step` is logged.
@@ -161,7 +147,7 @@ class TrainerSignalTest(test_utils.TestCase):
     def CtrlC():
       polling.WaitUntil(
           lambda: done.is_set() or (
-              (_Losses(logdir) or [(0,)])[-1][0] > after_step),
+              (trainer_testlib.Losses(logdir) or [(0,)])[-1][0] > after_step),
           'step %d' % (after_step + 1))
       if not done.is_set():
         os.kill(os.getpid(), signal.SIGINT)
@@ -173,9 +159,8 @@ class TrainerSignalTest(test_utils.TestCase):
     sender.start()
     try:
       code, out, err = trainer_testlib.RunInProcess(
-          model=TOY, logdir=logdir, max_steps=1000,
-          checkpoint_every_n_steps=EVERY, log_every_n_steps=1000,
-          trace_every_n_steps=0, eval_after_train=False)
+          logdir=logdir, max_steps=1000,
+          **trainer_testlib.ResumableSettings(EVERY))
     finally:
       done.set()
       sender.join()
@@ -205,16 +190,15 @@ class TrainerSignalTest(test_utils.TestCase):
     try:
       with mock.patch.object(model_graph, 'Build', BuildThenCtrlC):
         code, out, err = trainer_testlib.RunInProcess(
-            model=TOY, logdir=logdir, max_steps=3,
-            checkpoint_every_n_steps=EVERY, log_every_n_steps=1000,
-            trace_every_n_steps=0, eval_after_train=False)
+            logdir=logdir, max_steps=3,
+            **trainer_testlib.ResumableSettings(EVERY))
     finally:
       signal.signal(signal.SIGINT, previous)
     self.assertEqual(130, code, out + err)
     self.assertEqual('trainer: stopped by Ctrl-C\n', err)
     self.assertLen(built, 1)
     self.assertIsNone(checkpoints.Newest(logdir), out)
-    self.assertEqual([], _Losses(logdir))
+    self.assertEqual([], trainer_testlib.Losses(logdir))
 
 
 if __name__ == '__main__':

@@ -12,6 +12,7 @@ from absl import flags
 from absl.testing import flagsaver
 from tests import polling
 from tools.trainer import cli
+from tools.trainer import progress
 
 if not flags.FLAGS.is_parsed():
   # Under pytest nobody parses the flags: use their defaults (tf.test.main
@@ -29,6 +30,75 @@ def RunInProcess(**flag_values):
       out), contextlib.redirect_stderr(err):
     code = cli.main(['trainer'])
   return code, out.getvalue(), err.getvalue()
+
+
+def StepLog(logdir):
+  """The records of a run's step log (tools/trainer/progress.py)."""
+  return progress.ReadStepLog(os.path.join(logdir, progress.STEP_LOG))
+
+
+def Losses(logdir, *fields):
+  """[(step, loss, *fields)] of each record of a run's step log.
+
+  Args:
+    logdir: the run directory.
+    *fields: more fields of each record to return, e.g. 'accuracy'.
+
+  Returns:
+    A list of tuples, in the log's order.
+  """
+  names = ('step', 'loss') + fields
+  return [tuple(r[name] for name in names) for r in StepLog(logdir)]
+
+
+def ResumableFlags(checkpoint_every_n_steps):
+  """The trainer's flags for the toy model run to be stopped and resumed.
+
+  Quiet (no console lines, traces or final evaluation), checkpointing every
+  `checkpoint_every_n_steps`; --logdir and --max_steps are the caller's.
+
+  Args:
+    checkpoint_every_n_steps: the checkpoint period.
+
+  Returns:
+    A list of command-line flags.
+  """
+  return ['--%s=%s' % (name, str(value).lower() if isinstance(value, bool)
+                       else value)
+          for name, value in ResumableSettings(
+              checkpoint_every_n_steps).items()]
+
+
+def ResumableSettings(checkpoint_every_n_steps):
+  """ResumableFlags as flag values, for RunInProcess."""
+  return dict(model=TOY, checkpoint_every_n_steps=checkpoint_every_n_steps,
+              log_every_n_steps=1000, trace_every_n_steps=0,
+              eval_after_train=False)
+
+
+def UninterruptedLosses(logdir, max_steps, checkpoint_every_n_steps):
+  """Trains ResumableFlags' run to `max_steps` in this process, uninterrupted.
+
+  The reference a stopped and resumed run must equal bit for bit (same
+  data order, dropout masks and optimizer state).
+
+  Args:
+    logdir: a fresh run directory.
+    max_steps: the last step.
+    checkpoint_every_n_steps: the checkpoint period of the run compared.
+
+  Returns:
+    Losses(logdir, 'accuracy'): [(step, loss, accuracy)] of every step.
+
+  Raises:
+    AssertionError: the run failed (with its stderr).
+  """
+  code, _, err = RunInProcess(
+      logdir=logdir, max_steps=max_steps,
+      **ResumableSettings(checkpoint_every_n_steps))
+  if code:
+    raise AssertionError('the uninterrupted run failed (%d): %s' % (code, err))
+  return Losses(logdir, 'accuracy')
 
 
 def TrainerCommand(*args, module='tools.trainer'):

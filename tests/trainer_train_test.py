@@ -12,7 +12,6 @@ import numpy as np
 from lingvo import compat as tf
 from lingvo.core import test_utils
 from tests import trainer_testlib
-from tools.trainer import progress
 from tools.trainer import summaries
 from tools.trainer import train_loop
 
@@ -52,7 +51,7 @@ class TrainerTrainTest(test_utils.TestCase):
     self.assertIn('TensorBoard: .venv/bin/tensorboard --logdir %s' % logdir,
                   out)
     # Every step's metrics in the step log.
-    records = progress.ReadStepLog(os.path.join(logdir, progress.STEP_LOG))
+    records = trainer_testlib.StepLog(logdir)
     self.assertEqual(list(range(1, 7)), [r['step'] for r in records])
     self.assertTrue(all(np.isfinite(r['loss']) for r in records))
 
@@ -122,8 +121,8 @@ class TrainerTrainTest(test_utils.TestCase):
           log_every_n_steps=1, trace_every_n_steps=3, eval_after_train=False)
       self.assertEqual(0, code, err)
       self.assertIn('schedule %s' % schedule, out)
-      losses[schedule] = [r['loss'] for r in progress.ReadStepLog(
-          os.path.join(logdir, progress.STEP_LOG))]
+      losses[schedule] = [
+          loss for _, loss in trainer_testlib.Losses(logdir)]
       with open(train_loop.TracePath(logdir, 3)) as f:
         phases = {e['args']['phase'] for e in json.load(f)['traceEvents']
                   if e['ph'] == 'X' and e['name'] != 'recompute'}

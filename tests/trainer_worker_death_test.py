@@ -11,7 +11,6 @@ from lingvo.core import test_utils
 from tests import polling
 from tests import trainer_testlib
 from tools.trainer import checkpoints
-from tools.trainer import progress
 
 TOY = trainer_testlib.TOY
 _Log = trainer_testlib.ReadLog
@@ -31,8 +30,8 @@ class TrainerWorkerDeathTest(test_utils.TestCase):
     ], log_path)
     try:
       polling.WaitUntil(
-          lambda: (checkpoints.Newest(logdir) and len(progress.ReadStepLog(
-              os.path.join(logdir, progress.STEP_LOG))) > 7),
+          lambda: (checkpoints.Newest(logdir) and
+                   len(trainer_testlib.StepLog(logdir)) > 7),
           'a checkpoint and 8 steps', process=proc,
           details=lambda: _Log(log_path))
       pids = re.search(r'pids \[(\d+), (\d+)\]', _Log(log_path))

@@ -2,23 +2,16 @@
 
 from gpipe.compat import lingvo_import  # pylint: disable=unused-import
 
-import os
 import tempfile
 
 from gpipe.runtime import local_cluster
 from lingvo import compat as tf
 from lingvo.core import test_utils
 from tests import trainer_testlib
-from tools.trainer import progress
 from tools.trainer import summaries
 
 TOY = trainer_testlib.TOY
 STEPS = 4
-
-
-def _Losses(logdir):
-  path = os.path.join(logdir, progress.STEP_LOG)
-  return [(r['step'], r['loss']) for r in progress.ReadStepLog(path)]
 
 
 class TrainerWorkersTest(test_utils.TestCase):
@@ -47,7 +40,8 @@ class TrainerWorkersTest(test_utils.TestCase):
     for k in range(2):
       self.assertIn('memory/peak_bytes/worker_%d_CPU_0' % k, tags)
       self.assertGreater(tags['pipeline/stage_%d/compute_sec' % k][0][1], 0)
-    self.assertAllClose(_Losses(self.local_dir), _Losses(logdir), rtol=1e-5)
+    self.assertAllClose(trainer_testlib.Losses(self.local_dir),
+                        trainer_testlib.Losses(logdir), rtol=1e-5)
 
   def testTrainsOnExistingServersFromClusterSpec(self):
     logdir = self.create_tempdir().full_path
@@ -58,7 +52,8 @@ class TrainerWorkersTest(test_utils.TestCase):
           cluster_spec='worker=' + ','.join(servers.cluster_def['worker']))
     self.assertEqual(0, code, err)
     self.assertNotIn('started', out)
-    self.assertAllClose(_Losses(self.local_dir), _Losses(logdir), rtol=1e-5)
+    self.assertAllClose(trainer_testlib.Losses(self.local_dir),
+                        trainer_testlib.Losses(logdir), rtol=1e-5)
 
 
 if __name__ == '__main__':

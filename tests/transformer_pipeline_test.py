@@ -13,7 +13,7 @@ from tests import graph_rewrites
 graph_rewrites.Off()
 
 _B, _S, _T, _V = 8, 5, 6, 23
-_DEVICES = ['/device:CPU:0', '/device:CPU:1']
+_DEVICES = graph_rewrites.CpuDevices(2)
 
 
 def _Batch():
@@ -52,7 +52,7 @@ class TransformerPipelineTest(test_utils.TestCase, parameterized.TestCase):
         name='net', layers=layer_list, num_stages=2, num_micro_batches=4,
         stage_devices=_DEVICES, partition_cost='flops', input_shapes=shapes,
         stage_sizes=stage_sizes)
-    config = graph_rewrites.SessionConfig(device_count={'CPU': 2})
+    config = graph_rewrites.CpuConfig(2)
     with self.session(graph=tf.Graph(), config=config) as sess:
       tf.random.set_seed(5)
       py_utils.GetOrCreateGlobalStepVar()

@@ -14,8 +14,8 @@ from lingvo.core import base_layer
 from lingvo.core import py_utils
 from lingvo.core import test_utils
 from tests import graph_rewrites
+from tests import pipeline_testlib
 from tests import schedule_testlib as spt
-from tests import toy_layers
 
 graph_rewrites.Off()
 
@@ -221,15 +221,10 @@ class WeightBatchingTest(test_utils.TestCase, parameterized.TestCase):
     grads = {}
     for dtype in ('float32', 'bfloat16'):
       with self.session(graph=tf.Graph(), config=CONFIG) as sess:
-        layers = [
-            toy_layers.DenseDropout.Params().Set(
-                name='dense%d' % i, keep_prob=1.0, dtype=tf.float32,
-                params_init=py_utils.WeightInit.Gaussian(0.5, seed=100 + i))
-            for i in range(4)]
-        p = pipeline.PipeliningLayer.Params().Set(
-            name='pipe', layers=layers, num_stages=2, num_micro_batches=4,
-            stage_devices=['/device:CPU:0', '/device:CPU:1'],
-            batched_weight_gradients=True, remat='never')
+        p = pipeline_testlib.PipelineParams(
+            pipeline_testlib.DenseLayers(4, keep_prob=1.0, dtype=tf.float32),
+            2, 4, dtype=tf.float32, batched_weight_gradients=True,
+            remat='never')
         precision.SetFPropDtype(p, dtype)
         net = p.Instantiate()
         x = tf.constant(np.random.RandomState(3).randn(16, 8), tf.float32)

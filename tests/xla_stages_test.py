@@ -125,7 +125,7 @@ class XlaStagesTest(test_utils.TestCase, parameterized.TestCase):
     self._AssertCompiledAndExact('zb_h1', batched_weight_gradients=True)
 
   def testReplicas(self):
-    devices = ['/device:CPU:%d' % d for d in range(4)]
+    devices = graph_rewrites.CpuDevices(4)
     self._AssertCompiledAndExact(
         '1f1b', stage_devices=devices[:2],
         replica_devices=[devices[:2], devices[2:]])
@@ -144,7 +144,7 @@ class XlaStagesTest(test_utils.TestCase, parameterized.TestCase):
         p = pipeline.PipeliningLayer.Params().Set(
             name='pipe', layers=layers, num_stages=K, num_micro_batches=M,
             stage_sizes=lib.UNEVEN_SIZES[K], schedule='zb_h1',
-            stage_devices=['/device:CPU:0', '/device:CPU:1'], compile=mode,
+            stage_devices=graph_rewrites.CpuDevices(2), compile=mode,
             loss_tpl=toy_layers.SquaredErrorLoss.Params())
         precision.SetFPropDtype(p, 'bfloat16')
         net = p.Instantiate()
@@ -307,7 +307,7 @@ class XlaStagesTest(test_utils.TestCase, parameterized.TestCase):
   def testPipelinedDecodingGivesTheUnpipelinedTokens(self):
     # The copy model untrained (random weights): greedy tokens of the
     # compiled encoder stages and decoding steps, in 2 lanes on 2 stages.
-    devices = ['/device:CPU:0', '/device:CPU:1']
+    devices = graph_rewrites.CpuDevices(2)
     test = decode_testlib.CopyBatch(np.random.RandomState(5), 4)
     with tf.Graph().as_default() as graph, cluster_factory.SetEval(True):
       tf.random.set_seed(2)

@@ -2,6 +2,8 @@
 
 Its parts, in the order a run meets them:
 
+* ``settings``: every setting once (its flag, default and help; a field of
+  the run's configuration);
 * ``cli``: the flags and the mode dispatch (``main``);
 * ``model_select``: registered models, ``--model_params_override``, and the
   pipelines inside a model's params (stages, micro-batches, devices);

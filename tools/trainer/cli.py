@@ -6,8 +6,9 @@ Run from the repository root::
       --logdir=/tmp/digits --mode=train
 
 or ``bazel run //tools:trainer -- --model=... --logdir=...``. This module
-holds the flags and the mode dispatch; the run is settled once by
-``run_config.Settle`` and handed to the loop, evaluation or decoding.
+defines the flags (one per setting of ``settings.py``) and dispatches the
+mode; the run is settled once by ``run_config.Settle`` and handed to the
+loop, evaluation or decoding.
 
 Modes:
 
@@ -29,6 +30,7 @@ environment) uses running workers (``python -m gpipe.worker``) and their
 devices (``--device_type``, ``--devices_per_task``; tools/trainer/placement.py).
 """
 
+import dataclasses
 import faulthandler
 import functools
 import os
@@ -45,7 +47,6 @@ from absl import flags
 from absl import logging
 from gpipe.runtime import devices
 from gpipe.runtime import local_cluster
-from gpipe.schedules import registry as schedule_registry
 from lingvo import compat as tf
 # Defines --model_params_override, used below.
 from lingvo import model_registry  # pylint: disable=unused-import
@@ -58,139 +59,14 @@ from tools.trainer import placement as placement_lib
 from tools.trainer import remote_tasks
 from tools.trainer import planned
 from tools.trainer import run_config
+from tools.trainer import settings as settings_lib
 from tools.trainer import train_loop
 # pylint: enable=g-import-not-at-top,wrong-import-position
 
 # The exit status after Ctrl-C (128 + SIGINT, as shells report it).
 _SIGINT_EXIT = 128 + signal.SIGINT
-MODES = ('train', 'eval', 'decode', 'train_and_eval', 'inspect_model')
-DEFAULT_MODEL = 'image.AmoebaNetD_Digits'
-
-flags.DEFINE_string(
-    'model', DEFAULT_MODEL,
-    'The registered model: family.ClassName (params/family.py).')
-flags.DEFINE_string('logdir', None,
-                    'The run directory: checkpoints, event files, logs.')
-flags.DEFINE_enum('mode', 'train', MODES, 'What to do.')
-flags.DEFINE_integer('max_steps', None,
-                     'Train to this global step (default: p.train.max_steps).')
-flags.DEFINE_integer('num_stages', None,
-                     'Override K, the pipeline stages of the model.')
-flags.DEFINE_integer('num_micro_batches', None,
-                     'Override M, the micro-batches per mini-batch.')
-flags.DEFINE_enum(
-    'schedule', None, schedule_registry.Names(),
-    'Override the pipeline schedule: ' + schedule_registry.ParamDoc() +
-    '. See gpipe/schedules/ and the README table.')
-flags.DEFINE_bool(
-    'xla', False,
-    "Compile every pipeline stage function with XLA (the pipelines' "
-    "compile='xla', gpipe/xla.py): fused stages, compiled at the first "
-    'step; an op XLA cannot compile is an error naming it. See '
-    'docs/TRAINER.md.')
-flags.DEFINE_integer(
-    'worker_processes', 0,
-    'Start this many local TensorFlow worker processes, one stage on each.')
-flags.DEFINE_bool(
-    'loop_stages', False,
-    'With fewer workers/devices than stages: place stage k on worker k mod '
-    'D, several stages per worker, run breadth-first (smaller bubble).')
-flags.DEFINE_bool('pin_cores', False,
-                  'With --worker_processes: pin worker i to core i.')
-flags.DEFINE_string(
-    'cluster_spec', '',
-    "Running workers (python -m gpipe.worker): 'worker=host:port,host:port', "
-    'a JSON cluster dict or TF_CONFIG JSON (default: $TF_CONFIG, if set). '
-    'Stages are laid out on their devices task by task.')
-# Devices of a cluster (tools/trainer/placement.py, gpipe/runtime/).
-flags.DEFINE_enum(
-    'device_type', 'auto', ['auto', 'cpu', 'gpu', 'tpu'],
-    'The devices stages run on: auto is the GPUs every worker task has, '
-    'else CPU. tpu stops at once, saying what TPUs the run has: stages on '
-    'TPU cores are not built (docs/TPU.md).')
-flags.DEFINE_integer(
-    'devices_per_task', 0,
-    'Use the first N devices of --device_type on each worker task (0: all). '
-    'With --worker_processes: virtual CPUs per local worker. With '
-    '--mode=inspect_model and a cluster: plan N devices per task without '
-    'connecting; with --mode=inspect_model --device_type=gpu and no '
-    'cluster: plan N GPUs in this process (default: as many as the stages '
-    'need; no GPU needed).')
-flags.DEFINE_float(
-    'connect_timeout_secs', 10,
-    'The longest each check of a running worker (reachable, serving as '
-    'its task, its devices) may take before the run stops with its address.')
-flags.DEFINE_string(
-    'fprop_dtype', 'float32',
-    "Compute dtype of the model's layers: 'float32', or 'bfloat16' for mixed "
-    'precision (variables, optimizer slots, gradient accumulation and the '
-    'loss stay float32; see gpipe/precision.py). float16 is refused (it '
-    'needs loss scaling).')
-flags.DEFINE_integer(
-    'data_parallel', 1,
-    'R: train R data-parallel replicas of the pipeline on R x K workers '
-    '(--worker_processes=R*K or --cluster_spec with R*K servers; default: '
-    'R x K virtual CPUs). Replica r takes 1/R of each mini-batch on workers '
-    'r*K .. r*K+K-1; the gradients are summed in the graph, one update, one '
-    'copy of the variables (checkpoints do not depend on R).')
-flags.DEFINE_integer(
-    'max_worker_restarts', 0,
-    'When a worker dies, restore the newest checkpoint and go on, at most '
-    'this many times (0: stop with an error). With --worker_processes the '
-    'trainer stops the workers and starts fresh ones; with a running cluster '
-    '(--cluster_spec or TF_CONFIG) it names the lost task and waits up to '
-    '--worker_wait_secs for its supervisor to start it again at the same '
-    'address.')
-flags.DEFINE_float(
-    'worker_wait_secs', 300,
-    'With a running cluster and --max_worker_restarts: how long to wait for '
-    'lost servers to serve again before stopping with the reason.')
-flags.DEFINE_integer('checkpoint_every_n_steps', 100, 'Checkpoint period.')
-flags.DEFINE_integer('log_every_n_steps', 10,
-                     'Console progress line and summary period.')
-flags.DEFINE_integer(
-    'trace_every_n_steps', 100,
-    'Trace a step this often for the timeline, bubbles and peak memory '
-    '(also the 2nd step of each run); 0: never.')
-flags.DEFINE_integer('seed', 1234,
-                     'Random seed (graph; and the input order when given).')
-flags.DEFINE_bool(
-    'session_graph_optimizer', False,
-    "Run Grappler's meta-optimizer over the session's graph. Off by "
-    'default: the stage functions are still optimized on their workers, and '
-    "on a large pipeline the whole-graph passes cost much of the first "
-    "step and of the session master's memory.")
-flags.DEFINE_integer('step_timeout_secs', 300,
-                     'A session run longer than this fails (lost workers).')
-flags.DEFINE_bool('eval_after_train', True,
-                  'In train mode, evaluate on Test() at the end.')
-flags.DEFINE_integer('decode_max_batches', None,
-                     'Decode at most this many batches (default: all).')
-# Pipelined decoding (tasks/mt/pipelined_decode.py, gpipe/lanes.py).
-flags.DEFINE_integer(
-    'decode_micro_batches', None,
-    'M: decode each batch in M lanes through the pipeline stages (must '
-    'divide the batch; default K lanes for the K stages of the decoding '
-    'loop, 1 for K = 1).')
-flags.DEFINE_bool(
-    'pipelined_decode', None,
-    'Decode through the pipeline stages on their devices, in lanes '
-    '(default for models that can); --nopipelined_decode runs the '
-    'unpipelined decoder, for comparison.')
-
-# The planner (tools/trainer/planned.py, gpipe/plan/).
-flags.DEFINE_string(
-    'plan', '',
-    "'auto': measure the model, simulate every configuration for the run's "
-    'devices (those the stages are laid out on: every device of the local '
-    'workers or cluster tasks, --devices_per_task of each if given; else '
-    "this process's GPUs, else the cores) under --memory_per_device, print "
-    'the table and train the fastest that fits; or a plan file from python '
-    '-m tools.plan --plan_out for that many devices. Sets K, the cut, M, '
-    'schedule, remat, batched weight gradients, --data_parallel and '
-    '--fprop_dtype; written to <logdir>/plan.json.')
-flags.DEFINE_string('memory_per_device', '',
-                    "With --plan=auto: each device's memory, e.g. '16GiB'.")
+# The trainer's flags: one per setting of tools/trainer/settings.py.
+settings_lib.DefineFlags()
 
 FLAGS = flags.FLAGS
 
@@ -205,59 +81,40 @@ USER_ERRORS = (model_select.UnknownModelError, run_config.LogdirError,
                devices.DiscoveryError, ValueError)
 
 
-def _PlanFromFlags():
-  """(--plan's Plan or None, the run settings it decides)."""
-  if not FLAGS.plan and not FLAGS.memory_per_device:
-    return None, {}
-  if FLAGS.plan and FLAGS.xla:
+def _PlanFromFlags(asked):
+  """--plan's Plan for the Settings `asked`, or None without --plan."""
+  if not asked.plan and not asked.memory_per_device:
+    return None
+  if asked.plan and asked.xla:
     # The planner measures uncompiled stages; XLA changes every stage's
     # time (on CPUs a convolution stage ran 12x slower compiled).
     raise planned.PlanError(
         '--plan chooses from uncompiled stages\' measured times, which '
         '--xla changes: drop --xla, or --plan and set the pipeline by hand')
-  logdir = run_config.PrepareLogdir(FLAGS.logdir, FLAGS.mode)
-  plan = planned.Resolve(
-      FLAGS.plan, FLAGS.model, FLAGS.model_params_override, logdir,
+  logdir = run_config.PrepareLogdir(asked.logdir, asked.mode)
+  return planned.Resolve(
+      asked.plan, asked.model, asked.model_params_override, logdir,
       planned.RunDevices(
-          worker_processes=FLAGS.worker_processes,
-          cluster_spec=FLAGS.cluster_spec, device_type=FLAGS.device_type,
-          devices_per_task=FLAGS.devices_per_task,
-          connect_timeout_secs=FLAGS.connect_timeout_secs),
-      FLAGS.memory_per_device, functools.partial(print, flush=True),
-      {name: FLAGS[name].present or FLAGS[name].value != FLAGS[name].default
-       for name in (
+          worker_processes=asked.worker_processes,
+          cluster_spec=asked.cluster_spec, device_type=asked.device_type,
+          devices_per_task=asked.devices_per_task,
+          connect_timeout_secs=asked.connect_timeout_secs),
+      asked.memory_per_device, functools.partial(print, flush=True),
+      settings_lib.Given(FLAGS, (
           'num_stages', 'num_micro_batches', 'schedule', 'data_parallel',
-          'fprop_dtype', 'loop_stages')})
-  return plan, planned.RunSettings(plan)
+          'fprop_dtype', 'loop_stages')))
 
 
 def SettleFromFlags():
   """The RunConfig of the command line (run_config.Settle)."""
-  plan, decided = _PlanFromFlags()
+  asked = settings_lib.FromFlags(FLAGS)
+  plan = _PlanFromFlags(asked)
+  if plan is not None:
+    # The plan decides some settings (replicas, dtype, looping) too.
+    asked = dataclasses.replace(asked, **planned.RunSettings(plan))
   return run_config.Settle(
-      FLAGS.model, FLAGS.mode, logdir=FLAGS.logdir,
-      override=FLAGS.model_params_override, num_stages=FLAGS.num_stages,
-      num_micro_batches=FLAGS.num_micro_batches, schedule=FLAGS.schedule,
-      xla=FLAGS.xla, input_seed=FLAGS.seed if FLAGS['seed'].present else None,
-      worker_processes=FLAGS.worker_processes,
-      cluster_spec=FLAGS.cluster_spec, pin_cores=FLAGS.pin_cores,
-      loop_stages=decided.get('loop_stages', FLAGS.loop_stages),
-      fprop_dtype=decided.get('fprop_dtype', FLAGS.fprop_dtype),
-      step_timeout_secs=FLAGS.step_timeout_secs, plan=plan,
-      data_parallel=decided.get('data_parallel', FLAGS.data_parallel),
-      max_worker_restarts=FLAGS.max_worker_restarts,
-      worker_wait_secs=FLAGS.worker_wait_secs,
-      device_type=FLAGS.device_type, devices_per_task=FLAGS.devices_per_task,
-      connect_timeout_secs=FLAGS.connect_timeout_secs, seed=FLAGS.seed,
-      max_steps=FLAGS.max_steps,
-      checkpoint_every_n_steps=FLAGS.checkpoint_every_n_steps,
-      log_every_n_steps=FLAGS.log_every_n_steps,
-      trace_every_n_steps=FLAGS.trace_every_n_steps,
-      eval_after_train=FLAGS.eval_after_train,
-      decode_max_batches=FLAGS.decode_max_batches,
-      decode_micro_batches=FLAGS.decode_micro_batches,
-      pipelined_decode=FLAGS.pipelined_decode,
-      session_graph_optimizer=FLAGS.session_graph_optimizer)
+      asked, plan=plan,
+      input_seed=asked.seed if FLAGS['seed'].present else None)
 
 
 def Main(run, echo):

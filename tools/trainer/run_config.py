@@ -10,7 +10,8 @@ A run is decided in one place, in this order:
 3. the stage devices written into those params.
 
 Everything after that (the training loop, evaluation, decoding) reads the
-resulting ``RunConfig``; nothing rebuilds the params or goes back to the flags.
+resulting ``RunConfig`` (every setting of ``settings.Settings``, and the
+above); nothing rebuilds the params or goes back to the flags.
 """
 
 import dataclasses
@@ -24,54 +25,33 @@ from lingvo.core import hyperparams
 from tools.trainer import model_select
 from tools.trainer import placement as placement_lib
 from tools.trainer import planned
+from tools.trainer import settings as settings_lib
 
 
 class LogdirError(ValueError):
   """--logdir is missing or cannot be written."""
 
 
-@dataclasses.dataclass(frozen=True)
-class RunConfig:
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class RunConfig(settings_lib.Settings):
   """What one trainer invocation does, where, and with which params.
 
+  Every setting (``settings.Settings``: the flags, with what a plan decided)
+  and what the run settled from them:
+
   Attributes:
-    model: the registered model name, 'family.ClassName'.
-    mode: 'train', 'eval', 'decode', 'train_and_eval' or 'inspect_model'.
-    logdir: the absolute run directory (None for inspect_model).
+    logdir: (a setting) here the absolute run directory (None for
+      inspect_model).
     placement: a placement.Placement: stage devices, the session target and
       worker liveness. For inspect_model the planned one (nothing started,
       its devices need not exist), or None when the flags name no devices.
     train: the model params with the Train() input, stage devices set.
-    test: the model params with the Test() input, stage devices set.
-    seed: the graph-level random seed.
-    max_steps: train to this global step (None: p.train.max_steps).
-    checkpoint_every_n_steps: checkpoint period.
-    log_every_n_steps: console line and summary period.
-    trace_every_n_steps: traced-step period (0: never).
-    eval_after_train: in train mode, evaluate on Test() at the end.
-    decode_max_batches: decode at most this many batches (None: all).
-    fprop_dtype: the layers' compute dtype, 'float32' or 'bfloat16'.
-    data_parallel: R, data-parallel replicas of the training pipeline(s).
-    max_worker_restarts: how often a lost worker may be replaced (local
-      workers restarted, servers of a running cluster waited for) and
-      training resumed from the newest checkpoint.
+    test: the model params with the Test() input, stage devices set (None
+      for inspect_model).
   """
-  model: str
-  mode: str
-  logdir: Optional[str]
   placement: Optional[placement_lib.Placement]
   train: hyperparams.Params
   test: Optional[hyperparams.Params]
-  seed: int = 1234
-  max_steps: Optional[int] = None
-  checkpoint_every_n_steps: int = 100
-  log_every_n_steps: int = 10
-  trace_every_n_steps: int = 100
-  eval_after_train: bool = True
-  decode_max_batches: Optional[int] = None
-  fprop_dtype: str = 'float32'
-  data_parallel: int = 1
-  max_worker_restarts: int = 0
 
 
 def PrepareLogdir(logdir, mode):
@@ -95,16 +75,19 @@ def PrepareLogdir(logdir, mode):
   return os.path.abspath(logdir)
 
 
-def _ModelParams(model, dataset, override, num_stages, num_micro_batches,
-                 schedule, input_seed, fprop_dtype, plan=None, xla=False,
-                 decode_micro_batches=None, pipelined_decode=None):
-  cfg = model_select.ModelParams(model, dataset, override)
+def _ModelParams(asked, dataset, plan, input_seed, decoding=False):
+  """The model params for `dataset` with the settings `asked` applied."""
+  cfg = model_select.ModelParams(asked.model, dataset,
+                                 asked.model_params_override)
   # The task's layers compute in fprop_dtype; variables stay float32.
-  precision.SetFPropDtype(cfg.task, fprop_dtype)
-  model_select.SetPipelineShape(cfg, num_stages, num_micro_batches, schedule)
-  if xla:
+  precision.SetFPropDtype(cfg.task, asked.fprop_dtype)
+  model_select.SetPipelineShape(cfg, asked.num_stages,
+                                asked.num_micro_batches, asked.schedule)
+  if asked.xla:
     model_select.SetCompile(cfg, 'xla')
-  model_select.SetDecoding(cfg, pipelined_decode, decode_micro_batches)
+  if decoding:
+    model_select.SetDecoding(cfg, asked.pipelined_decode,
+                             asked.decode_micro_batches)
   if plan is not None:
     planned.Apply(cfg, plan)
   if input_seed is not None and cfg.input is not None and 'seed' in cfg.input:
@@ -162,112 +145,72 @@ def _PlanLayout(train, where, data_parallel, loop_stages):
   return placement
 
 
-def Settle(model, mode, logdir=None, override='', num_stages=None,
-           num_micro_batches=None, schedule=None, input_seed=None,
-           xla=False, worker_processes=0,
-           cluster_spec='', pin_cores=False, loop_stages=False,
-           step_timeout_secs=300, fprop_dtype='float32', data_parallel=1,
-           max_worker_restarts=0, device_type='auto', devices_per_task=0,
-           connect_timeout_secs=10.0, environ=None, worker_wait_secs=300,
-           decode_micro_batches=None, pipelined_decode=None, plan=None,
-           session_graph_optimizer=False, **settings):
+def Settle(asked, plan=None, input_seed=None, environ=None):
   """Decides the run: params, placement, stage devices (see module doc).
 
   Args:
-    model: the registered model name.
-    mode: the trainer mode.
-    logdir: the run directory (created; not needed for inspect_model).
-    override: --model_params_override text.
-    num_stages: override K of every pipeline (None: keep).
-    num_micro_batches: override M (None: keep).
-    schedule: override the pipeline schedule (None: keep).
-    xla: compile every pipeline's stage functions with XLA
-      (compile='xla'; False: keep the params').
-    input_seed: the input order seed, when given on the command line.
-    worker_processes: start this many local worker processes (0: none).
-    cluster_spec: running workers, 'worker=host:port,...', a JSON cluster
-      dict or TF_CONFIG JSON ('' for none: TF_CONFIG in the environment,
-      if set).
-    pin_cores: pin local worker i to core i.
-    loop_stages: with fewer workers than stages, stage k on worker k mod D.
-    fprop_dtype: 'float32' or 'bfloat16' (mixed precision, gpipe.precision);
-      anything else is a ValueError saying what to use.
-    step_timeout_secs: the longest a session run may take.
-    data_parallel: R replicas of the training pipeline on R x K devices
-      (evaluation and decoding run one pipeline, on the first replica's).
-    max_worker_restarts: restarts of lost workers (needs worker_processes,
-      or a running cluster whose servers a supervisor restarts).
-    device_type: 'auto', 'cpu', 'gpu' or 'tpu': the devices stages run on.
-    devices_per_task: use the first N devices of each task (0: all); with
-      worker_processes, each local worker's virtual CPUs; for inspect_model
-      with a cluster, the devices each task is planned to have (no
-      connection is made).
-    connect_timeout_secs: the longest each check of a running worker takes.
-    environ: the environment TF_CONFIG is read from (default os.environ).
-    worker_wait_secs: with a running cluster, how long a restart waits for
-      lost servers to serve again.
-    decode_micro_batches: M, lanes of pipelined decoding (None: the
-      task's default).
-    pipelined_decode: True/False: decode through the pipeline stages or
-      unpipelined (None: the task's default).
+    asked: the settings.Settings of the run (the flags, and what a plan
+      decided: data_parallel, fprop_dtype, loop_stages).
     plan: a gpipe.plan.choice.Plan applied to the pipeline (--plan), or
       None.
-    session_graph_optimizer: run Grappler over the session's graph.
-    **settings: the other RunConfig fields (seed, max_steps, periods...).
+    input_seed: the input order seed, when given on the command line.
+    environ: the environment TF_CONFIG is read from (default os.environ).
 
   Returns:
     A RunConfig. With worker_processes the workers are running: the caller
     stops them with ``run.placement.Stop()``.
+
+  Raises:
+    ValueError: a setting, or a combination of them, that cannot run; the
+      message names the flag and what to use.
   """
   try:
-    precision.ParseFPropDtype(fprop_dtype)
+    precision.ParseFPropDtype(asked.fprop_dtype)
   except ValueError as e:
     raise ValueError('--%s' % e) from None
-  shape = (override, num_stages, num_micro_batches, schedule, input_seed,
-           fprop_dtype, plan, xla)
-  train = _ModelParams(model, 'Train', *shape)
-  settings['fprop_dtype'] = fprop_dtype
-  model_select.CheckDataParallel(train, data_parallel)
-  if max_worker_restarts < 0:
+  train = _ModelParams(asked, 'Train', plan, input_seed)
+  model_select.CheckDataParallel(train, asked.data_parallel)
+  if asked.max_worker_restarts < 0:
     raise ValueError('--max_worker_restarts=%d: give a count >= 0' %
-                     max_worker_restarts)
-  if max_worker_restarts and not (worker_processes or cluster_spec_lib.Resolve(
-      cluster_spec, environ=environ, slurm=False)):
+                     asked.max_worker_restarts)
+  if asked.max_worker_restarts and not (
+      asked.worker_processes or cluster_spec_lib.Resolve(
+          asked.cluster_spec, environ=environ, slurm=False)):
     raise ValueError(
         '--max_worker_restarts=%d: there are no workers to restart; the '
         'stages run on devices of this process. Use --worker_processes=N '
         '(restarted by the trainer) or a running cluster (--cluster_spec or '
         'TF_CONFIG: servers restarted by their supervisor, waited for up to '
-        '--worker_wait_secs)' % max_worker_restarts)
-  if worker_wait_secs < 0:
+        '--worker_wait_secs)' % asked.max_worker_restarts)
+  if asked.worker_wait_secs < 0:
     raise ValueError('--worker_wait_secs=%g: give seconds >= 0' %
-                     worker_wait_secs)
-  settings.update(data_parallel=data_parallel,
-                  max_worker_restarts=max_worker_restarts)
-  where = dict(worker_processes=worker_processes, cluster_spec=cluster_spec,
-               step_timeout_secs=step_timeout_secs, pin_cores=pin_cores,
-               device_type=device_type, devices_per_task=devices_per_task,
-               connect_timeout_secs=connect_timeout_secs, environ=environ,
-               session_graph_optimizer=session_graph_optimizer)
-  if mode == 'inspect_model':
-    placement = _PlanLayout(train, where, data_parallel, loop_stages)
-    return RunConfig(model=model, mode=mode, logdir=None, placement=placement,
-                     train=train, test=None, **settings)
-  logdir = PrepareLogdir(logdir, mode)
-  test = _ModelParams(model, 'Test', *shape,
-                      decode_micro_batches=decode_micro_batches,
-                      pipelined_decode=pipelined_decode)
+                     asked.worker_wait_secs)
+  where = dict(
+      worker_processes=asked.worker_processes,
+      cluster_spec=asked.cluster_spec,
+      step_timeout_secs=asked.step_timeout_secs, pin_cores=asked.pin_cores,
+      device_type=asked.device_type, devices_per_task=asked.devices_per_task,
+      connect_timeout_secs=asked.connect_timeout_secs, environ=environ,
+      session_graph_optimizer=asked.session_graph_optimizer)
+  settings = asked.Values()
+  if asked.mode == 'inspect_model':
+    placement = _PlanLayout(train, where, asked.data_parallel,
+                            asked.loop_stages)
+    settings.update(logdir=None)
+    return RunConfig(placement=placement, train=train, test=None, **settings)
+  settings.update(logdir=PrepareLogdir(asked.logdir, asked.mode))
+  test = _ModelParams(asked, 'Test', plan, input_seed, decoding=True)
   placement = placement_lib.Placement(
-      model_select.MaxStages(train) * data_parallel,
-      log_dir=os.path.join(logdir, 'workers'),
-      worker_wait_secs=worker_wait_secs, **where)
+      model_select.MaxStages(train) * asked.data_parallel,
+      log_dir=os.path.join(settings['logdir'], 'workers'),
+      worker_wait_secs=asked.worker_wait_secs, **where)
   try:
-    _SetDevices(train, test, placement, data_parallel, loop_stages)
+    _SetDevices(train, test, placement, asked.data_parallel,
+                asked.loop_stages)
     if placement.remote is not None:
       # Errors about a lost server name the stages it holds.
       placement.remote.SetStages(train)
   except BaseException:
     placement.Stop()
     raise
-  return RunConfig(model=model, mode=mode, logdir=logdir, placement=placement,
-                   train=train, test=test, **settings)
+  return RunConfig(placement=placement, train=train, test=test, **settings)

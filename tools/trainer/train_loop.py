@@ -39,7 +39,6 @@ from lingvo import compat as tf
 from tools.trainer import checkpoints
 from tools.trainer import model_graph
 from tools.trainer import progress
-from tools.trainer import remote_tasks
 from tools.trainer import startup
 from tools.trainer import step_trace
 from tools.trainer import summaries
