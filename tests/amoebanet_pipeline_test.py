@@ -32,6 +32,15 @@ class AmoebaNetPipelineTest(test_utils.TestCase):
   """
 
   def testSameLossAndGradientsAsUnpipelined(self):
+    self._AssertSameAsUnpipelined(compile_mode=None)
+
+  def testCompiledByXlaSameLossAndGradientsAsUnpipelined(self):
+    # The stages' convolutions, batch norms, drop path and dropout compiled
+    # by XLA against the uncompiled unpipelined layers: the same masks and
+    # the same mathematics.
+    self._AssertSameAsUnpipelined(compile_mode='xla')
+
+  def _AssertSameAsUnpipelined(self, compile_mode):
     layers = network.LayerParams(_TinyNet())
     names = [l.name for l in layers]
     # Cut so that the aux head is in stage 0: its logits must travel through
@@ -44,7 +53,7 @@ class AmoebaNetPipelineTest(test_utils.TestCase):
       py_utils.GetOrCreateGlobalStepVar()
       net = pipeline.PipeliningLayer.Params().Set(
           name='pipe', layers=layers, num_stages=2, stage_sizes=sizes,
-          num_micro_batches=2, dtype=tf.float64,
+          num_micro_batches=2, dtype=tf.float64, compile=compile_mode,
           stage_devices=graph_rewrites.CpuDevices(2)).Instantiate()
       rng = np.random.RandomState(0)
       images = tf.constant(rng.randn(BATCH, 8, 8, 1))
