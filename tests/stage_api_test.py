@@ -18,10 +18,13 @@ import os
 
 from absl.testing import parameterized
 from gpipe import lanes
+from gpipe import lingvo_adapter
 from gpipe import pipeline
 import numpy as np
 from lingvo import compat as tf
 from lingvo.core import base_layer
+from lingvo.core import cluster_factory
+from lingvo.core import gpipe as lingvo_gpipe
 from lingvo.core import py_utils
 from lingvo.core import test_utils
 from tests import graph_rewrites
@@ -240,6 +243,20 @@ class StageApiTest(test_utils.TestCase, parameterized.TestCase):
                        [(s.index, s.device) for s in loop])
       self.assertEqual(['embedding', 'dense0'],
                        [l.params.name for l in loop[0].layers])
+
+  def testLingvosGPipeLayersNameTheirStagesToo(self):
+    # FromLingvo: one cell per stage, on the cluster's devices.
+    cells = [_SourceEncoder.Params().Set(name='cell%d' % k, dtype=tf.float64)
+             for k in range(2)]
+    p = lingvo_adapter.FromLingvo(lingvo_gpipe.PipeliningLayer.Params().Set(
+        name='pipe', cell_tpl=cells, num_micro_batches=2, dtype=tf.float64))
+    with tf.Graph().as_default(), cluster_factory.ForTestingWorker(
+        cpus=2, split_size=2):
+      net = p.Instantiate()
+      stages = net.Stages()
+      self.assertEqual(net.stage_devices, [s.device for s in stages])
+      self.assertEqual([['cell0'], ['cell1']], [s.keys for s in stages])
+      self.assertIs(net.theta.cell1.w, stages[1].Theta(net.theta).cell1.w)
 
   def testLaneCounts(self):
     self.assertEqual([1, 2, 3, 6], lanes.LaneCounts(6))
