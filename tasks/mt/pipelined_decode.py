@@ -181,7 +181,7 @@ def NumLanes(task, batch, beam_size, num_lanes=None):
     num_lanes: the lanes asked for, or None for the default: one per stage
       of the decoding loop (one per device in a row: K for ``DecodeCut``'s
       2K stages on K devices; lead parts move work between loop stages,
-      not their number), at most the largest that divides the batch.
+      not their number), or the most below that which divide the batch.
 
   Returns:
     M.
