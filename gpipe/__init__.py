@@ -43,7 +43,9 @@ public names are imported on first use).
                   what it runs, in the order a training step meets them:
        pipeline.py        PipeliningLayer: params, the cut into stages
                           (partition.py: layer costs, the cut and its report;
-                          balance.py: the exact balanced cut, pure)
+                          balance.py: the exact balanced cut, pure;
+                          stage_layers.py: the public view of the cut,
+                          PipeliningLayer.Stages())
        executor.py        one mini-batch: split, one call per (stage,
                           micro-batch) in the schedule's order, accumulate,
                           merge (StepSetup: the step before its first task)
@@ -56,7 +58,9 @@ public names are imported on first use).
        weight_batching.py one W task per stage for all micro-batches (pure)
        replicas.py        R data-parallel replicas of the K stages
        lanes.py           pipelined decoding: the batch in lanes through the
-                          stages (eval mode runs schedules/inference.py)
+                          stages, with what every autoregressive model needs
+                          (the loop's stages, the lane count, the encoder
+                          forward-only); eval mode runs schedules/inference.py
        lingvo_adapter.py  FromLingvo: Lingvo's GPipe layers and stacks on
                           this executor, their variables unchanged
      features the stages use: batch_norm.py (micro-batch batch norm),

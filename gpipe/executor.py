@@ -22,6 +22,7 @@ from gpipe import replicas
 from gpipe import separability
 from gpipe import split_backward
 from gpipe import stage as stage_lib
+from gpipe import stage_layers
 from gpipe import task_ops
 from gpipe import weight_batching
 from gpipe import xla
@@ -82,6 +83,32 @@ class PipelineExecutor:
   @property
   def num_replicas(self):
     return len(self.replica_devices)
+
+  def Stages(self, replica=0):
+    """The pipeline's stages, first stage first: their layers and devices.
+
+    The public view of the cut, for code that runs a stage's layers itself
+    (e.g. a decoder's step per stage in lanes: ``gpipe/lanes.py``, and
+    docs/INFERENCE.md)::
+
+      for stage in net.Stages():
+        with tf.device(stage.device):
+          x = ...  # stage.layers on stage.Theta(theta)
+
+    Args:
+      replica: r, the replica whose devices the stages name (0: the first,
+        or only, pipeline).
+
+    Returns:
+      A list of K ``stage_layers.StageLayers`` (index, device, keys, layers).
+    """
+    devices = self.replica_devices[replica]
+    stages = []
+    for k in range(self.num_stages):
+      keys, layers = self._StageLayers(k)
+      stages.append(stage_layers.StageLayers(k, devices[k], list(keys),
+                                             list(layers)))
+    return stages
 
   def _BatchedWeights(self):
     """Whether each stage computes its weight gradients once per step."""

@@ -37,11 +37,26 @@ and the other lanes go on.
 
 ``ForwardInLanes`` runs stages forward-only over the same lanes
 (``gpipe.schedules.inference``), e.g. a decoder's encoder before the loop.
+
+A model decodes from its pipeline's stages (``PipeliningLayer.Stages()``,
+``gpipe.stage_layers.StageLayers``) with the pieces every autoregressive
+model needs, so that it writes only its step:
+
+* ``LoopStages``: the stages of the loop (those with step work; consecutive
+  ones on one device joined into one call per lane and step);
+* ``NumLanes``: M for a batch, by default one lane per loop stage, checked
+  (``LaneCounts``: the numbers of lanes a batch allows);
+* ``Encode``: layers that run once per batch before the loop (an encoder)
+  forward-only over their stages, each lane's share of their outputs;
+* ``Decode``: the loop, given each loop stage's ``LaneStage``.
+
+docs/INFERENCE.md shows a model doing so.
 """
 
 import collections
 
 from gpipe.compat import lingvo_import  # pylint: disable=unused-import
+from gpipe import micro_batch
 from gpipe import randomness
 from gpipe import replicas
 from gpipe import stage as stage_lib
@@ -62,7 +77,8 @@ class LaneStage(
   Attributes:
     stage: its index k in the pipeline (names its tasks ``stage<k>_D<m>``).
     device: where it runs and keeps its state.
-    theta: a nest of tensors its step reads (the same for every lane).
+    theta: a nest of tensors and variables its step reads (the same for
+      every lane; read once on `device` before the loop).
     step: function(theta, t, carry, state, constants) -> (carry, state): one
       decoding step of one lane, t a scalar int32 tensor; the returned state
       has the structure, shapes and dtypes of the given one.
@@ -235,6 +251,9 @@ def Decode(stages, feedback, states, constants, num_steps, lane_done=None,
       stage and lane.
   """
   _CheckLanes(stages, feedback, states, constants)
+  # Each stage's theta read once on its device, not once per call.
+  stages = [s._replace(theta=stage_lib.ReadTheta(s.theta, s.device))
+            for s in stages]
   num_stages, num_lanes = len(stages), len(feedback)
   early_stop = lane_done is not None
   fns = [_StepFunction(s, compile) for s in stages]
@@ -346,3 +365,145 @@ def ForwardInLanes(stage_fns, thetas, lane_inputs, seed=0):
       outputs.append(tuple(result.outputs))
     current = outputs
   return current
+
+
+def LoopStages(stages, has_step=None, join=None):
+  """The stages of a decoding loop, first stage first.
+
+  Stages without work in a step (e.g. those holding only encoder layers)
+  sit out; consecutive ones on the same device become one, so that each
+  lane's step makes one call per device there, not one per stage.
+
+  Args:
+    stages: the pipeline's stages in order: ``StageLayers``
+      (``PipeliningLayer.Stages()``) or a model's own view of them, any
+      objects with a ``device``.
+    has_step: function(stage) -> whether the stage has work in each step
+      (None: every stage has).
+    join: function(stage, next stage) -> the two as one stage on the first
+      one's device (None: ``stage.Joined(next stage)``, as StageLayers
+      has).
+
+  Returns:
+    The loop's stages, first stage first.
+  """
+  merged = []
+  for s in stages:
+    if has_step is not None and not has_step(s):
+      continue
+    if merged and (replicas.Canonical(merged[-1].device) ==
+                   replicas.Canonical(s.device)):
+      merged[-1] = (join(merged[-1], s) if join is not None else
+                    merged[-1].Joined(s))
+    else:
+      merged.append(s)
+  return merged
+
+
+def LaneCounts(batch):
+  """The numbers of lanes a batch of `batch` examples allows: its divisors.
+
+  A lane holds whole examples (with all their beams): M must divide the
+  batch.
+
+  Args:
+    batch: examples decoded together.
+
+  Returns:
+    The divisors of `batch`, ascending.
+  """
+  return [d for d in range(1, batch + 1) if batch % d == 0]
+
+
+def NumLanes(num_loop_stages, batch, num_lanes=None, beam_size=1,
+             what='lanes'):
+  """M for a batch of `batch` examples, checked.
+
+  Args:
+    num_loop_stages: the stages of the decoding loop (``LoopStages``: one
+      per device in a row).
+    batch: examples in the batch (an int).
+    num_lanes: the lanes asked for, or None for the default: the largest
+      number of lanes dividing the batch up to
+      ``decode_lanes.DefaultNumLanes`` (one lane per loop stage).
+    beam_size: beams per example (errors name them).
+    what: the setting the errors name, e.g. 'mt: decode_micro_batches'.
+
+  Returns:
+    M.
+
+  Raises:
+    ValueError: M < 1, M larger than the batch, or M not dividing it.
+  """
+  if num_lanes is None:
+    default = decode_lanes.DefaultNumLanes(num_loop_stages, batch)
+    return max(d for d in LaneCounts(batch) if d <= default)
+  if num_lanes < 1:
+    raise ValueError('%s=%d: give a number of lanes >= 1' % (what, num_lanes))
+  if num_lanes > batch:
+    raise ValueError(
+        '%s=%d lanes but the batch has only %d examples: use at most %d '
+        'lanes' % (what, num_lanes, batch, batch))
+  if batch % num_lanes:
+    raise ValueError(
+        '%s=%d does not divide the batch of %d examples%s: a lane holds '
+        'whole examples%s; use one of %s' % (
+            what, num_lanes, batch,
+            ' x %d beams' % beam_size if beam_size > 1 else '',
+            ' with all their beams' if beam_size > 1 else '',
+            ', '.join(str(d) for d in LaneCounts(batch))))
+  return num_lanes
+
+
+def Encode(stages, theta, inputs, num_lanes, args_fn=None, outputs_fn=None,
+           compile=None):  # pylint: disable=redefined-builtin
+  """Runs layers once over a batch, forward-only, before the decoding loop.
+
+  The layers (e.g. an encoder's) run over their stages' devices as a
+  forward-only pipeline (``ForwardInLanes``) in
+  ``decode_lanes.EncoderMicroBatches`` micro-batches: at least as many as
+  lanes, so that it idles little; each lane's outputs are its consecutive
+  micro-batches' outputs.
+
+  Args:
+    stages: the ``StageLayers`` holding those layers, consecutive stages
+      first stage first (e.g. ``[s.Only(IsEncoder) for s in
+      net.Stages()]``; stages left without layers are dropped).
+    theta: the pipelining layer's theta.
+    inputs: a nest of tensors, the batch along dimension 0 (static).
+    num_lanes: M, dividing the batch.
+    args_fn: function(micro-batch of `inputs`) -> the first layer's FProp
+      arguments (a tuple); None: (micro-batch,).
+    outputs_fn: function(the last layer's outputs, a tuple) -> the nest of
+      tensors each lane keeps; None: the outputs.
+    compile: the pipelining layer's ``compile`` (None, 'xla',
+      'xla_where_possible': gpipe.xla).
+
+  Returns:
+    Per lane, its rows of outputs_fn(outputs), on the last stage's device.
+
+  Raises:
+    ValueError: no stage holds a layer, or M does not divide the batch.
+  """
+  stages = [s for s in stages if s.layers]
+  if not stages:
+    raise ValueError('Encode: none of the stages holds a layer to run')
+  fns = [stage_lib.StageFunctions(s.index, s.layers, s.keys, s.device,
+                                  remat=False, compile=compile)
+         for s in stages]
+  devices = {replicas.Canonical(s.device) for s in stages}
+  batch = micro_batch.StaticBatchSize(inputs, 0)
+  num_parts = decode_lanes.EncoderMicroBatches(len(devices), batch, num_lanes)
+  with tf.device(stages[0].device):
+    parts = micro_batch.Split(inputs, num_parts, 0)
+  outputs = ForwardInLanes(
+      fns, [s.Theta(theta) for s in stages],
+      [tuple(args_fn(part)) if args_fn else (part,) for part in parts])
+  if outputs_fn is not None:
+    outputs = [outputs_fn(out) for out in outputs]
+  per_lane = max(num_parts // num_lanes, 1)
+  with tf.device(stages[-1].device):
+    if num_parts < num_lanes:
+      return micro_batch.Split(outputs[0], num_lanes, 0)
+    return [micro_batch.Merge(outputs[m * per_lane:(m + 1) * per_lane], 0)
+            for m in range(num_lanes)]

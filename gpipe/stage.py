@@ -482,10 +482,25 @@ class StageFunctions:
 
 
 def ReadTheta(theta, device):
-  """Reads a stage's theta (variables or tensors) once, on its device."""
+  """Reads a stage's theta (variables or tensors) once, on its device.
+
+  Args:
+    theta: a NestedMap, or any nest, of variables and tensors (other leaves
+      pass unchanged).
+    device: where the reads run.
+
+  Returns:
+    `theta` with each variable and tensor read (tf.identity) on `device`.
+  """
+  def Read(v):
+    if isinstance(v, (tf.Variable, tf.Tensor)) or hasattr(v, 'handle'):
+      return tf.identity(v)
+    return v
+
   with tf.device(device):
-    return theta.Transform(lambda v: tf.identity(v) if isinstance(
-        v, (tf.Variable, tf.Tensor)) or hasattr(v, 'handle') else v)
+    if isinstance(theta, py_utils.NestedMap):
+      return theta.Transform(Read)
+    return tf.nest.map_structure(Read, theta)
 
 
 def NestedTheta(theta, keys):

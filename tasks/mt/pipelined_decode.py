@@ -6,10 +6,9 @@ cut that suits it is ``decode_cut.DecodeCut``, 2K stages on K devices in a
 loop (the encoder's share of each device, then its share of the decoder):
 
 1. The encoder runs forward-only through the stages that hold the
-   embedding and the encoder layers (``gpipe.lanes.ForwardInLanes``), in
-   micro-batches of whole examples, at least one per lane
-   (``decode_lanes.EncoderMicroBatches``); each of the M lanes of the batch
-   takes its micro-batches' output.
+   embedding and the encoder layers (``gpipe.lanes.Encode``), in
+   micro-batches of whole examples, at least one per lane; each of the M
+   lanes of the batch takes its micro-batches' output.
 2. Every stage holding decoder layers takes each lane's encoder output and
    computes, on its own device, the cross-attention keys and values of its
    layers and their empty self-attention key/value caches (with beam search
@@ -31,6 +30,10 @@ The caches of each stage live on its device as loop variables, never sent
 anywhere; only a lane's [rows, 1, D] hidden state, its beam indices and its
 tokens cross devices each step. The tokens equal the unpipelined decoder's:
 the same layers compute the same rows (tested token for token).
+
+Only the Transformer's step is written here; the stages come from the
+pipeline's public view of its cut (``PipeliningLayer.Stages()``), and the
+loop, the lanes and the encoder's forward pass from ``gpipe.lanes``.
 """
 
 import numbers
@@ -38,16 +41,17 @@ import numbers
 from gpipe.compat import lingvo_import  # pylint: disable=unused-import
 from gpipe import lanes
 from gpipe import micro_batch
-from gpipe import partition
-from gpipe import replicas
-from gpipe import stage as stage_lib
-from gpipe.schedules import decode_lanes
 from lingvo import compat as tf
 from lingvo.core import py_utils
 import numpy as np
 from tasks.mt import blocks
 from tasks.mt import search
 from tasks.mt import vocab as vocab_lib
+
+
+def _IsEncoderLayer(layer):
+  """Whether `layer` runs once per batch, before the loop (the encoder)."""
+  return isinstance(layer, (blocks.EmbeddingLayer, blocks.EncoderLayer))
 
 
 class _Stage:
@@ -70,8 +74,6 @@ class _Stage:
     self.index = index
     self.device = device
     self.pairs = list(pairs)
-    self.encoder = [(key, layer) for key, layer in pairs if isinstance(
-        layer, (blocks.EmbeddingLayer, blocks.EncoderLayer))]
     self.embedding = [x for x in pairs
                       if isinstance(x[1], blocks.EmbeddingLayer)]
     self.decoders = [(key, layer, layer.StepParts()) for key, layer in pairs
@@ -92,15 +94,8 @@ class _Stage:
 
 def _Stages(task):
   """The network's stages as _Stage objects, first stage first."""
-  net = task.network
-  stages, start = [], 0
-  for k, (size, device) in enumerate(zip(net.stage_sizes,
-                                         net.stage_devices)):
-    keys = [partition.LayerKey(i) for i in range(start, start + size)]
-    stages.append(_Stage(k, device, [(key, net.children[key])
-                                      for key in keys]))
-    start += size
-  return stages
+  return [_Stage(s.index, s.device, s.Items())
+          for s in task.network.Stages()]
 
 
 def _MoveLeadParts(task, stages, lead_parts):
@@ -148,29 +143,12 @@ def _MoveLeadParts(task, stages, lead_parts):
 
 
 def _LoopStages(stages):
-  """The stages of the decoding loop, first stage first.
+  """The _Stages of the decoding loop (``gpipe.lanes.LoopStages``).
 
-  Stages without decoding work sit out; consecutive ones on the same device
-  (e.g. the embedding's stage and the first decoder layers' of
-  ``decode_cut.DecodeCut``) become one, so each lane's step makes one call
-  per device there, not one per stage.
-
-  Args:
-    stages: every _Stage of the network, first stage first.
-
-  Returns:
-    A list of _Stage.
+  E.g. the embedding's stage and the first decoder layers' of
+  ``decode_cut.DecodeCut`` are one stage of the loop.
   """
-  merged = []
-  for s in stages:
-    if not s.decodes:
-      continue
-    if merged and (replicas.Canonical(merged[-1].device) ==
-                   replicas.Canonical(s.device)):
-      merged[-1] = merged[-1].Joined(s)
-    else:
-      merged.append(s)
-  return merged
+  return lanes.LoopStages(stages, has_step=lambda s: s.decodes)
 
 
 def CheckDecodable(task):
@@ -194,16 +172,16 @@ def CheckDecodable(task):
 
 
 def NumLanes(task, batch, beam_size, num_lanes=None):
-  """M for a batch of `batch` examples, checked.
+  """M for a batch of `batch` examples, checked (``gpipe.lanes.NumLanes``).
 
   Args:
     task: a TransformerMTTask.
     batch: examples in the batch (an int).
     beam_size: beams per example.
-    num_lanes: the lanes asked for, or None for the default
-      (``decode_lanes.DefaultNumLanes`` of the decoding loop's stages, one
-      per device in a row: K for ``DecodeCut``'s 2K stages on K devices;
-      lead parts move work between loop stages, not their number).
+    num_lanes: the lanes asked for, or None for the default: one per stage
+      of the decoding loop (one per device in a row: K for ``DecodeCut``'s
+      2K stages on K devices; lead parts move work between loop stages,
+      not their number), or the most below that which divide the batch.
 
   Returns:
     M.
@@ -211,31 +189,9 @@ def NumLanes(task, batch, beam_size, num_lanes=None):
   Raises:
     ValueError: M < 1, M larger than the batch, or M not dividing it.
   """
-  name = task.params.name
-  k = len(_LoopStages(_Stages(task)))
-  if num_lanes is None:
-    num_lanes = decode_lanes.DefaultNumLanes(k, batch)
-    # The largest divisor of the batch up to the default.
-    while batch % num_lanes:
-      num_lanes -= 1
-    return num_lanes
-  if num_lanes < 1:
-    raise ValueError('%s: decode_micro_batches=%d: give a number of lanes '
-                     '>= 1' % (name, num_lanes))
-  if num_lanes > batch:
-    raise ValueError(
-        '%s: decode_micro_batches=%d lanes but the batch has only %d '
-        'examples: use at most %d lanes' % (name, num_lanes, batch, batch))
-  if batch % num_lanes:
-    divisors = [d for d in range(1, batch + 1) if batch % d == 0]
-    raise ValueError(
-        '%s: decode_micro_batches=%d does not divide the batch of %d '
-        'examples%s: a lane holds whole examples%s; use one of %s' % (
-            name, num_lanes, batch,
-            ' x %d beams' % beam_size if beam_size > 1 else '',
-            ' with all their beams' if beam_size > 1 else '',
-            ', '.join(str(d) for d in divisors)))
-  return num_lanes
+  return lanes.NumLanes(
+      len(_LoopStages(_Stages(task))), batch, num_lanes, beam_size,
+      what='%s: decode_micro_batches' % task.params.name)
 
 
 def _EncoderInputs(src_ids, src_paddings):
@@ -247,36 +203,18 @@ def _EncoderInputs(src_ids, src_paddings):
       tgt_paddings=tf.zeros([batch, 1])),)
 
 
-def _Encode(stages, theta, src_ids, src_paddings, num_lanes, compile=None):  # pylint: disable=redefined-builtin
-  """The encoder output of each lane, on the encoder's last device.
+def _Encode(task, theta, src_ids, src_paddings, num_lanes):
+  """(encoder output, paddings) of each lane, on the encoder's last device.
 
-  The encoder runs forward-only in ``decode_lanes.EncoderMicroBatches``
-  micro-batches (at least as many as lanes, so that its own pipeline over
-  the stages' devices idles little); each lane's output is its consecutive
-  micro-batches' outputs. `compile`: the network's (XLA for the stages).
+  The embedding and encoder layers run forward-only over their stages
+  (``gpipe.lanes.Encode``), compiled as the network's ``compile`` says.
   """
-  encoder_stages = [s for s in stages if s.encoder]
-  fns = [stage_lib.StageFunctions(s.index, [l for _, l in s.encoder],
-                                  [key for key, _ in s.encoder], s.device,
-                                  remat=False, compile=compile)
-         for s in encoder_stages]
-  thetas = [stage_lib.NestedTheta(theta.network,
-                                  [key for key, _ in s.encoder])
-            for s in encoder_stages]
-  devices = {replicas.Canonical(s.device) for s in encoder_stages}
-  batch = micro_batch.StaticBatchSize([src_ids], 0)
-  num_parts = decode_lanes.EncoderMicroBatches(len(devices), batch, num_lanes)
-  with tf.device(encoder_stages[0].device):
-    parts = micro_batch.Split((src_ids, src_paddings), num_parts, 0)
-  outputs = lanes.ForwardInLanes(
-      fns, thetas, [_EncoderInputs(ids, paddings) for ids, paddings in parts])
-  outputs = [(out[0].src, out[0].src_paddings) for out in outputs]
-  per_lane = max(num_parts // num_lanes, 1)
-  with tf.device(encoder_stages[-1].device):
-    if num_parts < num_lanes:
-      return micro_batch.Split(outputs[0], num_lanes, 0)
-    return [micro_batch.Merge(outputs[m * per_lane:(m + 1) * per_lane], 0)
-            for m in range(num_lanes)]
+  return lanes.Encode(
+      [s.Only(_IsEncoderLayer) for s in task.network.Stages()],
+      theta.network, (src_ids, src_paddings), num_lanes,
+      args_fn=lambda part: _EncoderInputs(*part),
+      outputs_fn=lambda out: (out[0].src, out[0].src_paddings),
+      compile=_Compile(task))
 
 
 def _Compile(task):
@@ -332,7 +270,7 @@ def _StepFn(stage, beam_size, max_len):
 
 
 def _StageTheta(stage, theta):
-  """The theta a stage's step reads, read once on its device."""
+  """The theta a stage's step reads (``lanes.Decode`` reads it once)."""
   net_theta = theta.network
   picked = py_utils.NestedMap(
       decoders=[layer.PartTheta(net_theta[key], parts)
@@ -341,7 +279,7 @@ def _StageTheta(stage, theta):
     picked.emb = net_theta[stage.embedding[0][0]]
   if stage.softmax:
     picked.softmax = net_theta[stage.softmax[0][0]]
-  return stage_lib.ReadTheta(picked, stage.device)
+  return picked
 
 
 def Decode(task, theta, src_ids, src_paddings, beam_size=1, num_lanes=None,
@@ -382,8 +320,8 @@ def Decode(task, theta, src_ids, src_paddings, beam_size=1, num_lanes=None,
   k = beam_size
   # The ids as the stages take them in training (int64: device memory on a
   # GPU); the search keeps its ids in search.ID_DTYPE too.
-  encoded = _Encode(stages, theta, blocks.NetworkInput(src_ids), src_paddings,
-                    m, _Compile(task))
+  encoded = _Encode(task, theta, blocks.NetworkInput(src_ids), src_paddings,
+                    m)
   rows = batch // m * k
   lane_stages, states, constants = [], [], []
   for s in decode_stages:
