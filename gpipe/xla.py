@@ -292,9 +292,11 @@ def FindUnsupported(graph, jit_device, owners=None, ops=None, names=None):
 def SessionConfig(config=None):
   """`config` (a new ConfigProto by default) fit for XLA-compiled stages.
 
-  Turns off Grappler's memory optimizer (see the module doc: it rewrites
-  large AddN ops of compiled functions into ops XLA cannot compile); the
-  other Grappler passes stay as they are.
+  Turns off the two Grappler passes that rewrite the body of a compiled
+  function into ops XLA has no kernel for (see the module doc): the memory
+  optimizer (a large AddN into TemporaryVariable ops) and the remapper (with
+  oneDNN, a batch matmul and its add into ``_MklFusedBatchMatMulV2``; seen
+  in a decoding step's attention). The other passes stay as they are.
 
   Args:
     config: a tf.compat.v1.ConfigProto, changed in place, or None.
@@ -305,6 +307,7 @@ def SessionConfig(config=None):
   config = config or tf.compat.v1.ConfigProto()
   rewrites = config.graph_options.rewrite_options
   rewrites.memory_optimization = rewrites.NO_MEM_OPT
+  rewrites.remapping = rewrites.OFF
   return config
 
 

@@ -76,7 +76,8 @@ def Layers():
       num_layers=NUM_LAYERS, dropout_prob=0.0, label_smoothing=0.0)
 
 
-def TaskParams(devices, max_decode_len=LEN + 1, layers=None, cut=None):
+def TaskParams(devices, max_decode_len=LEN + 1, layers=None, cut=None,
+               compile_mode=None):
   """The copy task's params, its network cut into len(devices) stages.
 
   Args:
@@ -85,6 +86,7 @@ def TaskParams(devices, max_decode_len=LEN + 1, layers=None, cut=None):
     layers: the flat layer list (default: the copy model's).
     cut: a ``decode_cut.Cut`` to use instead (its own devices), or None
       for a uniform cut.
+    compile_mode: the pipeline's ``compile`` (e.g. 'xla').
 
   Returns:
     TransformerMTTask params.
@@ -95,7 +97,7 @@ def TaskParams(devices, max_decode_len=LEN + 1, layers=None, cut=None):
   p.network = pipeline.PipeliningLayer.Params().Set(
       name='network', layers=layer_list, num_stages=len(devices),
       num_micro_batches=2, stage_devices=list(devices),
-      partition_cost='uniform')
+      partition_cost='uniform', compile=compile_mode)
   if cut is not None:
     p.network.Set(num_stages=len(cut.stage_sizes),
                   stage_sizes=list(cut.stage_sizes),
@@ -145,7 +147,7 @@ class DecodeGraph:
   """
 
   def __init__(self, devices, max_decode_len=LEN + 1, batch=BATCH, seed=123,
-               cut=None, lengths=None):
+               cut=None, lengths=None, compile_mode=None):
     """Builds the task and its test batch (no decoder yet).
 
     Args:
@@ -155,12 +157,14 @@ class DecodeGraph:
       seed: of the test batch's tokens.
       cut: a ``decode_cut.Cut`` instead of a uniform cut on `devices`.
       lengths: the test sources' lengths (``CopyBatch``), or None for LEN.
+      compile_mode: the pipeline's ``compile`` (e.g. 'xla').
     """
     self.graph = tf.Graph()
     self.max_decode_len = max_decode_len
     self.test = CopyBatch(np.random.RandomState(seed), batch, lengths)
     with self.graph.as_default(), cluster_factory.SetEval(True):
-      self.task = TaskParams(devices, max_decode_len, cut=cut).Instantiate()
+      self.task = TaskParams(devices, max_decode_len, cut=cut,
+                             compile_mode=compile_mode).Instantiate()
       self.lead_parts = self.task.params.decode_lead_parts
       self.src_ids = tf.constant(self.test['src_ids'])
       self.src_paddings = tf.constant(self.test['src_paddings'])
@@ -203,7 +207,8 @@ def AssertSameDecodes(test, got, want, what):
 
 def AssertDecodesMatch(test, checkpoint, devices, lanes=(1, 2, 4),
                        target='', config=None, cut=None,
-                       max_decode_len=LEN + 1, lengths=None):
+                       max_decode_len=LEN + 1, lengths=None,
+                       compile_mode=None):
   """Pipelined decodes in `lanes` equal the unpipelined one, greedy and beam.
 
   Args:
@@ -216,12 +221,13 @@ def AssertDecodesMatch(test, checkpoint, devices, lanes=(1, 2, 4),
     cut: a ``decode_cut.Cut`` instead of a uniform cut on `devices`.
     max_decode_len: decoding steps.
     lengths: the test sources' lengths (``CopyBatch``), or None for LEN.
+    compile_mode: the pipeline's ``compile`` (e.g. 'xla').
 
   Returns:
     (the DecodeGraph, {('ref' or M, beam size): (ids, scores)}).
   """
   graph = DecodeGraph(devices, cut=cut, max_decode_len=max_decode_len,
-                      lengths=lengths)
+                      lengths=lengths, compile_mode=compile_mode)
   with graph.graph.as_default():
     fetches = {}
     for beam in (1, BEAM):

@@ -8,6 +8,7 @@ workers' peak memory is read.
 
 from gpipe.compat import lingvo_import  # pylint: disable=unused-import
 
+from gpipe import xla
 from gpipe.runtime import local_cluster
 from lingvo import compat as tf
 from lingvo.core import test_utils
@@ -39,6 +40,14 @@ class PipelinedDecodeWorkersTest(test_utils.TestCase):
 
   def testTwoStages(self):
     self._AssertDecodesMatch(2)
+
+  def testTwoStagesCompiledByXlaUnderGrappler(self):
+    # Worker sessions run Grappler; xla.SessionConfig keeps its remapper
+    # from fusing a decoding step's batch matmul and add into a oneDNN op
+    # that XLA cannot compile (the step then failed on the worker).
+    dt.AssertDecodesMatch(self, self.checkpoint, self.cluster.devices[:2],
+                          lanes=(2,), target=self.cluster.target,
+                          config=xla.SessionConfig(), compile_mode='xla')
 
   def testFourStages(self):
     self._AssertDecodesMatch(4)
