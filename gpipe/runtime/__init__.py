@@ -7,6 +7,9 @@
 * ``liveness``: whether the TensorFlow server at an address answers (the
   one liveness check of the library, the trainer and the tests);
 * ``devices``: asking a running cluster for its devices;
+* ``session_cluster``: a session over any set of running servers, numbered
+  by the session (the servers that still serve after one is lost, or one
+  back at a new address), each session's state kept apart;
 * ``layout``: R replicas x K stages on the tasks' devices;
 * ``tpu_layout``: R replicas x K stages on a TPU slice's cores (a pure
   function checked against TensorFlow's DeviceAssignment; nothing runs on
