@@ -89,13 +89,14 @@ class CheckWeightsTest(absltest.TestCase):
 
   def testCapBelowTheWeights(self):
     shape = Shape(1, 2, 4, 'gpipe')
-    reshape.CheckWeights([100, 100, 100, 100], 2, shape, None)
-    reshape.CheckWeights([100, 100, 100, 100], 2, shape, 600)
+    reshape.CheckWeights(1200, shape, None)
+    reshape.CheckWeights(None, shape, 10)
+    reshape.CheckWeights(1200, shape, 600)
     with self.assertRaisesRegex(
         reshape.NoShapeError, r'the 2 device\(s\) of R=1 K=2 M=4 gpipe '
         r'cannot hold the model under --memory_per_device=599 B: its weights '
-        r'and optimizer slots alone need at least 600 B'):
-      reshape.CheckWeights([100, 100, 100, 100], 2, shape, 599)
+        r'and optimizer slots alone \(1.2 KiB\) need at least 600 B on each'):
+      reshape.CheckWeights(1200, shape, 599)
 
 
 if __name__ == '__main__':

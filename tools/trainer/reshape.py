@@ -271,28 +271,28 @@ def _Chosen(candidate, used, available, cap, model, total):
                                         _Keeps(total, shape)))
 
 
-def CheckWeights(layer_param_bytes, optimizer_slots, shape, memory_per_device):
-  """Raises NoShapeError if `shape`'s devices cannot hold the weights alone.
+def CheckWeights(state_bytes, shape, memory_per_device):
+  """Raises NoShapeError if `shape`'s devices cannot hold the state alone.
 
-  The check the fallback rule can make without a profile: the least any
-  cut of the layers over the shape's D devices per replica keeps on its
-  fullest device (``search.WeightBytesPerDevice``), against the cap.
+  The check the fallback rule can make without a profile: the weights and
+  optimizer slots (``state_bytes``, e.g. every variable of the newest
+  checkpoint) spread at best evenly over the D devices of one replica (the
+  variables live on the first replica's), against the cap.
 
   Args:
-    layer_param_bytes: each layer's variable bytes.
-    optimizer_slots: the optimizer's copies per parameter.
+    state_bytes: the bytes of every variable of the model and optimizer.
     shape: the chosen Shape.
     memory_per_device: the cap in bytes (None: nothing to check).
   """
-  if memory_per_device is None:
+  if memory_per_device is None or state_bytes is None:
     return
-  need = search.WeightBytesPerDevice(layer_param_bytes, optimizer_slots,
-                                     shape.devices_per_replica)
+  need = state_bytes / float(shape.devices_per_replica)
   if need > memory_per_device:
     raise NoShapeError(
         'the %d device(s) of %s cannot hold the model under '
-        '--memory_per_device=%s: its weights and optimizer slots alone need '
-        'at least %s on a device (%d bytes), before any gradient or '
+        '--memory_per_device=%s: its weights and optimizer slots alone '
+        '(%s) need at least %s on each (%d bytes), before any gradient or '
         'activation' % (shape.devices_per_replica, shape.label,
-                        search.Bytes(memory_per_device), search.Bytes(need),
+                        search.Bytes(memory_per_device),
+                        search.Bytes(state_bytes), search.Bytes(need),
                         math.ceil(need)))
