@@ -45,6 +45,8 @@ from gpipe.compat import lingvo_import  # pylint: disable=unused-import
 from absl import app
 from absl import flags
 from absl import logging
+from gpipe.plan import search
+from gpipe.runtime import cluster_spec as cluster_spec_lib
 from gpipe.runtime import devices
 from gpipe.runtime import local_cluster
 from lingvo import compat as tf
@@ -52,6 +54,7 @@ from lingvo import compat as tf
 from lingvo import model_registry  # pylint: disable=unused-import
 from tools.trainer import checkpoints
 from tools.trainer import decoder
+from tools.trainer import elastic as elastic_lib
 from tools.trainer import evaler
 from tools.trainer import inspect_model
 from tools.trainer import model_select
@@ -83,7 +86,8 @@ USER_ERRORS = (model_select.UnknownModelError, run_config.LogdirError,
 
 def _PlanFromFlags(asked):
   """--plan's Plan for the Settings `asked`, or None without --plan."""
-  if not asked.plan and not asked.memory_per_device:
+  if not asked.plan and (not asked.memory_per_device or asked.elastic):
+    # --elastic's moves take --memory_per_device as their cap.
     return None
   if asked.plan and asked.xla:
     # The planner measures uncompiled stages; XLA changes every stage's
@@ -169,6 +173,8 @@ def _Train(run, echo):
   Job) must not read a preempted run as finished, and a grace period after
   SIGTERM is too short for an evaluation.
   """
+  if run.elastic:
+    return _TrainElastic(run, echo)
   evaluate = lambda path: evaler.Evaluate(run, path=path, echo=echo)
   placement = run.placement
   while True:
@@ -198,6 +204,42 @@ def _Train(run, echo):
       echo('restarted %d worker processes (pids %s) serving %s' %
            (len(placement.cluster.pids), placement.cluster.pids,
             ', '.join(placement.cluster.ClusterSpecDict()['worker'])))
+  return _Finish(run, loop, step, path, evaluate, echo)
+
+
+def _TrainElastic(run, echo):
+  """_Train with --elastic: the run moves between shapes (elastic.py)."""
+  driver = elastic_lib.Elastic(
+      run, echo, spec_file=cluster_spec_lib.SpecFile(run.cluster_spec),
+      memory_per_device=(search.ParseBytes(run.memory_per_device)
+                         if run.memory_per_device else None),
+      connect_timeout_secs=run.connect_timeout_secs)
+  # The run of the shape in use: evaluation follows the moves.
+  evaluate = lambda path: evaler.Evaluate(driver.run, path=path, echo=echo)
+  try:
+    while True:
+      loop = train_loop.TrainLoop(
+          driver.run,
+          after_checkpoint=evaluate if run.mode == 'train_and_eval' else None,
+          echo=echo, watch=driver)
+      try:
+        step, path = loop.Run()
+      except train_loop.WorkerLostError as e:
+        if loop.stop_requested:
+          raise  # Ctrl-C or SIGTERM came first: stop, as asked.
+        driver.AfterLoss(e, loop, run.max_worker_restarts,
+                         run.worker_wait_secs)
+        continue
+      if not loop.moved:
+        break
+      driver.Move(loop)
+  finally:
+    driver.Close()
+  return _Finish(driver.run, loop, step, path, evaluate, echo)
+
+
+def _Finish(run, loop, step, path, evaluate, echo):
+  """After training: the stop signal's status, or the final evaluation."""
   if loop.interrupted:
     echo('stopped by %s after step %d (saved %s): no evaluation; run the '
          'same command to resume' % (loop.interrupted, step, path))
@@ -245,7 +287,7 @@ def main(argv):
       os._exit(code)  # pylint: disable=protected-access
     return code
   except (train_loop.WorkerLostError, placement_lib.WorkerRestartError,
-          remote_tasks.TaskUnreachableError) as e:
+          remote_tasks.TaskUnreachableError, elastic_lib.ElasticError) as e:
     print('trainer: error: %s' % e, file=sys.stderr, flush=True)
     sys.stdout.flush()
     # The session to the lost worker cannot be closed (it would wait for the

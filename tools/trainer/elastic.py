@@ -1,0 +1,606 @@
+"""``--elastic``: a lost worker shrinks the run, a returning one grows it.
+
+The run's tasks are the local worker processes of ``--worker_processes`` or
+the servers of ``--cluster_spec`` / ``TF_CONFIG``, each known by its index
+in that description (a *slot*: 'task 2'). Sessions run on a session cluster
+of the slots in use (gpipe.runtime.session_cluster), so the run can go on
+over any of them, whatever cluster the servers were started with.
+
+When a task is lost (a step fails and the task does not answer):
+
+1. a local worker is restarted first, while ``--max_worker_restarts``
+   allows (one fresh process in its place, the others kept); the servers
+   of a running cluster are waited for up to ``--worker_wait_secs`` (their
+   supervisor restarts them; a cluster file given as ``@path`` is re-read,
+   so one back at another address counts). Back in time: the run goes on
+   in the same shape from the newest checkpoint, as without --elastic;
+2. otherwise the run *shrinks*: a new shape for the devices of the tasks
+   that serve (tools/trainer/reshape.py: the planner from the run's saved
+   profile, else the fallback rule; the global batch and, where the counts
+   allow, R x M are kept), the newest checkpoint restored in it, the input
+   at the step it holds. When nothing fits, the run stops with what a
+   device would need and the cap (ElasticError).
+
+While training, a thread probes the lost and spare tasks (and re-reads the
+cluster file) every ``POLL_SECS``; when they would let the run use more
+devices, it *grows* at the next periodic checkpoint: the loop stops right
+after saving it, and the run goes on in the larger shape from it, losing no
+step.
+
+Every move is said on the console (which task, the old and the new R, K, M
+and schedule and how they were chosen, the steps redone since the
+checkpoint, the seconds from the loss to the first step in the new shape),
+written to TensorBoard at that first step (``trainer/devices``,
+``trainer/replans``, ``trainer/recovery_secs``, ``trainer/steps_redone``,
+beside ``examples_per_sec``) and appended to ``<logdir>/elastic.jsonl``.
+"""
+
+import concurrent.futures
+import dataclasses
+import json
+import os
+import threading
+import time
+
+from gpipe.compat import lingvo_import  # pylint: disable=unused-import
+from gpipe.plan import profile as profile_lib
+from gpipe.runtime import cluster_spec as cluster_spec_lib
+from gpipe.runtime import devices as devices_lib
+from gpipe.runtime import liveness
+from gpipe.runtime import local_cluster
+from gpipe.runtime import memory_cap
+from gpipe.runtime import session_cluster as session_cluster_lib
+import numpy as np
+from lingvo import compat as tf
+from tools.trainer import checkpoints
+from tools.trainer import model_select
+from tools.trainer import planned
+from tools.trainer import reshape
+
+EVENTS_FILE = 'elastic.jsonl'
+# How often lost and spare tasks are probed (and the cluster file re-read)
+# while training.
+POLL_SECS = 2.0
+# A task's states: running stages, serving but not used, not answering.
+USED, SPARE, LOST = 'used', 'spare', 'lost'
+# Recoveries in a row without a step in between before the run gives up.
+MAX_FRUITLESS = 3
+
+
+class ElasticError(RuntimeError):
+  """The run cannot go on on the tasks that serve; the text says why."""
+
+
+@dataclasses.dataclass
+class Slot:
+  """A task of the run, by its index in the cluster (or local workers).
+
+  Attributes:
+    index: its task index in the description ('task 2').
+    address: 'host:port' it serves at now.
+    devices: its devices as it names them (full device strings), the type
+      and count the run uses; None until it was asked.
+    state: USED, SPARE or LOST.
+  """
+  index: int
+  address: str
+  devices: list
+  state: str = USED
+
+  @property
+  def name(self):
+    return 'task %d' % self.index
+
+  def Describe(self):
+    return 'task %d at %s' % (self.index, self.address)
+
+
+def StartShape(run):
+  """The reshape.Shape of a settled run (its one pipeline)."""
+  found = model_select.FindPipelines(run.train)
+  if len(found) != 1:
+    raise ElasticError(
+        '--elastic re-plans a model with one pipeline; %s has %d' %
+        (run.model, len(found)))
+  _, pp = found[0]
+  k = model_select.NumStages(pp)
+  r = run.data_parallel
+  first = pp.replica_devices[0] if pp.replica_devices else pp.stage_devices
+  d = len(set(first or [])) or k
+  m = pp.num_micro_batches
+  if not m:
+    m = run.train.input.batch_size // (r * pp.micro_batch_size)
+  return reshape.Shape(r, k, m, pp.schedule, max(1, k // d))
+
+
+def StateBytes(path):
+  """The bytes of every variable in checkpoint `path` (None if unreadable)."""
+  try:
+    reader = tf.train.load_checkpoint(path)
+    shapes = reader.get_variable_to_shape_map()
+    dtypes = reader.get_variable_to_dtype_map()
+  except (tf.errors.OpError, OSError, ValueError):
+    return None
+  return sum(int(np.prod(shape or [1])) * dtypes[name].size
+             for name, shape in shapes.items())
+
+
+def ReadEvents(logdir):
+  """The records of <logdir>/elastic.jsonl, in order ([] without it)."""
+  path = os.path.join(logdir, EVENTS_FILE)
+  if not os.path.exists(path):
+    return []
+  with open(path) as f:
+    return [json.loads(line) for line in f if line.strip()]
+
+
+class Elastic:
+  """The elastic run: its tasks, its shape, and the moves between shapes."""
+
+  def __init__(self, run, echo=print, spec_file=None, memory_per_device=None,
+               poll_secs=POLL_SECS, connect_timeout_secs=10.0):
+    """Takes over a settled run; `self.run` is the run to train first.
+
+    Args:
+      run: the settled RunConfig, on local workers or a running cluster.
+      echo: prints a console line.
+      spec_file: the cluster file of --cluster_spec=@path (re-read), or
+        None.
+      memory_per_device: the cap in bytes for new shapes, or None.
+      poll_secs: how often lost and spare tasks are probed while training.
+      connect_timeout_secs: the longest asking a server for its devices may
+        take.
+
+    Raises:
+      ElasticError: a run without workers, or with several pipelines.
+    """
+    placement = run.placement
+    if placement is None or not (placement.cluster is not None or
+                                 placement.remote is not None):
+      raise ElasticError(
+          '--elastic needs workers to lose: --worker_processes=N, or a '
+          'running cluster (--cluster_spec or TF_CONFIG)')
+    self._echo = echo
+    self._placement = placement
+    self._local = placement.cluster
+    self._spec_file = spec_file
+    self._spec_text = None
+    self._cap = memory_per_device
+    self._poll_secs = poll_secs
+    self._timeout = connect_timeout_secs
+    self._start_run = run
+    self._start = StartShape(run)
+    _, pp = model_select.FindPipelines(run.train)[0]
+    self._num_layers = len(pp.layers) if pp.layers is not None else None
+    profile_path = os.path.join(run.logdir, planned.PROFILE_FILE)
+    self._profile = (profile_lib.Load(profile_path)
+                     if os.path.exists(profile_path) else None)
+    addresses = (self._local.cluster_def['worker'] if self._local is not None
+                 else placement.remote.addresses)
+    self._lock = threading.RLock()
+    self.slots = [Slot(i, a, list(placement.task_devices[i]))
+                  for i, a in enumerate(addresses)]
+    if self._spec_file:
+      self._spec_text = self._ReadSpec()
+    self.shape = self._start
+    self.replans = 0
+    self._choice = reshape.Choice(self._start, None, 'start', 'as started')
+    self._pending = None
+    self._move = None
+    self._fruitless = 0
+    # Whether a step ran since the last recovery (FirstStep).
+    self._stepped = False
+    self.run = self._Configure([s for s in self.slots], self._choice)
+    echo('elastic: %s on %d device(s) of %s; a lost task is %s, then the '
+         'run goes on with the tasks that serve' % (
+             self.shape.label, self.shape.num_devices,
+             ', '.join(s.name for s in self.slots),
+             'restarted while --max_worker_restarts allows' if self._local
+             else 'waited for up to --worker_wait_secs'))
+    self._stop = threading.Event()
+    self._thread = threading.Thread(target=self._Watch, daemon=True,
+                                    name='elastic: watching tasks')
+    self._thread.start()
+
+  def Close(self):
+    """Stops the watching thread."""
+    self._stop.set()
+
+  # Tasks: who serves, their devices, the cluster file.
+
+  def _Reason(self, slot):
+    """None if the slot's server serves now, else why not."""
+    if self._local is not None:
+      try:
+        self._local.CheckAlive([slot.index])
+      except local_cluster.WorkerDiedError as e:
+        return str(e)
+    return liveness.Probe(slot.address, 3.0)
+
+  def _Reasons(self, slots):
+    """{slot index: reason or None}, probed in parallel."""
+    if not slots:
+      return {}
+    with concurrent.futures.ThreadPoolExecutor(len(slots)) as pool:
+      reasons = list(pool.map(self._Reason, slots))
+    return {s.index: r for s, r in zip(slots, reasons)}
+
+  def _Discover(self, slot):
+    """The devices of a server back at a new address (or a new task)."""
+    names = session_cluster_lib.SessionCluster([slot.address]).ListDevices(
+        self._timeout)
+    per_task = len(self.slots[0].devices) if self.slots[0].devices else 0
+    return devices_lib.SelectDevices([names], self._placement.device_type,
+                                     per_task)[0]
+
+  def _ReadSpec(self):
+    try:
+      return cluster_spec_lib.ReadSpecFile(self._spec_file)
+    except cluster_spec_lib.ClusterSpecError as e:
+      self._echo('elastic: warning: %s' % e)
+      return None
+
+  def _Reread(self):
+    """Re-reads the cluster file: a task at a new address, or a new task.
+
+    A task listed at a new address is a replacement of that task: lost until
+    the new address serves. Tasks no longer listed stay as they are (a task
+    in use that is gone is noticed at the next step).
+    """
+    if not self._spec_file:
+      return
+    text = self._ReadSpec()
+    if text is None or text == self._spec_text:
+      return
+    self._spec_text = text
+    try:
+      workers = cluster_spec_lib.Parse(text, '--cluster_spec=@%s' %
+                                       self._spec_file).workers
+    except cluster_spec_lib.ClusterSpecError as e:
+      self._echo('elastic: warning: %s' % e)
+      return
+    with self._lock:
+      for i, address in enumerate(workers):
+        if i < len(self.slots):
+          slot = self.slots[i]
+          if slot.address != address:
+            self._echo('elastic: %s listed at %s now (was %s), in %s' %
+                       (slot.name, address, slot.address, self._spec_file))
+            slot.address, slot.devices = address, None
+            if slot.state == SPARE:
+              slot.state = LOST
+        else:
+          self._echo('elastic: task %d at %s added in %s' %
+                     (i, address, self._spec_file))
+          self.slots.append(Slot(i, address, None, LOST))
+
+  def _Join(self, slots):
+    """Marks the serving ones of `slots` spare (devices asked for); theirs."""
+    joined = []
+    reasons = self._Reasons(slots)
+    for slot in slots:
+      if reasons[slot.index] is not None:
+        continue
+      if slot.devices is None:
+        try:
+          slot.devices = self._Discover(slot)
+        except (tf.errors.OpError, devices_lib.DiscoveryError) as e:
+          self._echo('elastic: %s serves, but its devices: %s' %
+                     (slot.Describe(), str(e).splitlines()[0]))
+          continue
+      slot.state = SPARE
+      joined.append(slot)
+    return joined
+
+  # Shapes.
+
+  def _Choose(self, num_devices, checkpoint=None):
+    """The reshape.Choice for `num_devices` (NoShapeError if none fits)."""
+    if self._profile is not None:
+      return reshape.FromProfile(
+          self._profile, self._start, num_devices, self._cap,
+          dtype=self._start_run.fprop_dtype, model=self._start_run.model)
+    got = reshape.Fallback(self._start, num_devices, self._num_layers)
+    if self._cap is not None and checkpoint:
+      reshape.CheckWeights(StateBytes(checkpoint), got.shape, self._cap)
+    return got
+
+  def _Params(self, cfg, choice, train):
+    """A copy of the starting params `cfg` in the choice's shape."""
+    cfg = cfg.Copy()
+    for _, pp in model_select.FindPipelines(cfg):
+      # Laid out again by _Configure, for R replicas or one.
+      pp.stage_devices = None
+      pp.replica_devices = None
+    s, start = choice.shape, self._start
+    if choice.plan is not None:
+      planned.Apply(cfg, choice.plan)
+    elif s != start:
+      model_select.SetPipelineShape(
+          cfg, num_stages=s.num_stages if s.num_stages != start.num_stages
+          else None,
+          num_micro_batches=s.micro_batches if train else None,
+          schedule=s.schedule if s.schedule != start.schedule else None)
+    return cfg
+
+  def _Configure(self, slots, choice):
+    """Lays the choice's shape out on the first of `slots`; the new run.
+
+    The slots used are the fewest, in task order, whose devices hold the
+    shape; the others are spares.
+    """
+    shape = choice.shape
+    need = shape.num_devices
+    used, count = [], 0
+    for slot in sorted(slots, key=lambda s: s.index):
+      if count >= need:
+        break
+      used.append(slot)
+      count += len(slot.devices)
+    cluster = session_cluster_lib.SessionCluster([s.address for s in used])
+    task_devices, left = [], need
+    for task, slot in enumerate(used):
+      names = cluster.Rename(slot.devices, task)[:left]
+      left -= len(names)
+      task_devices.append(names)
+    devices = [d for names in task_devices for d in names]
+    train = self._Params(self._start_run.train, choice, True)
+    model_select.SetStageDevices(train, devices, loop=shape.loop_stages,
+                                 data_parallel=shape.replicas, exact=True)
+    test = None
+    if self._start_run.test is not None:
+      test = self._Params(self._start_run.test, choice, False)
+      model_select.SetStageDevices(
+          test, devices[:len(devices) // shape.replicas],
+          loop=shape.loop_stages, exact=True)
+    used_ids = {s.index for s in used}
+    given = {s.index for s in slots}
+    with self._lock:
+      for slot in self.slots:
+        if slot.index in used_ids:
+          slot.state = USED
+        elif slot.index in given:
+          slot.state = SPARE
+    self._placement.UseServers(
+        [s.address for s in used], task_devices, [s.name for s in used],
+        local_workers=[s.index for s in used] if self._local else None)
+    self._placement.remote.SetStages(train)
+    self.shape, self._choice = shape, choice
+    return dataclasses.replace(self._start_run, train=train, test=test,
+                               data_parallel=shape.replicas)
+
+  # The loop's hooks (train_loop.TrainLoop's watch).
+
+  def FirstStep(self, step, writer):
+    """After a loop's first step: TensorBoard, and the move's report."""
+    scalars = {'trainer/devices': self.shape.num_devices,
+               'trainer/replans': self.replans}
+    event, self._pending = self._pending, None
+    if event is not None:
+      event['first_step'] = step
+      event['secs'] = time.time() - event.pop('since')
+      scalars['trainer/recovery_secs'] = event['secs']
+      scalars['trainer/steps_redone'] = event['steps_redone']
+      self._echo('elastic: first step in %s (step %d) %.1f s after %s' % (
+          event['new'], step, event['secs'],
+          'the loss' if event['kind'] != 'grow' else 'the move began'))
+      with open(os.path.join(self._start_run.logdir, EVENTS_FILE), 'a') as f:
+        f.write(json.dumps(event, sort_keys=True) + '\n')
+    self._stepped = True
+    writer.Scalars(step, scalars)
+    writer.Flush()
+
+  def MoveAtCheckpoint(self, step):
+    """Whether the run moves (grows) now, after the checkpoint of `step`."""
+    with self._lock:
+      move = self._move
+    if move is None:
+      return False
+    self._echo('elastic: moving at the checkpoint of step %d: %s' %
+               (step, move))
+    return True
+
+  # Moves.
+
+  def _Watch(self):
+    """Probes lost and spare tasks; asks for a move when they add devices."""
+    while not self._stop.wait(self._poll_secs):
+      try:
+        self._Reread()
+        with self._lock:
+          waiting = [s for s in self.slots if s.state in (LOST, SPARE)]
+          if self._move is not None or not waiting:
+            continue
+        back = [s for s in waiting if s.state == LOST]
+        joined = self._Join(back) if back else []
+        with self._lock:
+          serving = [s for s in self.slots if s.state in (USED, SPARE)]
+        count = sum(len(s.devices) for s in serving)
+        if count <= self.shape.num_devices:
+          continue
+        try:
+          choice = self._Choose(count, checkpoints.Newest(
+              self._start_run.logdir))
+        except reshape.NoShapeError:
+          continue
+        if choice.shape.num_devices > self.shape.num_devices:
+          with self._lock:
+            self._move = '%s serve%s: %s -> %s on %d device(s)' % (
+                ', '.join(s.Describe() for s in joined) or 'spare tasks',
+                's' if len(joined) == 1 else '', self.shape.label,
+                choice.shape.label, choice.shape.num_devices)
+          self._echo('elastic: %s; moving at the next checkpoint' %
+                     self._move)
+      except Exception as e:  # pylint: disable=broad-except
+        # The watch must not end the run; the next round tries again.
+        self._echo('elastic: warning: watching the tasks failed: %s: %s' %
+                   (type(e).__name__, e))
+
+  def _Event(self, kind, since, step_before, old, lost=(), added=()):
+    ckpt = checkpoints.Newest(self._start_run.logdir)
+    ckpt_step = checkpoints.GlobalStepOf(ckpt) if ckpt else 0
+    before = ckpt_step if step_before is None else step_before
+    return dict(
+        kind=kind, since=since, time=time.time(), lost=list(lost),
+        added=list(added), old=old.label, new=self.shape.label,
+        old_shape=old.ToJson(), new_shape=self.shape.ToJson(),
+        devices=self.shape.num_devices, how=self._choice.how,
+        note=self._choice.note, checkpoint=ckpt, checkpoint_step=ckpt_step,
+        step_before=before, steps_redone=max(0, before - ckpt_step),
+        tasks=[s.name for s in self.slots if s.state == USED])
+
+  def Move(self, loop):
+    """The run in the larger shape, after the loop stopped at a checkpoint."""
+    since = time.time()
+    with self._lock:
+      self._move = None
+      candidates = [s for s in self.slots if s.state in (USED, SPARE)]
+    reasons = self._Reasons(candidates)
+    serving = [s for s in candidates if reasons[s.index] is None]
+    old = self.shape
+    try:
+      choice = self._Choose(sum(len(s.devices) for s in serving),
+                            checkpoints.Newest(self._start_run.logdir))
+    except reshape.NoShapeError:
+      choice = self._choice
+    added = [s.Describe() for s in serving if s.state == SPARE]
+    self.run = self._Configure(serving, choice)
+    if choice.shape != old:
+      self.replans += 1
+    self._pending = self._Event('grow', since, loop.step, old, added=added)
+    self._echo('elastic: growing to %d device(s) of %s: %s -> %s (%s: %s); '
+               'from the checkpoint of step %d, no step redone' % (
+                   self.shape.num_devices, ', '.join(
+                       s.name for s in self.slots if s.state == USED),
+                   old.label, self.shape.label, choice.how, choice.note,
+                   self._pending['checkpoint_step']))
+    return self.run
+
+  def AfterLoss(self, error, loop, max_worker_restarts=0, wait_secs=0.0):
+    """The run to go on with after `error` (a WorkerLostError) in `loop`.
+
+    Args:
+      error: the train_loop.WorkerLostError.
+      loop: the TrainLoop it ended (its last step).
+      max_worker_restarts: how many local workers may be restarted in all.
+      wait_secs: how long lost servers of a running cluster are waited for.
+
+    Returns:
+      A RunConfig: the same shape if every task serves again, else a
+      smaller one.
+
+    Raises:
+      ElasticError: nothing fits on the tasks that serve, or recoveries
+        keep failing; the text says why and what is kept.
+    """
+    since = time.time()
+    self._fruitless = 1 if self._stepped else self._fruitless + 1
+    self._stepped = False
+    self._echo('worker lost: %s' % error.summary)
+    with self._lock:
+      used = [s for s in self.slots if s.state == USED]
+    reasons = self._Reasons(used)
+    lost = [s for s in used if reasons[s.index] is not None]
+    for slot in lost:
+      self._echo('elastic: %s is lost: %s' % (slot.Describe(),
+                                              reasons[slot.index]))
+    if lost and self._local is not None:
+      lost = self._RestartLocal(lost, max_worker_restarts)
+    elif lost:
+      lost = self._AwaitRemote(lost, wait_secs)
+    old = self.shape
+    ckpt = checkpoints.Newest(self._start_run.logdir)
+    if not lost:
+      if self._fruitless > MAX_FRUITLESS:
+        raise ElasticError(
+            '%s: the tasks serve, but %d recoveries in a row failed before '
+            'a step: training stopped. The last checkpoint (%s) is intact' %
+            (error.summary, self._fruitless - 1, ckpt or 'none yet'))
+      kind, choice = 'restart', self._choice
+      slots = used
+    else:
+      kind = 'shrink'
+      with self._lock:
+        for slot in lost:
+          slot.state = LOST
+        spares = [s for s in self.slots if s.state == SPARE]
+      spare_reasons = self._Reasons(spares)
+      slots = [s for s in self.slots if s.state == USED or
+               (s.state == SPARE and spare_reasons[s.index] is None)]
+      count = sum(len(s.devices) for s in slots)
+      try:
+        choice = self._Choose(count, ckpt)
+      except reshape.NoShapeError as e:
+        raise ElasticError(
+            'elastic: %s; %s: training stopped. The last checkpoint (%s) is '
+            'intact: bring workers back (or raise --memory_per_device) and '
+            'run the same command to resume from it' % (
+                ', '.join('%s lost' % s.Describe() for s in lost), e,
+                ckpt or 'none yet')) from None
+    self.run = self._Configure(slots, choice)
+    if kind == 'shrink':
+      self.replans += 1
+    self._pending = self._Event(
+        kind, since, loop.step, old,
+        lost=['%s: %s' % (s.Describe(), reasons[s.index]) for s in lost])
+    event = self._pending
+    if kind == 'restart':
+      self._echo('elastic: every task serves: going on in %s from the '
+                 'checkpoint of step %d, redoing %d step(s)' % (
+                     self.shape.label, event['checkpoint_step'],
+                     event['steps_redone']))
+    else:
+      self._echo(
+          'elastic: shrinking to %d device(s) of %s: %s -> %s (%s: %s); from '
+          'the checkpoint of step %d, redoing %d step(s)' % (
+              self.shape.num_devices, ', '.join(
+                  s.name for s in self.slots if s.state == USED),
+              old.label, self.shape.label, choice.how, choice.note,
+              event['checkpoint_step'], event['steps_redone']))
+    return self.run
+
+  def _RestartLocal(self, lost, max_worker_restarts):
+    """Restarts lost local workers while allowed; the ones still lost."""
+    still = []
+    for slot in lost:
+      placement = self._placement
+      if placement.restarts >= max_worker_restarts:
+        still.append(slot)
+        continue
+      placement.restarts += 1
+      self._echo('elastic: restarting %s (restart %d of %d, '
+                 '--max_worker_restarts)' % (slot.name, placement.restarts,
+                                             max_worker_restarts))
+      try:
+        self._local.ReplaceWorker(slot.index)
+      except (local_cluster.WorkerDiedError, memory_cap.MemoryCapError,
+              RuntimeError, OSError) as e:
+        self._echo('elastic: %s could not be restarted: %s' % (slot.name, e))
+        still.append(slot)
+        continue
+      slot.address = self._local.cluster_def['worker'][slot.index]
+      self._echo('elastic: %s restarted at %s' % (slot.name, slot.address))
+    return still
+
+  def _AwaitRemote(self, lost, wait_secs, poll_secs=0.5):
+    """Waits for lost servers (or replacements in the file); still lost."""
+    self._echo('elastic: waiting up to %g s (--worker_wait_secs) for %s to '
+               'serve again' % (wait_secs, ', '.join(s.name for s in lost)))
+    deadline = time.time() + wait_secs
+    start = time.time()
+    while True:
+      self._Reread()
+      reasons = self._Reasons(lost)
+      back = [s for s in lost if reasons[s.index] is None]
+      for slot in back:
+        if slot.devices is None:
+          try:
+            slot.devices = self._Discover(slot)
+          except (tf.errors.OpError, devices_lib.DiscoveryError):
+            continue
+        self._echo('elastic: %s serves again after %.1f s' %
+                   (slot.Describe(), time.time() - start))
+        lost = [s for s in lost if s is not slot]
+      if not lost or time.time() >= deadline:
+        return lost
+      time.sleep(min(poll_secs, max(0.0, deadline - time.time())))
