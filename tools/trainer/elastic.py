@@ -99,7 +99,7 @@ def StartShape(run):
   """The reshape.Shape of a settled run (its one pipeline)."""
   found = model_select.FindPipelines(run.train)
   if len(found) != 1:
-    raise ElasticError(
+    raise ValueError(
         '--elastic re-plans a model with one pipeline; %s has %d' %
         (run.model, len(found)))
   _, pp = found[0]
@@ -152,12 +152,12 @@ class Elastic:
         take.
 
     Raises:
-      ElasticError: a run without workers, or with several pipelines.
+      ValueError: a run without workers, or with several pipelines.
     """
     placement = run.placement
     if placement is None or not (placement.cluster is not None or
                                  placement.remote is not None):
-      raise ElasticError(
+      raise ValueError(
           '--elastic needs workers to lose: --worker_processes=N, or a '
           'running cluster (--cluster_spec or TF_CONFIG)')
     self._echo = echo
