@@ -108,7 +108,8 @@ class TrainerElasticTest(_Helpers, test_utils.TestCase):
         log, r"worker lost: task 0 at localhost:\d+ \(replica 0 stage 0\), "
         r"the session's master, does not answer")
     self.assertRegex(
-        log, r'elastic: shrinking to 2 device\(s\) of task 1, task 2: R=2 K=2 '
+        log, r'elastic: shrinking to 2 device\(s\) of task 1, task 2 \(spare: '
+        r'task 3\): R=2 K=2 '
         r'M=2 gpipe -> R=1 K=2 M=4 gpipe \(fallback rule: the same pipeline '
         r'\(K=2, v=1\) in 1 replica\(s\) on 2 of 3 device\(s\); keeps R x M '
         r'= 4 micro-batches per step\); from the checkpoint of step \d+, '

@@ -469,11 +469,10 @@ class Elastic:
       self.replans += 1
     self._pending = self._Event('grow', since, loop.step, old, added=added)
     self._echo('elastic: growing to %d device(s) of %s: %s -> %s (%s: %s); '
-               'from the checkpoint of step %d, no step redone' % (
-                   self.shape.num_devices, ', '.join(
-                       s.name for s in self.slots if s.state == USED),
-                   old.label, self.shape.label, choice.how, choice.note,
-                   self._pending['checkpoint_step']))
+               '%s, no step redone' % (
+                   self.shape.num_devices, self._Tasks(), old.label,
+                   self.shape.label, choice.how, choice.note,
+                   _From(self._pending)))
     return self.run
 
   def AfterLoss(self, error, loop, max_worker_restarts=0, wait_secs=0.0):
@@ -545,19 +544,25 @@ class Elastic:
         lost=['%s: %s' % (s.Describe(), reasons[s.index]) for s in lost])
     event = self._pending
     if kind == 'restart':
-      self._echo('elastic: every task serves: going on in %s from the '
-                 'checkpoint of step %d, redoing %d step(s)' % (
-                     self.shape.label, event['checkpoint_step'],
-                     event['steps_redone']))
+      self._echo('elastic: every task serves: going on in %s %s, redoing '
+                 '%d step(s)' % (self.shape.label, _From(event),
+                                 event['steps_redone']))
     else:
       self._echo(
-          'elastic: shrinking to %d device(s) of %s: %s -> %s (%s: %s); from '
-          'the checkpoint of step %d, redoing %d step(s)' % (
-              self.shape.num_devices, ', '.join(
-                  s.name for s in self.slots if s.state == USED),
-              old.label, self.shape.label, choice.how, choice.note,
-              event['checkpoint_step'], event['steps_redone']))
+          'elastic: shrinking to %d device(s) of %s: %s -> %s (%s: %s); %s, '
+          'redoing %d step(s)' % (
+              self.shape.num_devices, self._Tasks(), old.label,
+              self.shape.label, choice.how, choice.note, _From(event),
+              event['steps_redone']))
     return self.run
+
+  def _Tasks(self):
+    """'task 0, task 2 (spare: task 3)': the tasks in use, and the spares."""
+    with self._lock:
+      used = [s.name for s in self.slots if s.state == USED]
+      spare = [s.name for s in self.slots if s.state == SPARE]
+    return ', '.join(used) + (' (spare: %s)' % ', '.join(spare)
+                              if spare else '')
 
   def _RestartLocal(self, lost, max_worker_restarts):
     """Restarts lost local workers while allowed; the ones still lost."""
@@ -604,3 +609,10 @@ class Elastic:
       if not lost or time.time() >= deadline:
         return lost
       time.sleep(min(poll_secs, max(0.0, deadline - time.time())))
+
+
+def _From(event):
+  """'from the checkpoint of step 10' (or from the start, without one)."""
+  if event['checkpoint']:
+    return 'from the checkpoint of step %d' % event['checkpoint_step']
+  return 'from the start (no checkpoint yet)'
