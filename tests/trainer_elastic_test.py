@@ -147,7 +147,7 @@ class TrainerElasticTest(_Helpers, test_utils.TestCase):
       self._AssertLossesOf(reference, history)
     self._AssertLossesOf(reference, recovered)
 
-  def testSurvivorsThatCannotHoldTheModelStopWithTheReason(self):
+  def testARestartFirstThenSurvivorsThatCannotHoldTheModelStop(self):
     logdir = self.create_tempdir().full_path
     log_path = os.path.join(self.create_tempdir().full_path, 'trainer.log')
     # 13,130 float64 parameters and Adam's two slots: 315,120 bytes, half on
@@ -155,14 +155,24 @@ class TrainerElasticTest(_Helpers, test_utils.TestCase):
     proc = trainer_testlib.Popen(
         FLAGS[:-2] + ['--logdir=' + logdir, '--worker_processes=2',
                       '--num_micro_batches=4', '--max_steps=1000000',
-                      '--memory_per_device=200KiB'], log_path)
+                      '--memory_per_device=200KiB',
+                      '--max_worker_restarts=1'], log_path)
+    restarted = r'elastic: task 1 restarted at localhost:\d+ \(pid (\d+)\)'
     try:
       pids = self._Wait(proc, log_path,
                         lambda: re.search(r'pids \[(\d+), (\d+)\]',
                                           _Log(log_path)), 'workers')
       self._Wait(proc, log_path, lambda: _Steps(logdir) > EVERY + 2,
                  'a checkpoint and steps after it')
+      # Restarted first, while --max_worker_restarts allows.
       os.kill(int(pids.group(2)), signal.SIGKILL)
+      fresh = self._Wait(proc, log_path,
+                         lambda: re.search(restarted, _Log(log_path)),
+                         'the restart')
+      self._Wait(proc, log_path,
+                 lambda: 'elastic: first step in' in _Log(log_path),
+                 'the first step after the restart')
+      os.kill(int(fresh.group(1)), signal.SIGKILL)
       proc.wait(timeout=polling.TimeLimit(120)[0])
     finally:
       if proc.poll() is None:
@@ -179,7 +189,13 @@ class TrainerElasticTest(_Helpers, test_utils.TestCase):
         r'checkpoint \(%s/ckpt-\d+\) is intact: bring workers back \(or raise '
         r'--memory_per_device\) and run the same command to resume from it' %
         re.escape(logdir))
-    self.assertEqual([], elastic.ReadEvents(logdir))
+    self.assertIn('elastic: restarting task 1 (restart 1 of 1, '
+                  '--max_worker_restarts)', log)
+    self.assertRegex(log, r'elastic: every task serves: going on in R=1 K=2 '
+                     r'M=4 gpipe from the checkpoint of step \d+, redoing '
+                     r'\d+ step\(s\)')
+    self.assertEqual(['restart'],
+                     [e['kind'] for e in elastic.ReadEvents(logdir)])
 
   def testWithoutWorkersItSaysWhatItNeeds(self):
     code, _, err = trainer_testlib.RunInProcess(

@@ -224,7 +224,9 @@ def _TrainElastic(run, echo):
           echo=echo, watch=driver)
       try:
         step, path = loop.Run()
-      except train_loop.WorkerLostError as e:
+      except (train_loop.WorkerLostError,
+              remote_tasks.TaskUnreachableError) as e:
+        # A task unreachable before the first step: lost during the move.
         if loop.stop_requested:
           raise  # Ctrl-C or SIGTERM came first: stop, as asked.
         driver.AfterLoss(e, loop, run.max_worker_restarts,

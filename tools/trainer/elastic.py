@@ -479,7 +479,8 @@ class Elastic:
     """The run to go on with after `error` (a WorkerLostError) in `loop`.
 
     Args:
-      error: the train_loop.WorkerLostError.
+      error: the train_loop.WorkerLostError (or a
+        remote_tasks.TaskUnreachableError of a new session's check).
       loop: the TrainLoop it ended (its last step).
       max_worker_restarts: how many local workers may be restarted in all.
       wait_secs: how long lost servers of a running cluster are waited for.
@@ -495,7 +496,7 @@ class Elastic:
     since = time.time()
     self._fruitless = 1 if self._stepped else self._fruitless + 1
     self._stepped = False
-    self._echo('worker lost: %s' % error.summary)
+    self._echo('worker lost: %s' % getattr(error, 'summary', error))
     with self._lock:
       used = [s for s in self.slots if s.state == USED]
     reasons = self._Reasons(used)
@@ -584,7 +585,8 @@ class Elastic:
         still.append(slot)
         continue
       slot.address = self._local.cluster_def['worker'][slot.index]
-      self._echo('elastic: %s restarted at %s' % (slot.name, slot.address))
+      self._echo('elastic: %s restarted at %s (pid %d)' % (
+          slot.name, slot.address, self._local.pids[slot.index]))
     return still
 
   def _AwaitRemote(self, lost, wait_secs, poll_secs=0.5):
