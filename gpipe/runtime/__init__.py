@@ -15,6 +15,8 @@
   function checked against TensorFlow's DeviceAssignment; nothing runs on
   TPU cores yet, docs/TPU.md);
 * ``memory_cap``: a memory cap per worker process;
+* ``cpu_quota``: a CPU quota for running processes (a throttled worker);
+* ``cgroups``: the Linux cgroup v1 controllers both use;
 * ``background``: work in a thread of its own (a session run watched
   while it runs), its value or error kept; ``RunIsolated`` for layers built
   outside the one Lingvo is constructing (counting, timing, profiling).
