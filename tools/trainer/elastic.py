@@ -43,6 +43,7 @@ import threading
 import time
 
 from gpipe.compat import lingvo_import  # pylint: disable=unused-import
+from gpipe.measure import timeline
 from gpipe.plan import profile as profile_lib
 from gpipe.runtime import cluster_spec as cluster_spec_lib
 from gpipe.runtime import devices as devices_lib
@@ -53,8 +54,10 @@ from gpipe.runtime import session_cluster as session_cluster_lib
 import numpy as np
 from lingvo import compat as tf
 from tools.trainer import checkpoints
+from tools.trainer import model_graph
 from tools.trainer import model_select
 from tools.trainer import planned
+from tools.trainer import rebalance
 from tools.trainer import reshape
 
 EVENTS_FILE = 'elastic.jsonl'
@@ -188,6 +191,13 @@ class Elastic:
     self._pending = None
     self._move = None
     self._fruitless = 0
+    # Rebalancing: the watch over traced steps (Built), each stage device's
+    # stage, the first cut's layer costs, and a proposed cut.
+    self._rebalancer = None
+    self._watched_shape = None
+    self._stage_of = {}
+    self._layer_costs = None
+    self._rebalance = None
     # Whether a step ran since the last recovery (FirstStep).
     self._stepped = False
     self.run = self._Configure([s for s in self.slots], self._choice)
@@ -321,6 +331,10 @@ class Elastic:
           else None,
           num_micro_batches=s.micro_batches if train else None,
           schedule=s.schedule if s.schedule != start.schedule else None)
+    if choice.cut is not None:
+      for _, pp in model_select.FindPipelines(cfg):
+        pp.num_stages = len(choice.cut)
+        pp.stage_sizes = list(choice.cut)
     return cfg
 
   def _Configure(self, slots, choice):
@@ -371,6 +385,53 @@ class Elastic:
 
   # The loop's hooks (train_loop.TrainLoop's watch).
 
+  def Built(self, model):
+    """After a loop built its graph: watch its cut for slow devices."""
+    pipes = model_graph.Pipelines(model)
+    watching, self._rebalancer = self._rebalancer, None
+    if len(pipes) != 1:
+      return
+    pipe = pipes[0]
+    if pipe.layer_costs is not None and self._layer_costs is None:
+      self._layer_costs = pipe.layer_costs
+    self._stage_of = {}
+    for devices in pipe.replica_devices:
+      for k, device in enumerate(devices):
+        self._stage_of.setdefault(device, set()).add(k)
+    one_per_device = all(len(stages) == 1
+                         for stages in self._stage_of.values())
+    if self._layer_costs is None or not one_per_device or (
+        pipe.num_stages < 2):
+      return
+    if watching is not None and self._watched_shape == self.shape:
+      # A rebalanced cut of the same shape: what was measured stays.
+      watching.UseCut(pipe.stage_sizes)
+      self._rebalancer = watching
+    else:
+      self._rebalancer = rebalance.Rebalancer(self._layer_costs,
+                                              pipe.stage_sizes)
+    self._watched_shape = self.shape
+
+  def Traced(self, step, tasks):
+    """After a traced step: a slow device asks for a new cut."""
+    if self._rebalancer is None:
+      return
+    busy = timeline.StageBusySeconds(tasks, by='device')
+    seconds = [0.0] * len(self._rebalancer.sizes)
+    for device, value in zip(timeline.Devices(tasks), busy):
+      for k in self._stage_of.get(device, ()):
+        seconds[k] = max(seconds[k], value)
+    proposal = self._rebalancer.Observe(seconds, timeline.Span(tasks))
+    if proposal is None:
+      return
+    with self._lock:
+      if self._move is not None:
+        return
+      self._rebalance = proposal
+      self._move = 'rebalancing after step %d: %s' % (step,
+                                                      proposal.Describe())
+    self._echo('elastic: %s; moving at the next checkpoint' % self._move)
+
   def FirstStep(self, step, writer):
     """After a loop's first step: TensorBoard, and the move's report."""
     scalars = {'trainer/devices': self.shape.num_devices,
@@ -382,8 +443,8 @@ class Elastic:
       scalars['trainer/recovery_secs'] = event['secs']
       scalars['trainer/steps_redone'] = event['steps_redone']
       self._echo('elastic: first step in %s (step %d) %.1f s after %s' % (
-          event['new'], step, event['secs'],
-          'the loss' if event['kind'] != 'grow' else 'the move began'))
+          event['new'], step, event['secs'], 'the move began'
+          if event['kind'] in ('grow', 'rebalance') else 'the loss'))
       with open(os.path.join(self._start_run.logdir, EVENTS_FILE), 'a') as f:
         f.write(json.dumps(event, sort_keys=True) + '\n')
     self._stepped = True
@@ -454,7 +515,10 @@ class Elastic:
     since = time.time()
     with self._lock:
       self._move = None
+      proposal, self._rebalance = self._rebalance, None
       candidates = [s for s in self.slots if s.state in (USED, SPARE)]
+    if proposal is not None:
+      return self._Rebalance(proposal, since, loop)
     reasons = self._Reasons(candidates)
     serving = [s for s in candidates if reasons[s.index] is None]
     old = self.shape
@@ -473,6 +537,25 @@ class Elastic:
                    self.shape.num_devices, self._Tasks(), old.label,
                    self.shape.label, choice.how, choice.note,
                    _From(self._pending)))
+    return self.run
+
+  def _Rebalance(self, proposal, since, loop):
+    """The run in the same shape with the proposal's cut."""
+    old = self.shape
+    choice = dataclasses.replace(self._choice, how='rebalance',
+                                 note=proposal.Describe(),
+                                 cut=tuple(proposal.sizes))
+    with self._lock:
+      used = [s for s in self.slots if s.state == USED]
+    self.run = self._Configure(used, choice)
+    self.replans += 1
+    self._pending = self._Event('rebalance', since, loop.step, old)
+    self._pending.update(old_cut=list(proposal.old_sizes),
+                         new_cut=list(proposal.sizes),
+                         factors=list(proposal.factors))
+    self._echo('elastic: rebalancing %s: cut %s -> %s; %s, no step redone' %
+               (self.shape.label, list(proposal.old_sizes),
+                list(proposal.sizes), _From(self._pending)))
     return self.run
 
   def AfterLoss(self, error, loop, max_worker_restarts=0, wait_secs=0.0):

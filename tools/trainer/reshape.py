@@ -113,13 +113,16 @@ class Choice:
   Attributes:
     shape: the Shape.
     plan: the gpipe.plan.choice.Plan it comes from (FromProfile), or None.
-    how: PROFILE or FALLBACK.
+    how: PROFILE or FALLBACK (or what else chose it).
     note: what it keeps or changes, in words.
+    cut: layers per stage to use instead of the shape's own cut (a
+      rebalanced cut), or None.
   """
   shape: Shape
   plan: object = None
   how: str = FALLBACK
   note: str = ''
+  cut: tuple = None
 
   @property
   def keeps_math(self):

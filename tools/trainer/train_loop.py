@@ -128,8 +128,10 @@ class TrainLoop:
         each periodic checkpoint and the final one (e.g. an evaluation).
       echo: prints a console line.
       watch: optional hooks of a run that changes its devices
-        (tools.trainer.elastic.Elastic): ``FirstStep(step, writer)`` after
-        the loop's first step, and ``MoveAtCheckpoint(step)`` after each
+        (tools.trainer.elastic.Elastic): ``Built(model)`` once the graph is
+        built, ``FirstStep(step, writer)`` after the loop's first step,
+        ``Traced(step, tasks)`` after each traced step (its stage tasks,
+        gpipe.measure.timeline), and ``MoveAtCheckpoint(step)`` after each
         periodic checkpoint, which ends the loop there when it returns
         True (``moved``).
     """
@@ -191,6 +193,8 @@ class TrainLoop:
     task = built.task
     self._graph_ops = len(built.graph.get_operations())
     self._echo('built the training graph in %.1f s' % (time.time() - started))
+    if self._watch is not None:
+      self._watch.Built(built.model)
     for line in model_graph.Describe(built.model):
       self._echo(line)
     with built.graph.as_default(), self._startup.Phase(
@@ -618,6 +622,8 @@ class TrainLoop:
     writer.Scalars(step, scalars)
     if png:
       writer.Image(step, 'pipeline/timeline', png)
+    if tasks and self._watch is not None:
+      self._watch.Traced(step, tasks)
     if tasks:
       os.makedirs(os.path.join(self._logdir, TRACE_DIR), exist_ok=True)
       timeline.WriteChromeTrace(tasks, TracePath(self._logdir, step),
