@@ -22,28 +22,22 @@ from tests import polling
 from tests import trainer_testlib
 from tools.trainer import checkpoints
 from tools.trainer import elastic
-from tools.trainer import progress
 from tools.trainer import summaries
 
 _Log = trainer_testlib.ReadLog
 EVERY = 10
-FLAGS = ['--model=' + trainer_testlib.TOY,
-         '--model_params_override=' + toy.FLOAT64_OVERRIDE,
-         '--checkpoint_every_n_steps=%d' % EVERY, '--log_every_n_steps=1000',
-         '--trace_every_n_steps=0', '--eval_after_train=false', '--elastic',
-         '--data_parallel=2', '--num_micro_batches=2']
+FLAGS = trainer_testlib.ResumableFlags(EVERY) + [
+    '--model_params_override=' + toy.FLOAT64_OVERRIDE, '--elastic',
+    '--data_parallel=2', '--num_micro_batches=2']
 # Exact up to the order of floating-point sums (other R and K).
 RTOL = 1e-10
 
 
-def _Losses(logdir):
-  return [(r['step'], r['loss'])
-          for r in progress.ReadStepLog(os.path.join(logdir,
-                                                     progress.STEP_LOG))]
+_Losses = trainer_testlib.Losses
 
 
 def _Steps(logdir):
-  return len(_Losses(logdir))
+  return len(trainer_testlib.StepLog(logdir))
 
 
 class _Helpers:
@@ -53,10 +47,9 @@ class _Helpers:
     """Losses of one pipeline of 4 micro-batches, uninterrupted, here."""
     logdir = self.create_tempdir().full_path
     code, _, err = trainer_testlib.RunInProcess(
-        model=trainer_testlib.TOY, model_params_override=toy.FLOAT64_OVERRIDE,
         logdir=logdir, max_steps=steps, num_micro_batches=4,
-        checkpoint_every_n_steps=100000, log_every_n_steps=100000,
-        trace_every_n_steps=0, eval_after_train=False)
+        model_params_override=toy.FLOAT64_OVERRIDE,
+        **trainer_testlib.ResumableSettings(100000))
     self.assertEqual(0, code, err)
     return _Losses(logdir), logdir
 
@@ -285,10 +278,9 @@ class TrainerElasticGrowTest(_Helpers, test_utils.TestCase):
     reference, _ = self._Reference(max_steps + 2)
     self._AssertLossesOf(reference, recovered)
     code, _, err = trainer_testlib.RunInProcess(
-        model=trainer_testlib.TOY, model_params_override=toy.FLOAT64_OVERRIDE,
         logdir=logdir, max_steps=max_steps + 2, num_stages=1,
-        num_micro_batches=4, checkpoint_every_n_steps=100000,
-        trace_every_n_steps=0, eval_after_train=False)
+        num_micro_batches=4, model_params_override=toy.FLOAT64_OVERRIDE,
+        **trainer_testlib.ResumableSettings(100000))
     self.assertEqual(0, code, err)
     self._AssertLossesOf(reference, _Losses(logdir))
 

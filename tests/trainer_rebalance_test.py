@@ -21,7 +21,6 @@ import numpy as np
 from tests import polling
 from tests import trainer_testlib
 from tools.trainer import elastic
-from tools.trainer import progress
 from tools.trainer import summaries
 
 _Log = trainer_testlib.ReadLog
@@ -37,11 +36,6 @@ STEPS = 60
 EVERY = 10
 
 
-def _Losses(logdir):
-  return [(r['step'], r['loss']) for r in progress.ReadStepLog(
-      os.path.join(logdir, progress.STEP_LOG))]
-
-
 class TrainerRebalanceTest(test_utils.TestCase):
 
   def testAThrottledWorkerGetsFewerLayersAndTheStepGetsFaster(self):
@@ -52,11 +46,10 @@ class TrainerRebalanceTest(test_utils.TestCase):
     logdir = self.create_tempdir().full_path
     log_path = os.path.join(self.create_tempdir().full_path, 'trainer.log')
     proc = trainer_testlib.Popen(
-        ['--model=' + trainer_testlib.TOY, '--model_params_override=' + WIDE,
-         '--logdir=' + logdir, '--worker_processes=2', '--elastic',
-         '--max_steps=%d' % STEPS, '--checkpoint_every_n_steps=%d' % EVERY,
-         '--trace_every_n_steps=2', '--log_every_n_steps=1000',
-         '--eval_after_train=false'], log_path)
+        trainer_testlib.ResumableFlags(EVERY) + [
+            '--model_params_override=' + WIDE, '--logdir=' + logdir,
+            '--worker_processes=2', '--elastic', '--max_steps=%d' % STEPS,
+            '--trace_every_n_steps=2'], log_path)
     try:
       pids = polling.WaitUntil(
           lambda: re.search(r'pids \[(\d+), (\d+)\]', _Log(log_path)),
@@ -91,11 +84,11 @@ class TrainerRebalanceTest(test_utils.TestCase):
     # The cut does not change the math: an uninterrupted run's losses.
     reference = self.create_tempdir().full_path
     code, _, err = trainer_testlib.RunInProcess(
-        model=trainer_testlib.TOY, model_params_override=WIDE,
-        logdir=reference, max_steps=STEPS, checkpoint_every_n_steps=1000,
-        log_every_n_steps=1000, trace_every_n_steps=0, eval_after_train=False)
+        logdir=reference, max_steps=STEPS, model_params_override=WIDE,
+        **trainer_testlib.ResumableSettings(1000))
     self.assertEqual(0, code, err)
-    got, want = _Losses(logdir), _Losses(reference)
+    got = trainer_testlib.Losses(logdir)
+    want = trainer_testlib.Losses(reference)
     self.assertEqual([s for s, _ in want], [s for s, _ in got])
     self.assertAllClose([l for _, l in want], [l for _, l in got], rtol=1e-5)
 
