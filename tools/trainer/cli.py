@@ -45,8 +45,6 @@ from gpipe.compat import lingvo_import  # pylint: disable=unused-import
 from absl import app
 from absl import flags
 from absl import logging
-from gpipe.plan import search
-from gpipe.runtime import cluster_spec as cluster_spec_lib
 from gpipe.runtime import devices
 from gpipe.runtime import local_cluster
 from lingvo import compat as tf
@@ -209,11 +207,7 @@ def _Train(run, echo):
 
 def _TrainElastic(run, echo):
   """_Train with --elastic: the run moves between shapes (elastic.py)."""
-  driver = elastic_lib.Elastic(
-      run, echo, spec_file=cluster_spec_lib.SpecFile(run.cluster_spec),
-      memory_per_device=(search.ParseBytes(run.memory_per_device)
-                         if run.memory_per_device else None),
-      connect_timeout_secs=run.connect_timeout_secs)
+  driver = elastic_lib.Elastic(run, echo)
   # The run of the shape in use: evaluation follows the moves.
   evaluate = lambda path: evaler.Evaluate(driver.run, path=path, echo=echo)
   try:
@@ -229,8 +223,7 @@ def _TrainElastic(run, echo):
         # A task unreachable before the first step: lost during the move.
         if loop.stop_requested:
           raise  # Ctrl-C or SIGTERM came first: stop, as asked.
-        driver.AfterLoss(e, loop, run.max_worker_restarts,
-                         run.worker_wait_secs)
+        driver.AfterLoss(e, loop)
         continue
       if not loop.moved:
         break

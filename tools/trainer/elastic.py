@@ -45,6 +45,7 @@ import time
 from gpipe.compat import lingvo_import  # pylint: disable=unused-import
 from gpipe.measure import timeline
 from gpipe.plan import profile as profile_lib
+from gpipe.plan import search
 from gpipe.runtime import cluster_spec as cluster_spec_lib
 from gpipe.runtime import devices as devices_lib
 from gpipe.runtime import liveness
@@ -140,22 +141,20 @@ def ReadEvents(logdir):
 class Elastic:
   """The elastic run: its tasks, its shape, and the moves between shapes."""
 
-  def __init__(self, run, echo=print, spec_file=None, memory_per_device=None,
-               poll_secs=POLL_SECS, connect_timeout_secs=10.0):
+  def __init__(self, run, echo=print, poll_secs=POLL_SECS):
     """Takes over a settled run; `self.run` is the run to train first.
 
     Args:
-      run: the settled RunConfig, on local workers or a running cluster.
+      run: the settled RunConfig, on local workers or a running cluster. Its
+        settings say the rest: the cluster file of --cluster_spec=@path
+        (read again), --memory_per_device (the cap of new shapes),
+        --max_worker_restarts, --worker_wait_secs, --connect_timeout_secs.
       echo: prints a console line.
-      spec_file: the cluster file of --cluster_spec=@path (re-read), or
-        None.
-      memory_per_device: the cap in bytes for new shapes, or None.
       poll_secs: how often lost and spare tasks are probed while training.
-      connect_timeout_secs: the longest asking a server for its devices may
-        take.
 
     Raises:
-      ValueError: a run without workers, or with several pipelines.
+      ValueError: a run without workers, with several pipelines, or a
+        --memory_per_device that is not a size.
     """
     placement = run.placement
     if placement is None or not (placement.cluster is not None or
@@ -166,11 +165,19 @@ class Elastic:
     self._echo = echo
     self._placement = placement
     self._local = placement.cluster
-    self._spec_file = spec_file
+    self._spec_file = cluster_spec_lib.SpecFile(run.cluster_spec)
     self._spec_text = None
-    self._cap = memory_per_device
+    try:
+      self._cap = (search.ParseBytes(run.memory_per_device)
+                   if run.memory_per_device else None)
+    except ValueError as e:
+      raise ValueError('--memory_per_device: %s' % e) from None
+    self._max_restarts = run.max_worker_restarts
+    self._wait_secs = run.worker_wait_secs
     self._poll_secs = poll_secs
-    self._timeout = connect_timeout_secs
+    self._timeout = run.connect_timeout_secs
+    # The serving tasks a grow was last considered for (_Watch).
+    self._considered = None
     self._start_run = run
     self._start = StartShape(run)
     _, pp = model_select.FindPipelines(run.train)[0]
@@ -201,12 +208,17 @@ class Elastic:
     # Whether a step ran since the last recovery (FirstStep).
     self._stepped = False
     self.run = self._Configure([s for s in self.slots], self._choice)
+    if self._local is None:
+      first = 'waited for up to %g s (--worker_wait_secs)' % self._wait_secs
+    elif self._max_restarts:
+      first = ('restarted while --max_worker_restarts=%d allows' %
+               self._max_restarts)
+    else:
+      first = 'not restarted (--max_worker_restarts=0)'
     echo('elastic: %s on %d device(s) of %s; a lost task is %s, then the '
          'run goes on with the tasks that serve' % (
              self.shape.label, self.shape.num_devices,
-             ', '.join(s.name for s in self.slots),
-             'restarted while --max_worker_restarts allows' if self._local
-             else 'waited for up to --worker_wait_secs'))
+             ', '.join(s.name for s in self.slots), first))
     self._stop = threading.Event()
     self._thread = threading.Thread(target=self._Watch, daemon=True,
                                     name='elastic: watching tasks')
@@ -477,8 +489,12 @@ class Elastic:
         with self._lock:
           serving = [s for s in self.slots if s.state in (USED, SPARE)]
         count = sum(len(s.devices) for s in serving)
-        if count <= self.shape.num_devices:
+        considered = (frozenset((s.index, s.address) for s in serving),
+                      self.shape)
+        if count <= self.shape.num_devices or considered == self._considered:
           continue
+        # Planned once per set of serving tasks and shape, not every round.
+        self._considered = considered
         try:
           choice = self._Choose(count, checkpoints.Newest(
               self._start_run.logdir))
@@ -558,15 +574,13 @@ class Elastic:
                 list(proposal.sizes), _From(self._pending)))
     return self.run
 
-  def AfterLoss(self, error, loop, max_worker_restarts=0, wait_secs=0.0):
+  def AfterLoss(self, error, loop):
     """The run to go on with after `error` (a WorkerLostError) in `loop`.
 
     Args:
       error: the train_loop.WorkerLostError (or a
         remote_tasks.TaskUnreachableError of a new session's check).
       loop: the TrainLoop it ended (its last step).
-      max_worker_restarts: how many local workers may be restarted in all.
-      wait_secs: how long lost servers of a running cluster are waited for.
 
     Returns:
       A RunConfig: the same shape if every task serves again, else a
@@ -588,9 +602,9 @@ class Elastic:
       self._echo('elastic: %s is lost: %s' % (slot.Describe(),
                                               reasons[slot.index]))
     if lost and self._local is not None:
-      lost = self._RestartLocal(lost, max_worker_restarts)
+      lost = self._RestartLocal(lost, self._max_restarts)
     elif lost:
-      lost = self._AwaitRemote(lost, wait_secs)
+      lost = self._AwaitRemote(lost, self._wait_secs)
     old = self.shape
     ckpt = checkpoints.Newest(self._start_run.logdir)
     if not lost:
