@@ -240,7 +240,7 @@ class PipeliningLayer(executor.PipelineExecutor, base_layer.BaseLayer):
 
   @property
   def layer_costs(self):
-    """The per-layer costs the cut balanced (None when stage_sizes was given)."""
+    """The per-layer costs of the cut (None when stage_sizes was given)."""
     return None if self._costs is None else list(self._costs)
 
   @property

@@ -1,4 +1,4 @@
-"""Sessions over the servers that still serve (gpipe.runtime.session_cluster)."""
+"""Sessions over the servers that still serve (runtime/session_cluster.py)."""
 
 from gpipe.compat import lingvo_import  # pylint: disable=unused-import
 
@@ -92,7 +92,8 @@ class SessionClusterTest(test_utils.TestCase):
   def testAReplacementThatDoesNotStartLeavesTheOthersRunning(self):
     with local_cluster.LocalCluster(2) as workers:
       # A flag the worker binary refuses: the replacement exits at once.
-      workers._options['cpu_devices'] = 'none'  # pylint: disable=protected-access
+      # pylint: disable=protected-access
+      workers._options['cpu_devices'] = 'none'
       with self.assertRaisesRegex(local_cluster.WorkerDiedError,
                                   'pipeline worker 1 .* exited with code 2'):
         workers.ReplaceWorker(1, start_timeout=60)

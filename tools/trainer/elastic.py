@@ -2,9 +2,10 @@
 
 The run's tasks are the local worker processes of ``--worker_processes`` or
 the servers of ``--cluster_spec`` / ``TF_CONFIG``, each known by its index
-in that description (a *slot*: 'task 2'). Sessions run on a session cluster
-of the slots in use (gpipe.runtime.session_cluster), so the run can go on
-over any of them, whatever cluster the servers were started with.
+in that description (a *slot*: 'task 2'; tools/trainer/members.py). Sessions
+run on a session cluster of the slots in use
+(gpipe.runtime.session_cluster), so the run can go on over any of them,
+whatever cluster the servers were started with.
 
 When a task is lost (a step fails and the task does not answer):
 
@@ -35,7 +36,6 @@ written to TensorBoard at that first step (``trainer/devices``,
 beside ``examples_per_sec``) and appended to ``<logdir>/elastic.jsonl``.
 """
 
-import concurrent.futures
 import dataclasses
 import json
 import os
@@ -47,14 +47,11 @@ from gpipe.measure import timeline
 from gpipe.plan import profile as profile_lib
 from gpipe.plan import search
 from gpipe.runtime import cluster_spec as cluster_spec_lib
-from gpipe.runtime import devices as devices_lib
-from gpipe.runtime import liveness
-from gpipe.runtime import local_cluster
-from gpipe.runtime import memory_cap
 from gpipe.runtime import session_cluster as session_cluster_lib
 import numpy as np
 from lingvo import compat as tf
 from tools.trainer import checkpoints
+from tools.trainer import members as members_lib
 from tools.trainer import model_graph
 from tools.trainer import model_select
 from tools.trainer import planned
@@ -65,38 +62,13 @@ EVENTS_FILE = 'elastic.jsonl'
 # How often lost and spare tasks are probed (and the cluster file re-read)
 # while training.
 POLL_SECS = 2.0
-# A task's states: running stages, serving but not used, not answering.
-USED, SPARE, LOST = 'used', 'spare', 'lost'
+USED, SPARE, LOST = members_lib.USED, members_lib.SPARE, members_lib.LOST
 # Recoveries in a row without a step in between before the run gives up.
 MAX_FRUITLESS = 3
 
 
 class ElasticError(RuntimeError):
   """The run cannot go on on the tasks that serve; the text says why."""
-
-
-@dataclasses.dataclass
-class Slot:
-  """A task of the run, by its index in the cluster (or local workers).
-
-  Attributes:
-    index: its task index in the description ('task 2').
-    address: 'host:port' it serves at now.
-    devices: its devices as it names them (full device strings), the type
-      and count the run uses; None until it was asked.
-    state: USED, SPARE or LOST.
-  """
-  index: int
-  address: str
-  devices: list
-  state: str = USED
-
-  @property
-  def name(self):
-    return 'task %d' % self.index
-
-  def Describe(self):
-    return 'task %d at %s' % (self.index, self.address)
 
 
 def StartShape(run):
@@ -165,8 +137,6 @@ class Elastic:
     self._echo = echo
     self._placement = placement
     self._local = placement.cluster
-    self._spec_file = cluster_spec_lib.SpecFile(run.cluster_spec)
-    self._spec_text = None
     try:
       self._cap = (search.ParseBytes(run.memory_per_device)
                    if run.memory_per_device else None)
@@ -175,7 +145,6 @@ class Elastic:
     self._max_restarts = run.max_worker_restarts
     self._wait_secs = run.worker_wait_secs
     self._poll_secs = poll_secs
-    self._timeout = run.connect_timeout_secs
     # The serving tasks a grow was last considered for (_Watch).
     self._considered = None
     self._start_run = run
@@ -185,13 +154,10 @@ class Elastic:
     profile_path = os.path.join(run.logdir, planned.PROFILE_FILE)
     self._profile = (profile_lib.Load(profile_path)
                      if os.path.exists(profile_path) else None)
-    addresses = (self._local.cluster_def['worker'] if self._local is not None
-                 else placement.remote.addresses)
-    self._lock = threading.RLock()
-    self.slots = [Slot(i, a, list(placement.task_devices[i]))
-                  for i, a in enumerate(addresses)]
-    if self._spec_file:
-      self._spec_text = self._ReadSpec()
+    self.members = members_lib.Members(
+        placement, echo, cluster_spec_lib.SpecFile(run.cluster_spec),
+        run.connect_timeout_secs)
+    self._lock = self.members.lock
     self.shape = self._start
     self.replans = 0
     self._choice = reshape.Choice(self._start, None, 'start', 'as started')
@@ -207,7 +173,7 @@ class Elastic:
     self._rebalance = None
     # Whether a step ran since the last recovery (FirstStep).
     self._stepped = False
-    self.run = self._Configure([s for s in self.slots], self._choice)
+    self.run = self._Configure(self.members.In(USED), self._choice)
     if self._local is None:
       first = 'waited for up to %g s (--worker_wait_secs)' % self._wait_secs
     elif self._max_restarts:
@@ -218,7 +184,7 @@ class Elastic:
     echo('elastic: %s on %d device(s) of %s; a lost task is %s, then the '
          'run goes on with the tasks that serve' % (
              self.shape.label, self.shape.num_devices,
-             ', '.join(s.name for s in self.slots), first))
+             ', '.join(s.name for s in self.members.slots), first))
     self._stop = threading.Event()
     self._thread = threading.Thread(target=self._Watch, daemon=True,
                                     name='elastic: watching tasks')
@@ -227,92 +193,6 @@ class Elastic:
   def Close(self):
     """Stops the watching thread."""
     self._stop.set()
-
-  # Tasks: who serves, their devices, the cluster file.
-
-  def _Reason(self, slot):
-    """None if the slot's server serves now, else why not."""
-    if self._local is not None:
-      try:
-        self._local.CheckAlive([slot.index])
-      except local_cluster.WorkerDiedError as e:
-        return str(e)
-    return liveness.Probe(slot.address, 3.0)
-
-  def _Reasons(self, slots):
-    """{slot index: reason or None}, probed in parallel."""
-    if not slots:
-      return {}
-    with concurrent.futures.ThreadPoolExecutor(len(slots)) as pool:
-      reasons = list(pool.map(self._Reason, slots))
-    return {s.index: r for s, r in zip(slots, reasons)}
-
-  def _Discover(self, slot):
-    """The devices of a server back at a new address (or a new task)."""
-    names = session_cluster_lib.SessionCluster([slot.address]).ListDevices(
-        self._timeout)
-    per_task = len(self.slots[0].devices) if self.slots[0].devices else 0
-    return devices_lib.SelectDevices([names], self._placement.device_type,
-                                     per_task)[0]
-
-  def _ReadSpec(self):
-    try:
-      return cluster_spec_lib.ReadSpecFile(self._spec_file)
-    except cluster_spec_lib.ClusterSpecError as e:
-      self._echo('elastic: warning: %s' % e)
-      return None
-
-  def _Reread(self):
-    """Re-reads the cluster file: a task at a new address, or a new task.
-
-    A task listed at a new address is a replacement of that task: lost until
-    the new address serves. Tasks no longer listed stay as they are (a task
-    in use that is gone is noticed at the next step).
-    """
-    if not self._spec_file:
-      return
-    text = self._ReadSpec()
-    if text is None or text == self._spec_text:
-      return
-    self._spec_text = text
-    try:
-      workers = cluster_spec_lib.Parse(text, '--cluster_spec=@%s' %
-                                       self._spec_file).workers
-    except cluster_spec_lib.ClusterSpecError as e:
-      self._echo('elastic: warning: %s' % e)
-      return
-    with self._lock:
-      for i, address in enumerate(workers):
-        if i < len(self.slots):
-          slot = self.slots[i]
-          if slot.address != address:
-            self._echo('elastic: %s listed at %s now (was %s), in %s' %
-                       (slot.name, address, slot.address, self._spec_file))
-            slot.address, slot.devices = address, None
-            if slot.state == SPARE:
-              slot.state = LOST
-        else:
-          self._echo('elastic: task %d at %s added in %s' %
-                     (i, address, self._spec_file))
-          self.slots.append(Slot(i, address, None, LOST))
-
-  def _Join(self, slots):
-    """Marks the serving ones of `slots` spare (devices asked for); theirs."""
-    joined = []
-    reasons = self._Reasons(slots)
-    for slot in slots:
-      if reasons[slot.index] is not None:
-        continue
-      if slot.devices is None:
-        try:
-          slot.devices = self._Discover(slot)
-        except (tf.errors.OpError, devices_lib.DiscoveryError) as e:
-          self._echo('elastic: %s serves, but its devices: %s' %
-                     (slot.Describe(), str(e).splitlines()[0]))
-          continue
-      slot.state = SPARE
-      joined.append(slot)
-    return joined
 
   # Shapes.
 
@@ -379,14 +259,7 @@ class Elastic:
       model_select.SetStageDevices(
           test, devices[:len(devices) // shape.replicas],
           loop=shape.loop_stages, exact=True)
-    used_ids = {s.index for s in used}
-    given = {s.index for s in slots}
-    with self._lock:
-      for slot in self.slots:
-        if slot.index in used_ids:
-          slot.state = USED
-        elif slot.index in given:
-          slot.state = SPARE
+    self.members.Use(used, slots)
     self._placement.UseServers(
         [s.address for s in used], task_devices, [s.name for s in used],
         local_workers=[s.index for s in used] if self._local else None)
@@ -479,15 +352,13 @@ class Elastic:
     """Probes lost and spare tasks; asks for a move when they add devices."""
     while not self._stop.wait(self._poll_secs):
       try:
-        self._Reread()
+        self.members.Reread()
         with self._lock:
-          waiting = [s for s in self.slots if s.state in (LOST, SPARE)]
-          if self._move is not None or not waiting:
+          if self._move is not None or not self.members.In(LOST, SPARE):
             continue
-        back = [s for s in waiting if s.state == LOST]
-        joined = self._Join(back) if back else []
-        with self._lock:
-          serving = [s for s in self.slots if s.state in (USED, SPARE)]
+        back = self.members.In(LOST)
+        joined = self.members.Join(back) if back else []
+        serving = self.members.In(USED, SPARE)
         count = sum(len(s.devices) for s in serving)
         considered = (frozenset((s.index, s.address) for s in serving),
                       self.shape)
@@ -524,7 +395,7 @@ class Elastic:
         devices=self.shape.num_devices, how=self._choice.how,
         note=self._choice.note, checkpoint=ckpt, checkpoint_step=ckpt_step,
         step_before=before, steps_redone=max(0, before - ckpt_step),
-        tasks=[s.name for s in self.slots if s.state == USED])
+        tasks=[s.name for s in self.members.In(USED)])
 
   def Move(self, loop):
     """The run in the larger shape, after the loop stopped at a checkpoint."""
@@ -532,11 +403,9 @@ class Elastic:
     with self._lock:
       self._move = None
       proposal, self._rebalance = self._rebalance, None
-      candidates = [s for s in self.slots if s.state in (USED, SPARE)]
     if proposal is not None:
       return self._Rebalance(proposal, since, loop)
-    reasons = self._Reasons(candidates)
-    serving = [s for s in candidates if reasons[s.index] is None]
+    serving = self.members.Serving(self.members.In(USED, SPARE))
     old = self.shape
     try:
       choice = self._Choose(sum(len(s.devices) for s in serving),
@@ -550,7 +419,7 @@ class Elastic:
     self._pending = self._Event('grow', since, loop.step, old, added=added)
     self._echo('elastic: growing to %d device(s) of %s: %s -> %s (%s: %s); '
                '%s, no step redone' % (
-                   self.shape.num_devices, self._Tasks(), old.label,
+                   self.shape.num_devices, self.members.Describe(), old.label,
                    self.shape.label, choice.how, choice.note,
                    _From(self._pending)))
     return self.run
@@ -561,9 +430,7 @@ class Elastic:
     choice = dataclasses.replace(self._choice, how='rebalance',
                                  note=proposal.Describe(),
                                  cut=tuple(proposal.sizes))
-    with self._lock:
-      used = [s for s in self.slots if s.state == USED]
-    self.run = self._Configure(used, choice)
+    self.run = self._Configure(self.members.In(USED), choice)
     self.replans += 1
     self._pending = self._Event('rebalance', since, loop.step, old)
     self._pending.update(old_cut=list(proposal.old_sizes),
@@ -594,17 +461,16 @@ class Elastic:
     self._fruitless = 1 if self._stepped else self._fruitless + 1
     self._stepped = False
     self._echo('worker lost: %s' % getattr(error, 'summary', error))
-    with self._lock:
-      used = [s for s in self.slots if s.state == USED]
-    reasons = self._Reasons(used)
+    used = self.members.In(USED)
+    reasons = self.members.Reasons(used)
     lost = [s for s in used if reasons[s.index] is not None]
     for slot in lost:
       self._echo('elastic: %s is lost: %s' % (slot.Describe(),
                                               reasons[slot.index]))
     if lost and self._local is not None:
-      lost = self._RestartLocal(lost, self._max_restarts)
+      lost = self.members.RestartLocal(lost, self._max_restarts)
     elif lost:
-      lost = self._AwaitRemote(lost, self._wait_secs)
+      lost = self.members.AwaitRemote(lost, self._wait_secs)
     old = self.shape
     ckpt = checkpoints.Newest(self._start_run.logdir)
     if not lost:
@@ -612,18 +478,15 @@ class Elastic:
         raise ElasticError(
             '%s: the tasks serve, but %d recoveries in a row failed before '
             'a step: training stopped. The last checkpoint (%s) is intact' %
-            (error.summary, self._fruitless - 1, ckpt or 'none yet'))
+            (getattr(error, 'summary', error), self._fruitless - 1,
+             ckpt or 'none yet'))
       kind, choice = 'restart', self._choice
       slots = used
     else:
       kind = 'shrink'
-      with self._lock:
-        for slot in lost:
-          slot.state = LOST
-        spares = [s for s in self.slots if s.state == SPARE]
-      spare_reasons = self._Reasons(spares)
-      slots = [s for s in self.slots if s.state == USED or
-               (s.state == SPARE and spare_reasons[s.index] is None)]
+      self.members.Lose(lost)
+      slots = self.members.In(USED) + self.members.Serving(
+          self.members.In(SPARE))
       count = sum(len(s.devices) for s in slots)
       try:
         choice = self._Choose(count, ckpt)
@@ -649,65 +512,11 @@ class Elastic:
       self._echo(
           'elastic: shrinking to %d device(s) of %s: %s -> %s (%s: %s); %s, '
           'redoing %d step(s)' % (
-              self.shape.num_devices, self._Tasks(), old.label,
+              self.shape.num_devices, self.members.Describe(), old.label,
               self.shape.label, choice.how, choice.note, _From(event),
               event['steps_redone']))
     return self.run
 
-  def _Tasks(self):
-    """'task 0, task 2 (spare: task 3)': the tasks in use, and the spares."""
-    with self._lock:
-      used = [s.name for s in self.slots if s.state == USED]
-      spare = [s.name for s in self.slots if s.state == SPARE]
-    return ', '.join(used) + (' (spare: %s)' % ', '.join(spare)
-                              if spare else '')
-
-  def _RestartLocal(self, lost, max_worker_restarts):
-    """Restarts lost local workers while allowed; the ones still lost."""
-    still = []
-    for slot in lost:
-      placement = self._placement
-      if placement.restarts >= max_worker_restarts:
-        still.append(slot)
-        continue
-      placement.restarts += 1
-      self._echo('elastic: restarting %s (restart %d of %d, '
-                 '--max_worker_restarts)' % (slot.name, placement.restarts,
-                                             max_worker_restarts))
-      try:
-        self._local.ReplaceWorker(slot.index)
-      except (local_cluster.WorkerDiedError, memory_cap.MemoryCapError,
-              RuntimeError, OSError) as e:
-        self._echo('elastic: %s could not be restarted: %s' % (slot.name, e))
-        still.append(slot)
-        continue
-      slot.address = self._local.cluster_def['worker'][slot.index]
-      self._echo('elastic: %s restarted at %s (pid %d)' % (
-          slot.name, slot.address, self._local.pids[slot.index]))
-    return still
-
-  def _AwaitRemote(self, lost, wait_secs, poll_secs=0.5):
-    """Waits for lost servers (or replacements in the file); still lost."""
-    self._echo('elastic: waiting up to %g s (--worker_wait_secs) for %s to '
-               'serve again' % (wait_secs, ', '.join(s.name for s in lost)))
-    deadline = time.time() + wait_secs
-    start = time.time()
-    while True:
-      self._Reread()
-      reasons = self._Reasons(lost)
-      back = [s for s in lost if reasons[s.index] is None]
-      for slot in back:
-        if slot.devices is None:
-          try:
-            slot.devices = self._Discover(slot)
-          except (tf.errors.OpError, devices_lib.DiscoveryError):
-            continue
-        self._echo('elastic: %s serves again after %.1f s' %
-                   (slot.Describe(), time.time() - start))
-        lost = [s for s in lost if s is not slot]
-      if not lost or time.time() >= deadline:
-        return lost
-      time.sleep(min(poll_secs, max(0.0, deadline - time.time())))
 
 
 def _From(event):

@@ -8,9 +8,9 @@ takes longer than its share of the cost says, and every step waits for it.
 ``Rebalancer`` watches the traced steps: each stage's busy seconds over its
 layers' cost is the device's *seconds per unit of cost*. A stage whose
 figure is more than ``THRESHOLD`` (25%) above the median of the others' in
-each of ``TRACES`` traced steps in a row is slow; then the devices' factors (their
-figures over the fastest one's, the median of those traced steps) cut the
-layers again (``gpipe.balance.PartitionByCost`` with a factor per stage),
+each of ``TRACES`` traced steps in a row is slow; then the devices' factors
+(their figures over the fastest one's, the median of those traced steps) cut
+the layers again (``gpipe.balance.PartitionByCost`` with a factor per stage),
 and when the new cut's predicted bottleneck is at least ``GAIN`` (10%)
 below the current one, ``Observe`` proposes it. The math of a step does not
 depend on the cut, so a move to it keeps the losses.
