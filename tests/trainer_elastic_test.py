@@ -13,15 +13,18 @@ import os
 import re
 import signal
 
+from gpipe.plan import profile as profile_lib
 from gpipe.runtime import local_cluster
 from lingvo import compat as tf
 from lingvo.core import test_utils
 from params import toy
 from tests import cluster_testlib
+from tests import plan_testlib
 from tests import polling
 from tests import trainer_testlib
 from tools.trainer import checkpoints
 from tools.trainer import elastic
+from tools.trainer import planned
 from tools.trainer import summaries
 
 _Log = trainer_testlib.ReadLog
@@ -139,6 +142,53 @@ class TrainerElasticTest(_Helpers, test_utils.TestCase):
     for history in before:
       self._AssertLossesOf(reference, history)
     self._AssertLossesOf(reference, recovered)
+
+  def testShapesFromTheRunsProfile(self):
+    logdir = self.create_tempdir().full_path
+    log_path = os.path.join(self.create_tempdir().full_path, 'trainer.log')
+    # The planner's profile of the run (as --plan=auto leaves it): equal
+    # layers. On 3 devices it picks 1F1B with 3 stages, on 2 four stages
+    # looped over them, R x M = 4 kept both times.
+    profile_lib.Save(plan_testlib.UniformProfile(
+        4, batch=32, model=trainer_testlib.TOY, param_bytes=33280.0),
+                     os.path.join(logdir, planned.PROFILE_FILE))
+    max_steps = 300
+    proc = trainer_testlib.Popen(
+        FLAGS + ['--logdir=' + logdir, '--worker_processes=4',
+                 '--max_steps=%d' % max_steps], log_path)
+    try:
+      pids = self._Wait(
+          proc, log_path, lambda: re.search(r'pids \[([\d, ]+)\]',
+                                            _Log(log_path)), 'workers')
+      pids = [int(p) for p in pids.group(1).split(',')]
+      for lost, moves in ((3, 0), (1, 1)):
+        self._Wait(proc, log_path,
+                   lambda m=moves: _Log(log_path).count('elastic: first '
+                                                        'step in') >= m,
+                   'the run to go on after %d move(s)' % moves)
+        start = _Steps(logdir)
+        self._Wait(proc, log_path, lambda s=start: _Steps(logdir) >= s + 15,
+                   'steps before losing worker %d' % lost)
+        os.kill(pids[lost], signal.SIGKILL)
+      proc.wait(timeout=polling.TimeLimit(300)[0])
+    finally:
+      if proc.poll() is None:
+        proc.kill()
+        proc.wait()
+    log = _Log(log_path)
+    self.assertEqual(0, proc.returncode, log)
+    self.assertRegex(
+        log, r'elastic: shrinking to 3 device\(s\) of task 0, task 1, task '
+        r"2: R=2 K=2 M=2 gpipe -> R=1 K=3 M=4 1f1b \(profile: the planner's "
+        r'fastest on 3 of 3 device\(s\) \(1f1b R=1 K=3 M=4 never batched-W, '
+        r'cut \[2, 1, 1\]')
+    self.assertRegex(
+        log, r'elastic: shrinking to 2 device\(s\) of task 0, task 2: R=1 '
+        r"K=3 M=4 1f1b -> R=1 K=4 M=4 gpipe v=2 \(profile: ")
+    self.assertEqual(['profile', 'profile'],
+                     [e['how'] for e in elastic.ReadEvents(logdir)])
+    reference, _ = self._Reference(max_steps)
+    self._AssertLossesOf(reference, _Losses(logdir))
 
   def testARestartFirstThenSurvivorsThatCannotHoldTheModelStop(self):
     logdir = self.create_tempdir().full_path
