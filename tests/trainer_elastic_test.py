@@ -62,8 +62,9 @@ class _Helpers:
     self.assertAllClose([l for _, l in reference[:len(got)]],
                         [l for _, l in got], rtol=RTOL, atol=0)
 
-  def _Wait(self, proc, log_path, ready, what):
+  def _Wait(self, proc, log_path, ready, what, interval_secs=0.05):
     return polling.WaitUntil(ready, what, process=proc,
+                             interval_secs=interval_secs,
                              details=lambda: _Log(log_path))
 
 
@@ -142,6 +143,43 @@ class TrainerElasticTest(_Helpers, test_utils.TestCase):
     for history in before:
       self._AssertLossesOf(reference, history)
     self._AssertLossesOf(reference, recovered)
+
+  def testALossDuringTheMoveIsPartOfIt(self):
+    logdir = self.create_tempdir().full_path
+    log_path = os.path.join(self.create_tempdir().full_path, 'trainer.log')
+    max_steps = 200
+    proc = trainer_testlib.Popen(
+        FLAGS + ['--logdir=' + logdir, '--worker_processes=4',
+                 '--max_steps=%d' % max_steps], log_path)
+    try:
+      pids = self._Wait(
+          proc, log_path, lambda: re.search(r'pids \[([\d, ]+)\]',
+                                            _Log(log_path)), 'workers')
+      pids = [int(p) for p in pids.group(1).split(',')]
+      self._Wait(proc, log_path, lambda: _Steps(logdir) >= 15, 'steps')
+      os.kill(pids[0], signal.SIGKILL)
+      # Task 1, a survivor, is lost while the run moves to tasks 1 and 2.
+      self._Wait(proc, log_path, lambda: 'elastic: shrinking' in _Log(
+          log_path), 'the move', interval_secs=0.005)
+      os.kill(pids[1], signal.SIGKILL)
+      proc.wait(timeout=polling.TimeLimit(300)[0])
+    finally:
+      if proc.poll() is None:
+        proc.kill()
+        proc.wait()
+    log = _Log(log_path)
+    self.assertEqual(0, proc.returncode, log)
+    self.assertRegex(log, r'elastic: shrinking to 2 device\(s\) of task 2, '
+                     r'task 3: R=2 K=2 M=2 gpipe -> R=1 K=2 M=4 gpipe')
+    events = elastic.ReadEvents(logdir)
+    self.assertEqual(['shrink'], [e['kind'] for e in events])
+    self.assertEqual(['task 0', 'task 1'],
+                     [l.split(' at ')[0] for l in events[0]['lost']])
+    self.assertEqual(events[0]['step_before'] - events[0]['checkpoint_step'],
+                     events[0]['steps_redone'])
+    self.assertGreater(events[0]['steps_redone'], 0)
+    reference, _ = self._Reference(max_steps)
+    self._AssertLossesOf(reference, _Losses(logdir))
 
   def testShapesFromTheRunsProfile(self):
     logdir = self.create_tempdir().full_path

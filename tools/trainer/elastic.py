@@ -164,6 +164,8 @@ class Elastic:
     self._pending = None
     self._move = None
     self._fruitless = 0
+    # The last step any loop did (steps redone count up to it).
+    self._last_step = 0
     # Rebalancing: the watch over traced steps (Built), each stage device's
     # stage, the first cut's layer costs, and a proposed cut.
     self._rebalancer = None
@@ -385,9 +387,24 @@ class Elastic:
                    (type(e).__name__, e))
 
   def _Event(self, kind, since, step_before, old, lost=(), added=()):
+    """A move's record: written to elastic.jsonl after its first step.
+
+    Args:
+      kind: 'shrink', 'grow', 'rebalance' or 'restart'.
+      since: when the loss was noticed (or the move began).
+      step_before: the last step the ending loop did (None: none).
+      old: the shape before.
+      lost: the lost tasks, with why.
+      added: the tasks taken in.
+
+    Returns:
+      A dict; steps_redone counts from the newest checkpoint to the last
+      step ever done (a loss during a move redoes the first loss's steps).
+    """
     ckpt = checkpoints.Newest(self._start_run.logdir)
     ckpt_step = checkpoints.GlobalStepOf(ckpt) if ckpt else 0
-    before = ckpt_step if step_before is None else step_before
+    self._last_step = max(self._last_step, step_before or 0, ckpt_step)
+    before = self._last_step
     return dict(
         kind=kind, since=since, time=time.time(), lost=list(lost),
         added=list(added), old=old.label, new=self.shape.label,
@@ -460,7 +477,14 @@ class Elastic:
     since = time.time()
     self._fruitless = 1 if self._stepped else self._fruitless + 1
     self._stepped = False
-    self._echo('worker lost: %s' % getattr(error, 'summary', error))
+    unfinished, self._pending = self._pending, None
+    summary = getattr(error, 'summary', None)
+    if summary is None:
+      # A new session's check (remote_tasks.Connect): its advice to start
+      # the servers and run again is what the move does next.
+      summary = '%s, starting the session of %s' % (
+          str(error).split(' (--cluster_spec')[0], self.shape.label)
+    self._echo('worker lost: %s' % summary)
     used = self.members.In(USED)
     reasons = self.members.Reasons(used)
     lost = [s for s in used if reasons[s.index] is not None]
@@ -500,9 +524,15 @@ class Elastic:
     self.run = self._Configure(slots, choice)
     if kind == 'shrink':
       self.replans += 1
-    self._pending = self._Event(
-        kind, since, loop.step, old,
-        lost=['%s: %s' % (s.Describe(), reasons[s.index]) for s in lost])
+    lost_text = ['%s: %s' % (s.Describe(), reasons[s.index]) for s in lost]
+    if unfinished is not None:
+      # Lost again before the last move's first step: one move from the
+      # shape and the time of the first loss.
+      since, lost_text = unfinished['since'], unfinished['lost'] + lost_text
+      old = reshape.Shape(**unfinished['old_shape'])
+      if unfinished['kind'] != 'restart':
+        kind = unfinished['kind'] if kind == 'restart' else kind
+    self._pending = self._Event(kind, since, loop.step, old, lost=lost_text)
     event = self._pending
     if kind == 'restart':
       self._echo('elastic: every task serves: going on in %s %s, redoing '
@@ -516,7 +546,6 @@ class Elastic:
               self.shape.label, choice.how, choice.note, _From(event),
               event['steps_redone']))
     return self.run
-
 
 
 def _From(event):
