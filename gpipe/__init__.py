@@ -33,8 +33,12 @@ public names are imported on first use).
                   worker.py (the worker binary), local_cluster.py (K worker
                   processes here), liveness.py (does the server at an
                   address answer), devices.py, layout.py (R x K stages on
-                  the devices), memory_cap.py, background.py (work in a
-                  thread of its own; RunIsolated for scratch layers)
+                  the devices), memory_cap.py and cpu_quota.py (a
+                  worker's memory cap and CPU quota; cgroups.py),
+                  background.py (work in a thread of its own; RunIsolated
+                  for scratch layers),
+                  session_cluster.py (a session over any set of running
+                  servers: the survivors of a lost one, a replacement)
   2  measure/     what a step did and what a model holds: timeline.py (the
                   tasks of a traced step), memory.py (peak memory per
                   device), param_count.py, run_time.py, gpu_audit.py (what

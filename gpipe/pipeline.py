@@ -239,6 +239,11 @@ class PipeliningLayer(executor.PipelineExecutor, base_layer.BaseLayer):
     return list(self._stage_sizes)
 
   @property
+  def layer_costs(self):
+    """The per-layer costs of the cut (None when stage_sizes was given)."""
+    return None if self._costs is None else list(self._costs)
+
+  @property
   def stage_devices(self):
     return list(self._devices)
 

@@ -5,6 +5,7 @@ features, four dense+dropout layers cut into 2 pipeline stages x 4
 micro-batches, softmax classifier. It trains in seconds on a CPU, so the
 trainer's checkpoint/resume, summaries, errors and worker-process tests run
 quickly without depending on the bigger image and translation models.
+In float64 (for tests that compare runs to 1e-10): ``FLOAT64_OVERRIDE``.
 """
 
 from gpipe.compat import lingvo_import  # pylint: disable=unused-import
@@ -23,6 +24,11 @@ from tasks import dense
 from tasks.image import task as image_task
 
 
+# --model_params_override text of the model in float64: weights, features,
+# activations and the loss.
+FLOAT64_OVERRIDE = 'task.dtype=float64; input.feature_dtype=float64'
+
+
 class FlatDigitsInput(dataset_input.DatasetInput):
   """scikit-learn digits as 64 features in [0, 1] and an int label."""
 
@@ -31,6 +37,7 @@ class FlatDigitsInput(dataset_input.DatasetInput):
     p = super().Params()
     p.Define('split', 'train', "'train' or 'test'.")
     p.Define('num_test', 360, 'Digits held out for the test split (of 1,797).')
+    p.Define('feature_dtype', 'float32', "The features' numpy dtype name.")
     return p
 
   def Examples(self):
@@ -43,7 +50,7 @@ class FlatDigitsInput(dataset_input.DatasetInput):
     digits = datasets.load_digits()
     order = np.random.RandomState(0).permutation(len(digits.target))
     chosen = order[:p.num_test] if p.split == 'test' else order[p.num_test:]
-    features = (digits.data[chosen] / 16.0).astype(np.float32)
+    features = (digits.data[chosen] / 16.0).astype(p.feature_dtype)
     labels = digits.target[chosen].astype(np.int32)
     return tf.data.Dataset.from_tensor_slices({
         'features': features,
@@ -52,7 +59,8 @@ class FlatDigitsInput(dataset_input.DatasetInput):
 
   def ExampleSpecs(self):
     """One example as Examples() yields it (for p.stand_in)."""
-    return {'features': tf.TensorSpec([64], tf.float32),
+    return {'features': tf.TensorSpec([64], tf.as_dtype(
+        self.params.feature_dtype)),
             'label': tf.TensorSpec([], tf.int32)}
 
 
@@ -158,3 +166,4 @@ class PipelinedDigitsMlp(base_model_params.SingleTaskModelParams):
         initial_value=1.0, final_value=0.1, total_steps=200)
     tp.max_steps = 200
     return p
+

@@ -33,6 +33,27 @@ class ParseTest(absltest.TestCase):
     self.assertEqual(1, cluster_spec.Parse(_TfConfig(index=1)).task)
     self.assertIsNone(cluster_spec.Parse('worker=h:1').task)
 
+  def testAFileHoldsAnyFormAndIsReadAgain(self):
+    path = os.path.join(self.create_tempdir().full_path, 'cluster.json')
+    for text in (json.dumps({'worker': WORKERS}), _TfConfig(index=0),
+                 'worker=10.0.0.1:2222,10.0.0.2:2222\n'):
+      with open(path, 'w') as f:
+        f.write(text)
+      self.assertEqual(tuple(WORKERS),
+                       cluster_spec.Parse('@' + path).workers)
+    self.assertEqual(path, cluster_spec.SpecFile(' @' + path))
+    self.assertIsNone(cluster_spec.SpecFile('worker=a:1'))
+    with open(path, 'w') as f:
+      f.write('{"worker": ["a:1", "b"]}')
+    with self.assertRaisesRegex(cluster_spec.ClusterSpecError,
+                                r"--cluster_spec=@%s \(job 'worker'\): 'b' "
+                                r'is not host:port' % path):
+      cluster_spec.Parse('@' + path)
+    with self.assertRaisesRegex(cluster_spec.ClusterSpecError,
+                                r'--cluster_spec=@/no/such: cannot read the '
+                                r'file \(No such file or directory\)'):
+      cluster_spec.Parse('@/no/such')
+
   def testOtherJobsAreKeptApartFromTheWorkers(self):
     description = cluster_spec.Parse('worker=a:1,b:1@ps=c:1')
     self.assertEqual(('a:1', 'b:1'), description.workers)

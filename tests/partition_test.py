@@ -13,13 +13,19 @@ from lingvo.core import test_utils
 from tests import pipeline_testlib
 
 
-def _BruteForceBottleneck(costs, k):
+def _Bottleneck(costs, sizes, factors=None):
+  bounds = np.cumsum([0] + list(sizes))
+  factors = factors or [1.0] * len(sizes)
+  return max(f * sum(costs[a:b])
+             for f, a, b in zip(factors, bounds, bounds[1:]))
+
+
+def _BruteForceBottleneck(costs, k, factors=None):
   best = float('inf')
   n = len(costs)
   for cuts in itertools.combinations(range(1, n), k - 1):
     bounds = (0,) + cuts + (n,)
-    worst = max(sum(costs[a:b]) for a, b in zip(bounds, bounds[1:]))
-    best = min(best, worst)
+    best = min(best, _Bottleneck(costs, np.diff(bounds), factors))
   return best
 
 
@@ -38,6 +44,27 @@ class PartitionByCostTest(test_utils.TestCase, parameterized.TestCase):
     bounds = np.cumsum([0] + sizes)
     worst = max(sum(costs[a:b]) for a, b in zip(bounds, bounds[1:]))
     self.assertEqual(worst, _BruteForceBottleneck(costs, k))
+
+  @parameterized.parameters(range(20))
+  def testOptimalBottleneckWithSlowerDevices(self, seed):
+    rng = np.random.RandomState(100 + seed)
+    n = rng.randint(2, 10)
+    k = rng.randint(1, n + 1)
+    costs = list(rng.randint(0, 20, size=n).astype(float))
+    factors = list(rng.uniform(0.5, 3.0, size=k))
+    sizes = partition.PartitionByCost(costs, k, stage_factors=factors)
+    self.assertEqual(sum(sizes), n)
+    self.assertGreaterEqual(min(sizes), 1)
+    self.assertAlmostEqual(_BruteForceBottleneck(costs, k, factors),
+                           _Bottleneck(costs, sizes, factors))
+
+  def testASlowDeviceGetsFewerLayers(self):
+    self.assertEqual([2, 2], partition.PartitionByCost([1, 1, 1, 1], 2))
+    self.assertEqual([3, 1], partition.PartitionByCost([1, 1, 1, 1], 2,
+                                                       stage_factors=[1, 4]))
+    with self.assertRaisesRegex(ValueError, 'stage_factors must be 2 finite '
+                                'factors > 0'):
+      partition.PartitionByCost([1, 1], 2, stage_factors=[1, 0])
 
   def testHeavyLayerGetsItsOwnStage(self):
     self.assertEqual(partition.PartitionByCost([1, 1, 10, 1, 1], 3),

@@ -9,7 +9,10 @@ The worker binary and the trainer read the same descriptions:
   ``{"cluster": {"worker": [...]}, "task": {"type": "worker", "index": i}}``
   (given as JSON text, in the environment or as a flag value);
 * Slurm's environment inside an ``srun`` step, read through
-  ``tf.distribute.cluster_resolver.SlurmClusterResolver``.
+  ``tf.distribute.cluster_resolver.SlurmClusterResolver``;
+* ``@path``: a file holding any of the text forms, read again whenever the
+  caller asks (``SpecFile``; the trainer's ``--elastic`` re-reads it, so a
+  supervisor can add or replace hosts by rewriting it).
 
 Only the job ``worker`` runs pipeline stages; other jobs of a description
 (``chief``, ``ps``, ``evaluator``) are not served or contacted. Errors say
@@ -241,11 +244,34 @@ def FromJson(text, where='--cluster_spec', require_worker=False,
   return _Description(config, where, None, source or where)
 
 
+def SpecFile(text):
+  """The file of an '@path' description, or None for the other forms."""
+  text = (text or '').strip()
+  return text[1:] if text.startswith('@') else None
+
+
+def ReadSpecFile(path, where='--cluster_spec'):
+  """The text of a description file (ClusterSpecError if unreadable)."""
+  try:
+    with open(path) as f:
+      text = f.read()
+  except OSError as e:
+    raise ClusterSpecError('%s=@%s: cannot read the file (%s); write the '
+                           'cluster into it, %s' %
+                           (where, path, e.strerror or e, EXAMPLE)) from None
+  if text.strip().startswith('@'):
+    raise ClusterSpecError('%s=@%s: the file names another file (%s); write '
+                           'the cluster itself into it' %
+                           (where, path, text.strip()))
+  return text
+
+
 def Parse(text, where='--cluster_spec', require_worker=False):
   """A ClusterDescription from any of the text forms (see module doc).
 
   Args:
-    text: 'worker=h:p,...', a JSON cluster dict or TF_CONFIG JSON.
+    text: 'worker=h:p,...', a JSON cluster dict, TF_CONFIG JSON, or '@path'
+      of a file holding one of them.
     where: names the description in errors.
     require_worker: TF_CONFIG text must name a task of type "worker".
 
@@ -257,6 +283,10 @@ def Parse(text, where='--cluster_spec', require_worker=False):
       and shows good ones.
   """
   text = text.strip()
+  path = SpecFile(text)
+  if path is not None:
+    text = ReadSpecFile(path, where).strip()
+    where = '%s=@%s' % (where, path)
   if not text:
     raise ClusterSpecError('%s is empty; %s' % (where, EXAMPLE))
   if text.startswith('{'):

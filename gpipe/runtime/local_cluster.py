@@ -96,13 +96,35 @@ class LocalCluster:
     self.cpu_devices = cpu_devices
     self.ports = [FreePort() for _ in range(num_workers)]
     self.cluster_def = {JOB: ['localhost:%d' % p for p in self.ports]}
+    self._replaced = {}
     self._procs = []
     self._logs = []
     self.memory_cap_bytes = memory_cap_bytes
     self._caps = []
-    taskset = shutil.which('taskset') if pin_cores else None
-    if pin_cores and taskset is None:
+    self._options = dict(pin_cores=pin_cores, intra_op_threads=intra_op_threads,
+                         inter_op_threads=inter_op_threads, log_dir=log_dir,
+                         cpu_devices=cpu_devices)
+    if pin_cores and shutil.which('taskset') is None:
       raise RuntimeError('pin_cores needs the `taskset` command (util-linux)')
+    for i in range(num_workers):
+      try:
+        proc, log, cap = self._Start(i, 'worker_%d.log' % i)
+      except memory_cap_lib.MemoryCapError:
+        self.Stop()
+        raise
+      self._procs.append(proc)
+      self._logs.append(log)
+      if cap is not None:
+        self._caps.append(cap)
+    atexit.register(self.Stop)
+    if start_timeout is None:
+      start_timeout = 60.0 + 15.0 * num_workers
+    self._AwaitServing(list(range(num_workers)), start_timeout)
+
+  def _Start(self, i, log_name):
+    """Starts the process of worker `i`; (Popen, log file, memory cap)."""
+    opts = self._options
+    taskset = shutil.which('taskset') if opts['pin_cores'] else None
     ncores = os.cpu_count() or 1
     env = dict(os.environ)
     root = os.path.dirname(
@@ -110,60 +132,100 @@ class LocalCluster:
     env['PYTHONPATH'] = os.pathsep.join(
         [root] + [p for p in env.get('PYTHONPATH', '').split(os.pathsep) if p])
     env.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
-    for i in range(num_workers):
-      cmd = [
-          sys.executable, '-m', 'gpipe.runtime.worker', '--cluster',
-          json.dumps(self.cluster_def), '--task', str(i), '--exit_with_parent',
-          '--intra_op_threads', str(intra_op_threads),
-          '--inter_op_threads', str(inter_op_threads),
-          '--cpu_devices', str(cpu_devices)
-      ]
-      if taskset:
-        cmd = [taskset, '-c', str(i % ncores)] + cmd
-      if memory_cap_bytes:
-        try:
-          cap = memory_cap_lib.MemoryCap(
-              'gpipe_worker_%d_%d_%d' % (os.getpid(), id(self), i),
-              memory_cap_bytes)
-        except memory_cap_lib.MemoryCapError:
-          self.Stop()
-          raise
-        self._caps.append(cap)
-        cmd = cap.Command(cmd)
-      if log_dir:
-        os.makedirs(log_dir, exist_ok=True)
-        log = open(os.path.join(log_dir, 'worker_%d.log' % i), 'w')
-      else:
-        log = subprocess.DEVNULL
-      self._logs.append(log)
-      # Each worker in its own session: with Linux's autogroup scheduling a
-      # session shares one CPU share, so K workers in the launcher's session
-      # got no more CPU than one on a busy machine.
-      self._procs.append(
-          subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
-                           stdin=subprocess.DEVNULL, start_new_session=True))
-    atexit.register(self.Stop)
-    if start_timeout is None:
-      start_timeout = 60.0 + 15.0 * num_workers
+    cmd = [
+        sys.executable, '-m', 'gpipe.runtime.worker', '--cluster',
+        json.dumps(self.cluster_def), '--task', str(i), '--exit_with_parent',
+        '--intra_op_threads', str(opts['intra_op_threads']),
+        '--inter_op_threads', str(opts['inter_op_threads']),
+        '--cpu_devices', str(opts['cpu_devices'])
+    ]
+    if taskset:
+      cmd = [taskset, '-c', str(i % ncores)] + cmd
+    cap = None
+    if self.memory_cap_bytes:
+      cap = memory_cap_lib.MemoryCap(
+          'gpipe_worker_%d_%d_%d_%d' % (os.getpid(), id(self), i,
+                                        self._replaced.get(i, 0)),
+          self.memory_cap_bytes)
+      cmd = cap.Command(cmd)
+    if opts['log_dir']:
+      os.makedirs(opts['log_dir'], exist_ok=True)
+      log = open(os.path.join(opts['log_dir'], log_name), 'w')
+    else:
+      log = subprocess.DEVNULL
+    # Each worker in its own session: with Linux's autogroup scheduling a
+    # session shares one CPU share, so K workers in the launcher's session
+    # got no more CPU than one on a busy machine.
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
+                            env=env, stdin=subprocess.DEVNULL,
+                            start_new_session=True)
+    return proc, log, cap
+
+  def _AwaitServing(self, workers, start_timeout, on_failure=None):
+    """Waits until each of `workers` serves.
+
+    Args:
+      workers: task indices.
+      start_timeout: seconds.
+      on_failure: called before raising (default: Stop, every worker).
+    """
+    on_failure = on_failure or self.Stop
     deadline = time.time() + start_timeout
-    for i, address in enumerate(self.cluster_def[JOB]):
+    for i in workers:
+      address = self.cluster_def[JOB][i]
       while True:
         reason = liveness.Probe(address, _PROBE_SECS)
         if reason is None:
           break
         try:
-          self.CheckAlive()
+          # While starting all, any one's exit is reported at once.
+          self.CheckAlive(None if len(workers) == self.num_workers else [i])
         except WorkerDiedError:
-          self.Stop()
+          on_failure()
           raise
         if time.time() > deadline:
-          self.Stop()
+          on_failure()
           raise RuntimeError('worker %d did not start serving at %s within '
                              '%.0f s (%s)%s' % (
                                  i, address, start_timeout, reason,
                                  '; its log: %s' % self._logs[i].name
-                                 if log_dir else ''))
+                                 if hasattr(self._logs[i], 'name') else ''))
         time.sleep(0.2)
+
+  def ReplaceWorker(self, i, start_timeout=None):
+    """Starts a fresh process for worker `i` at a new port, the others kept.
+
+    The other workers keep the cluster description they were started with,
+    which names worker i's old port: only sessions that carry a cluster of
+    their own (gpipe.runtime.session_cluster) reach the replacement. Its
+    log is worker_<i>.replaced_<n>.log.
+
+    Args:
+      i: the worker's task index.
+      start_timeout: seconds to wait for it to serve (default 75).
+
+    Raises:
+      WorkerDiedError: it exited while starting.
+      RuntimeError: it did not serve in time.
+    """
+    old = self._procs[i]
+    if old.poll() is None:
+      old.kill()
+      old.wait()
+    if self._caps:
+      self._caps[i].Remove()
+    if hasattr(self._logs[i], 'close'):
+      self._logs[i].close()
+    self._replaced[i] = self._replaced.get(i, 0) + 1
+    self.ports[i] = FreePort()
+    self.cluster_def[JOB][i] = 'localhost:%d' % self.ports[i]
+    proc, log, cap = self._Start(i, 'worker_%d.replaced_%d.log' %
+                                 (i, self._replaced[i]))
+    self._procs[i], self._logs[i] = proc, log
+    if cap is not None:
+      self._caps[i] = cap
+    self._AwaitServing([i], 75.0 if start_timeout is None else start_timeout,
+                       on_failure=proc.kill)
 
   @property
   def target(self):
@@ -188,12 +250,17 @@ class LocalCluster:
     """The workers as the trainer's --cluster_spec, 'worker=h:p,h:p'."""
     return '%s=%s' % (JOB, ','.join(self.cluster_def[JOB]))
 
-  def CheckAlive(self):
-    """Raises WorkerDiedError if any worker has exited.
+  def CheckAlive(self, workers=None):
+    """Raises WorkerDiedError if any worker (of `workers`) has exited.
 
     WorkerMemoryCapError (a WorkerDiedError) if its memory cap killed it.
+
+    Args:
+      workers: the task indices to check (default: every worker).
     """
     for i, proc in enumerate(self._procs):
+      if workers is not None and i not in workers:
+        continue
       code = proc.poll()
       if code is None:
         continue

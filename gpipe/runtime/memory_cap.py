@@ -18,41 +18,12 @@ process's own (root, or a delegated subtree).
 """
 
 import os
-import time
 
-_MOUNTS = '/proc/mounts'
-_OWN_CGROUP = '/proc/self/cgroup'
+from gpipe.runtime import cgroups
 
 
 class MemoryCapError(RuntimeError):
   """The memory cap cannot be set up on this host."""
-
-
-def _MemoryMount():
-  """Where the cgroup v1 memory controller is mounted, or None."""
-  try:
-    with open(_MOUNTS) as f:
-      for line in f:
-        fields = line.split()
-        if (len(fields) >= 4 and fields[2] == 'cgroup' and
-            'memory' in fields[3].split(',')):
-          return fields[1]
-  except OSError:
-    pass
-  return None
-
-
-def _OwnMemoryCgroup():
-  """This process's memory cgroup path (relative to the mount), or None."""
-  try:
-    with open(_OWN_CGROUP) as f:
-      for line in f:
-        _, controllers, path = line.rstrip('\n').split(':', 2)
-        if 'memory' in controllers.split(','):
-          return path
-  except (OSError, ValueError):
-    pass
-  return None
 
 
 def ParentDirectory():
@@ -61,30 +32,12 @@ def ParentDirectory():
   Raises:
     MemoryCapError: no cgroup v1 memory controller, or not writable.
   """
-  mount = _MemoryMount()
-  own = _OwnMemoryCgroup()
-  if mount is None or own is None:
-    raise MemoryCapError(
-        'a worker memory cap needs the Linux cgroup v1 memory controller '
-        '(mounted at e.g. /sys/fs/cgroup/memory), which this host does not '
-        'have; run without the memory cap, or on a host that has it')
-  parent = os.path.join(mount, own.lstrip('/'))
-  if not os.access(parent, os.W_OK):
-    raise MemoryCapError(
-        'a worker memory cap makes a child cgroup under %s, but this process '
-        'may not write there; run as root (or in a container whose cgroup '
-        'is delegated to it), or without the memory cap' % parent)
-  return parent
+  return cgroups.ParentDirectory('memory', 'a worker memory cap',
+                                 MemoryCapError)
 
 
-def _Write(path, value):
-  with open(path, 'w') as f:
-    f.write(str(value))
-
-
-def _Read(path):
-  with open(path) as f:
-    return f.read()
+_Write = cgroups.Write
+_Read = cgroups.Read
 
 
 class MemoryCap:
@@ -150,13 +103,4 @@ class MemoryCap:
 
   def Remove(self, timeout=5.0):
     """Removes the cgroup once its processes are gone (idempotent)."""
-    deadline = time.time() + timeout
-    while os.path.isdir(self.path):
-      try:
-        os.rmdir(self.path)
-        return
-      except OSError:
-        # Busy until the kernel has finished with its last process.
-        if time.time() > deadline:
-          return
-        time.sleep(0.05)
+    cgroups.Remove(self.path, timeout)

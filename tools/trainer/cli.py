@@ -52,6 +52,7 @@ from lingvo import compat as tf
 from lingvo import model_registry  # pylint: disable=unused-import
 from tools.trainer import checkpoints
 from tools.trainer import decoder
+from tools.trainer import elastic as elastic_lib
 from tools.trainer import evaler
 from tools.trainer import inspect_model
 from tools.trainer import model_select
@@ -83,7 +84,8 @@ USER_ERRORS = (model_select.UnknownModelError, run_config.LogdirError,
 
 def _PlanFromFlags(asked):
   """--plan's Plan for the Settings `asked`, or None without --plan."""
-  if not asked.plan and not asked.memory_per_device:
+  if not asked.plan and (not asked.memory_per_device or asked.elastic):
+    # --elastic's moves take --memory_per_device as their cap.
     return None
   if asked.plan and asked.xla:
     # The planner measures uncompiled stages; XLA changes every stage's
@@ -169,6 +171,8 @@ def _Train(run, echo):
   Job) must not read a preempted run as finished, and a grace period after
   SIGTERM is too short for an evaluation.
   """
+  if run.elastic:
+    return _TrainElastic(run, echo)
   evaluate = lambda path: evaler.Evaluate(run, path=path, echo=echo)
   placement = run.placement
   while True:
@@ -198,6 +202,39 @@ def _Train(run, echo):
       echo('restarted %d worker processes (pids %s) serving %s' %
            (len(placement.cluster.pids), placement.cluster.pids,
             ', '.join(placement.cluster.ClusterSpecDict()['worker'])))
+  return _Finish(run, loop, step, path, evaluate, echo)
+
+
+def _TrainElastic(run, echo):
+  """_Train with --elastic: the run moves between shapes (elastic.py)."""
+  driver = elastic_lib.Elastic(run, echo)
+  # The run of the shape in use: evaluation follows the moves.
+  evaluate = lambda path: evaler.Evaluate(driver.run, path=path, echo=echo)
+  try:
+    while True:
+      loop = train_loop.TrainLoop(
+          driver.run,
+          after_checkpoint=evaluate if run.mode == 'train_and_eval' else None,
+          echo=echo, watch=driver)
+      try:
+        step, path = loop.Run()
+      except (train_loop.WorkerLostError,
+              remote_tasks.TaskUnreachableError) as e:
+        # A task unreachable before the first step: lost during the move.
+        if loop.stop_requested:
+          raise  # Ctrl-C or SIGTERM came first: stop, as asked.
+        driver.AfterLoss(e, loop)
+        continue
+      if not loop.moved:
+        break
+      driver.Move(loop)
+  finally:
+    driver.Close()
+  return _Finish(driver.run, loop, step, path, evaluate, echo)
+
+
+def _Finish(run, loop, step, path, evaluate, echo):
+  """After training: the stop signal's status, or the final evaluation."""
   if loop.interrupted:
     echo('stopped by %s after step %d (saved %s): no evaluation; run the '
          'same command to resume' % (loop.interrupted, step, path))
@@ -245,7 +282,7 @@ def main(argv):
       os._exit(code)  # pylint: disable=protected-access
     return code
   except (train_loop.WorkerLostError, placement_lib.WorkerRestartError,
-          remote_tasks.TaskUnreachableError) as e:
+          remote_tasks.TaskUnreachableError, elastic_lib.ElasticError) as e:
     print('trainer: error: %s' % e, file=sys.stderr, flush=True)
     sys.stdout.flush()
     # The session to the lost worker cannot be closed (it would wait for the

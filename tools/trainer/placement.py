@@ -35,6 +35,7 @@ from gpipe.runtime import cluster_spec as cluster_spec_lib
 from gpipe.runtime import devices as devices_lib
 from gpipe.runtime import layout
 from gpipe.runtime import local_cluster
+from gpipe.runtime import session_cluster as session_cluster_lib
 from lingvo import compat as tf
 from lingvo.core import cluster_factory
 from tools.trainer import remote_tasks
@@ -201,6 +202,11 @@ class Placement:
     self.worker_wait_secs = worker_wait_secs
     self.description = None
     self.task_devices = None
+    # --elastic: the servers sessions run on, numbered by the session (a
+    # gpipe.runtime.session_cluster.SessionCluster), and the local workers
+    # among them; None: the servers' own cluster (UseServers).
+    self.session_cluster = None
+    self.live_workers = None
     self._worker_args = dict(pin_cores=pin_cores, log_dir=log_dir,
                              cpu_devices=max(1, devices_per_task))
     description = None if worker_processes else cluster_spec_lib.Resolve(
@@ -299,6 +305,8 @@ class Placement:
         operation_timeout_in_ms=self.step_timeout_ms)
     if not self.session_graph_optimizer:
       config.graph_options.rewrite_options.disable_meta_optimizer = True
+    if self.session_cluster is not None:
+      self.session_cluster.Configure(config)
     if not self.distributed:
       config.device_count['CPU'] = self.num_cpus
     return config
@@ -333,7 +341,10 @@ class Placement:
     p.mode = 'sync'
     p.job = 'trainer_client'
     p.do_eval = do_eval
-    p.worker.name = '/job:worker' if self.distributed else '/job:localhost'
+    if self.session_cluster is not None:
+      p.worker.name = '/job:' + session_cluster_lib.JOB
+    else:
+      p.worker.name = '/job:worker' if self.distributed else '/job:localhost'
     p.worker.replicas = 1
     p.worker.cpus_per_replica = self.num_cpus
     p.worker.devices_per_split = self.num_cpus
@@ -342,7 +353,42 @@ class Placement:
   def CheckAlive(self):
     """Raises local_cluster.WorkerDiedError if a local worker has exited."""
     if self.cluster is not None:
-      self.cluster.CheckAlive()
+      self.cluster.CheckAlive(self.live_workers)
+
+  @property
+  def elastic(self):
+    """Whether sessions run on a session cluster (UseServers)."""
+    return self.session_cluster is not None
+
+  def UseServers(self, addresses, task_devices, task_names,
+                 local_workers=None):
+    """Runs the stages on these servers only, as tasks 0, 1, ... (--elastic).
+
+    Sessions carry their own cluster of these addresses
+    (gpipe.runtime.session_cluster), whatever cluster the servers were
+    started with: the servers that still serve after one is lost, or one
+    back at a new address. Each session's state is its own, so a step left
+    running on an old session cannot touch the next one's.
+
+    Args:
+      addresses: 'host:port' of the servers, in the session's task order.
+      task_devices: each server's devices as the session names them
+        (SessionCluster.Rename).
+      task_names: how messages name each server ('task 2').
+      local_workers: with --worker_processes, the LocalCluster indices of
+        the servers (only these are watched by CheckAlive).
+    """
+    self.session_cluster = session_cluster_lib.SessionCluster(addresses)
+    self.target = self.session_cluster.target
+    self.task_devices = [list(d) for d in task_devices]
+    self.devices = layout.Flatten(self.task_devices)
+    self.distributed = True
+    self.exact = True
+    self.live_workers = (list(local_workers) if local_workers is not None
+                         else None)
+    self.remote = remote_tasks.RemoteTasks(
+        addresses, task_names=task_names,
+        session_cluster=self.session_cluster)
 
   def Stop(self):
     if self.cluster is not None:

@@ -77,16 +77,27 @@ def StagesByTask(cfg):
 class RemoteTasks:
   """The tasks of job 'worker' given by address (see the module docstring)."""
 
-  def __init__(self, addresses, probe_timeout_secs=3.0):
+  def __init__(self, addresses, probe_timeout_secs=3.0, task_names=None,
+               session_cluster=None):
     """Constructor.
 
     Args:
       addresses: 'host:port' of task 0, 1, ...
       probe_timeout_secs: how long one probe waits for an answer.
+      task_names: how messages name task 0, 1, ... (default 'task <i>');
+        with a session cluster, the tasks' indices in the cluster
+        description, e.g. ['task 0', 'task 2', 'task 3'] after task 1 was
+        lost.
+      session_cluster: a gpipe.runtime.session_cluster.SessionCluster of
+        the addresses that sessions run on (--elastic), or None: the
+        servers' own cluster.
     """
     self.addresses = list(addresses)
     self.probe_timeout_secs = probe_timeout_secs
     self.stages = {}
+    self.task_names = list(task_names or
+                           ['task %d' % t for t in range(len(addresses))])
+    self.session_cluster = session_cluster
 
   def SetStages(self, cfg):
     """Names each task's stages after the model params `cfg`."""
@@ -95,8 +106,8 @@ class RemoteTasks:
   def Describe(self, task):
     """'task 1 at host:port (stage 1)'."""
     held = self.stages.get(task)
-    return 'task %d at %s (%s)' % (task, self.addresses[task],
-                                   ', '.join(held) if held else 'no stage')
+    return '%s at %s (%s)' % (self.task_names[task], self.addresses[task],
+                              ', '.join(held) if held else 'no stage')
 
   def Unreachable(self):
     """[(task, reason)] of the tasks that do not answer now, in task order."""
@@ -132,20 +143,23 @@ class RemoteTasks:
   def _MeshStep(self, target, timeout_secs):
     """One step in which every task adds up a value of every task."""
     graph = tf.Graph()
+    device = (self.session_cluster.DeviceName if self.session_cluster else
+              cluster_spec_lib.DeviceName)
     with graph.as_default():
       values = []
       for task in range(len(self.addresses)):
-        with tf.device(cluster_spec_lib.DeviceName(task)):
+        with tf.device(device(task)):
           # Random, so that graph optimization cannot fold the sums away.
           values.append(tf.random.uniform([]))
       sums = []
       for task in range(len(self.addresses)):
-        with tf.device(cluster_spec_lib.DeviceName(task)):
+        with tf.device(device(task)):
           sums.append(tf.add_n(values))
     timeout_ms = int(timeout_secs * 1000)
-    sess = tf.compat.v1.Session(
-        target, graph=graph,
-        config=tf.compat.v1.ConfigProto(operation_timeout_in_ms=timeout_ms))
+    config = tf.compat.v1.ConfigProto(operation_timeout_in_ms=timeout_ms)
+    if self.session_cluster:
+      self.session_cluster.Configure(config)
+    sess = tf.compat.v1.Session(target, graph=graph, config=config)
     try:
       sess.run(sums, options=tf.compat.v1.RunOptions(timeout_in_ms=timeout_ms))
     except BaseException:

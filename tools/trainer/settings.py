@@ -137,6 +137,15 @@ class Settings:
       300.0, 'With a running cluster and --max_worker_restarts: how long to '
       'wait for lost servers to serve again before stopping with the '
       'reason.')
+  elastic: bool = Setting(
+      False, 'With --worker_processes, --cluster_spec or TF_CONFIG: when a '
+      'task is lost and not back in time (--max_worker_restarts, '
+      '--worker_wait_secs), go on with the tasks that serve in a new shape '
+      "(R, K, M, schedule: the planner from the run's saved profile under "
+      '--memory_per_device, else the fallback rule; the global batch and R x '
+      'M kept where the counts allow) from the newest checkpoint; grow again '
+      'at a checkpoint when tasks come back (--cluster_spec=@FILE is read '
+      'again). See docs/ELASTIC.md.')
 
   # The training loop.
   checkpoint_every_n_steps: int = Setting(100, 'Checkpoint period.')
@@ -180,7 +189,8 @@ class Settings:
       'cut, M, schedule, remat, batched weight gradients, --data_parallel '
       'and --fprop_dtype; written to <logdir>/plan.json.')
   memory_per_device: str = Setting(
-      '', "With --plan=auto: each device's memory, e.g. '16GiB'.")
+      '', "With --plan=auto: each device's memory, e.g. '16GiB'; with "
+      '--elastic also the cap of the shapes it moves to.')
 
   def Values(self):
     """{name: value} of every setting (a shallow copy)."""

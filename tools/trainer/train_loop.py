@@ -118,7 +118,7 @@ def LearningRate(metrics):
 class TrainLoop:
   """Trains a registered model in `logdir`, resuming where it stopped."""
 
-  def __init__(self, run, after_checkpoint=None, echo=print):
+  def __init__(self, run, after_checkpoint=None, echo=print, watch=None):
     """Configures the loop (nothing runs yet).
 
     Args:
@@ -127,6 +127,13 @@ class TrainLoop:
       after_checkpoint: optional function(checkpoint path) called after
         each periodic checkpoint and the final one (e.g. an evaluation).
       echo: prints a console line.
+      watch: optional hooks of a run that changes its devices
+        (tools.trainer.elastic.Elastic): ``Built(model)`` once the graph is
+        built, ``FirstStep(step, writer)`` after the loop's first step,
+        ``Traced(step, tasks)`` after each traced step (its stage tasks,
+        gpipe.measure.timeline), and ``MoveAtCheckpoint(step)`` after each
+        periodic checkpoint, which ends the loop there when it returns
+        True (``moved``).
     """
     self._run = run
     self._placement = run.placement
@@ -138,6 +145,11 @@ class TrainLoop:
     self._last_saved = None
     self._done_after = None
     self._echo = echo
+    self._watch = watch
+    # The last step done (restored or trained), and whether the loop ended
+    # at a checkpoint for the watch to move the run (see __init__).
+    self.step = None
+    self.moved = False
     # The loop's SIGTERM/SIGINT handlers (_StopSignals), once it started.
     self._signals = None
     self._interrupted = None
@@ -181,6 +193,8 @@ class TrainLoop:
     task = built.task
     self._graph_ops = len(built.graph.get_operations())
     self._echo('built the training graph in %.1f s' % (time.time() - started))
+    if self._watch is not None:
+      self._watch.Built(built.model)
     for line in model_graph.Describe(built.model):
       self._echo(line)
     with built.graph.as_default(), self._startup.Phase(
@@ -222,6 +236,7 @@ class TrainLoop:
       with open(os.path.join(self._logdir, 'train_params.txt'), 'w') as f:
         f.write(cfg.ToText())
       step = int(sess.run(built.global_step))
+      self.step = step
       if resume:
         self._echo('resumed from %s at step %d' % (resume, step))
       step, path = self._Loop(sess, saver, fetches, built.global_step, step,
@@ -241,7 +256,13 @@ class TrainLoop:
     return step, path
 
   def _AwaitPendingRuns(self):
-    """Waits for the runs a lost master task left behind to end."""
+    """Waits for the runs a lost master task left behind to end.
+
+    Not with a session cluster (--elastic): each session's state is its
+    own there, so a run left on an old session cannot reach the new one's.
+    """
+    if self._placement.elastic:
+      return
     timeout = self._placement.step_timeout_ms / 1000 + 30
     while _PENDING_RUNS:
       thread = _PENDING_RUNS[0]
@@ -346,6 +367,7 @@ class TrainLoop:
         # One update per run. (A global step fetched in the same run as the
         # update may be read before or after its increment.)
         step += 1
+        self.step = step
         metrics = {k: float(v) for k, v in out['metrics'].items()}
         loss = metrics['loss']
         if not math.isfinite(loss):
@@ -359,6 +381,8 @@ class TrainLoop:
                                                    '(none yet)'))
         step_log.Append(step, metrics)
         meter.Count(metrics.get('num_samples_in_batch', batch_size))
+        if self._watch is not None and step == start_step + 1:
+          self._watch.FirstStep(step, writer)
         if trace:
           self._WriteTrace(writer, step, metadata)
         if step % self._log_every == 0 or step >= max_steps:
@@ -378,6 +402,10 @@ class TrainLoop:
           last_ckpt = self._Save(sess, saver, step)
           saved_step = step
           self._AfterCheckpoint(last_ckpt)
+          if (self._watch is not None and step < max_steps and
+              self._watch.MoveAtCheckpoint(step)):
+            self.moved = True
+            break
     except BaseException:
       # A failed run may have applied part of an update: never save it over
       # the last good checkpoint. (A second Ctrl-C ends here too: it stops
@@ -594,6 +622,8 @@ class TrainLoop:
     writer.Scalars(step, scalars)
     if png:
       writer.Image(step, 'pipeline/timeline', png)
+    if tasks and self._watch is not None:
+      self._watch.Traced(step, tasks)
     if tasks:
       os.makedirs(os.path.join(self._logdir, TRACE_DIR), exist_ok=True)
       timeline.WriteChromeTrace(tasks, TracePath(self._logdir, step),
@@ -632,7 +662,9 @@ class _DeathWatch:
     self._thread = None
 
   def __enter__(self):
-    if self._placement.cluster is not None:
+    # With a session cluster (--elastic) the survivors must keep running:
+    # a lost master is noticed by the loop's probe instead (_RunInThread).
+    if self._placement.cluster is not None and not self._placement.elastic:
       self._thread = threading.Thread(target=self._Watch, daemon=True)
       self._thread.start()
     return self

@@ -1,0 +1,97 @@
+"""--elastic rebalancing: a throttled worker's stage gets fewer layers.
+
+Worker 1 of two runs under a CPU quota of 0.3 cores (a cgroup v1 cpu
+controller, gpipe/runtime/cpu_quota.py; as root, skipped elsewhere). The toy
+model is widened to 512-unit layers on a batch of 512 and cut by flops, so
+its stages' work outweighs a step's fixed costs: the trainer sees stage 1
+slower than its share in traced steps, moves layer 2 to stage 0 at the next
+checkpoint, and the step gets faster with the same losses.
+"""
+
+from gpipe.compat import lingvo_import  # pylint: disable=unused-import
+
+import os
+import re
+
+from gpipe.runtime import cgroups
+from gpipe.runtime import cpu_quota
+from lingvo import compat as tf
+from lingvo.core import test_utils
+import numpy as np
+from tests import polling
+from tests import trainer_testlib
+from tools.trainer import elastic
+from tools.trainer import summaries
+
+_Log = trainer_testlib.ReadLog
+WIDE = ('task.network.layers[0].output_dim=512; '
+        'task.network.layers[1].input_dim=512; '
+        'task.network.layers[1].output_dim=512; '
+        'task.network.layers[2].input_dim=512; '
+        'task.network.layers[2].output_dim=512; '
+        'task.network.layers[3].input_dim=512; input.batch_size=512; '
+        'task.network.partition_cost=flops; '
+        'task.network.input_shapes=[[128, 64]]')
+STEPS = 60
+EVERY = 10
+
+
+class TrainerRebalanceTest(test_utils.TestCase):
+
+  def testAThrottledWorkerGetsFewerLayersAndTheStepGetsFaster(self):
+    try:
+      cgroups.ParentDirectory('cpu', 'this test', cpu_quota.CpuQuotaError)
+    except cpu_quota.CpuQuotaError as e:
+      self.skipTest(str(e))
+    logdir = self.create_tempdir().full_path
+    log_path = os.path.join(self.create_tempdir().full_path, 'trainer.log')
+    proc = trainer_testlib.Popen(
+        trainer_testlib.ResumableFlags(EVERY) + [
+            '--model_params_override=' + WIDE, '--logdir=' + logdir,
+            '--worker_processes=2', '--elastic', '--max_steps=%d' % STEPS,
+            '--trace_every_n_steps=2'], log_path)
+    try:
+      pids = polling.WaitUntil(
+          lambda: re.search(r'pids \[(\d+), (\d+)\]', _Log(log_path)),
+          'workers', process=proc, details=lambda: _Log(log_path))
+      with cpu_quota.CpuQuota('gpipe_test_%d' % os.getpid(), 0.3) as quota:
+        quota.Add(int(pids.group(2)))
+        proc.wait(timeout=polling.TimeLimit(240)[0])
+    finally:
+      if proc.poll() is None:
+        proc.kill()
+        proc.wait()
+    log = _Log(log_path)
+    self.assertEqual(0, proc.returncode, log)
+    self.assertRegex(
+        log, r'elastic: rebalancing after step \d+: stage\(s\) 1 slower than '
+        r'their share of the cost \(seconds per unit of cost 1.00, [\d.]+ '
+        r'times the fastest device\'s\): cut \[2, 2\] -> \[3, 1\]')
+    events = elastic.ReadEvents(logdir)
+    self.assertEqual(['rebalance'], [e['kind'] for e in events], log)
+    move = events[0]
+    self.assertEqual([2, 2], move['old_cut'])
+    self.assertEqual([3, 1], move['new_cut'])
+    self.assertEqual(0, move['steps_redone'])
+    self.assertEqual(0, move['checkpoint_step'] % EVERY)
+    # The traced steps after the move take less time than before it (the
+    # first traced step of each run left out: it builds and warms up).
+    spans = summaries.Read(logdir)['pipeline/span_sec']
+    before = [v for s, v in spans if 2 < s <= move['checkpoint_step']]
+    after = [v for s, v in spans if s > move['first_step']]
+    self.assertLess(np.median(after), 0.8 * np.median(before),
+                    (before, after))
+    # The cut does not change the math: an uninterrupted run's losses.
+    reference = self.create_tempdir().full_path
+    code, _, err = trainer_testlib.RunInProcess(
+        logdir=reference, max_steps=STEPS, model_params_override=WIDE,
+        **trainer_testlib.ResumableSettings(1000))
+    self.assertEqual(0, code, err)
+    got = trainer_testlib.Losses(logdir)
+    want = trainer_testlib.Losses(reference)
+    self.assertEqual([s for s, _ in want], [s for s, _ in got])
+    self.assertAllClose([l for _, l in want], [l for _, l in got], rtol=1e-5)
+
+
+if __name__ == '__main__':
+  tf.test.main()
