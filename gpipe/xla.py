@@ -48,9 +48,12 @@ stage's gradient sums) into TemporaryVariable ops that XLA has no kernel
 for, and the first step fails ("No registered 'TemporaryVariable' OpKernel
 for XLA_CPU_JIT"; seen on the benchmark's Transformer stack, L=8, width 256,
 batch 64, in some runs and not others: the pass decides from its memory
-estimate). ``SessionConfig`` turns that pass off; the trainer runs its
-sessions without Grappler unless ``--session_graph_optimizer`` (then
-``--xla`` may meet this failure).
+estimate). With oneDNN, Grappler's remapper fuses a batch matmul and its
+add inside a compiled function into ``_MklFusedBatchMatMulV2``, which XLA
+has no kernel for either (seen in a decoding step on worker sessions).
+``SessionConfig`` turns both passes off; the trainer runs its sessions
+without Grappler unless ``--session_graph_optimizer``, and then with
+``--xla`` uses ``SessionConfig``.
 
 Data-dependent shapes inside a stage (``tf.boolean_mask``, ``tf.unique``, a
 ``tf.range`` of a computed length) are not refused: TensorFlow 2.15's XLA

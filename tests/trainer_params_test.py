@@ -158,8 +158,17 @@ class PlacementTest(test_utils.TestCase):
     self.assertTrue(config.graph_options.rewrite_options.disable_meta_optimizer)
     config = placement.Placement(
         1, session_graph_optimizer=True).SessionConfig()
-    self.assertFalse(
-        config.graph_options.rewrite_options.disable_meta_optimizer)
+    rewrites = config.graph_options.rewrite_options
+    self.assertFalse(rewrites.disable_meta_optimizer)
+    self.assertEqual(rewrites.DEFAULT, rewrites.remapping)
+    # With --xla, not the passes that rewrite compiled functions into ops
+    # XLA lacks (gpipe.xla.SessionConfig).
+    config = placement.Placement(
+        1, session_graph_optimizer=True, compiled=True).SessionConfig()
+    rewrites = config.graph_options.rewrite_options
+    self.assertFalse(rewrites.disable_meta_optimizer)
+    self.assertEqual(rewrites.OFF, rewrites.remapping)
+    self.assertEqual(rewrites.NO_MEM_OPT, rewrites.memory_optimization)
 
 
 class ProgressTest(test_utils.TestCase):

@@ -31,6 +31,7 @@ blocking forever.
 import os
 
 from gpipe.compat import lingvo_import  # pylint: disable=unused-import
+from gpipe import xla
 from gpipe.runtime import cluster_spec as cluster_spec_lib
 from gpipe.runtime import devices as devices_lib
 from gpipe.runtime import layout
@@ -146,7 +147,8 @@ class Placement:
                step_timeout_secs=300, log_dir=None, pin_cores=False,
                device_type='auto', devices_per_task=0,
                connect_timeout_secs=10.0, plan_only=False, environ=None,
-               worker_wait_secs=300, session_graph_optimizer=False):
+               worker_wait_secs=300, session_graph_optimizer=False,
+               compiled=False):
     """Sets up (and for worker_processes, starts) the devices.
 
     Args:
@@ -173,6 +175,9 @@ class Placement:
         running cluster to serve again.
       session_graph_optimizer: run Grappler over the session's graph (see
         SessionConfig).
+      compiled: the stages are XLA-compiled (--xla): with Grappler on, the
+        passes that rewrite compiled functions into ops XLA lacks are off
+        (gpipe.xla.SessionConfig).
 
     Raises:
       ValueError: conflicting or impossible flags, named.
@@ -195,6 +200,7 @@ class Placement:
     self.num_stages = num_stages
     self.step_timeout_ms = int(step_timeout_secs * 1000)
     self.session_graph_optimizer = session_graph_optimizer
+    self.compiled = compiled
     self.cluster = None
     self.restarts = 0
     # The servers of a running cluster (a RemoteTasks), or None.
@@ -305,6 +311,8 @@ class Placement:
         operation_timeout_in_ms=self.step_timeout_ms)
     if not self.session_graph_optimizer:
       config.graph_options.rewrite_options.disable_meta_optimizer = True
+    elif self.compiled:
+      xla.SessionConfig(config)
     if self.session_cluster is not None:
       self.session_cluster.Configure(config)
     if not self.distributed:

@@ -191,7 +191,8 @@ def Settle(asked, plan=None, input_seed=None, environ=None):
       step_timeout_secs=asked.step_timeout_secs, pin_cores=asked.pin_cores,
       device_type=asked.device_type, devices_per_task=asked.devices_per_task,
       connect_timeout_secs=asked.connect_timeout_secs, environ=environ,
-      session_graph_optimizer=asked.session_graph_optimizer)
+      session_graph_optimizer=asked.session_graph_optimizer,
+      compiled=bool(asked.xla))
   settings = asked.Values()
   if asked.mode == 'inspect_model':
     placement = _PlanLayout(train, where, asked.data_parallel,
