@@ -28,6 +28,7 @@ from gpipe.plan import choice
 from gpipe.plan import profile as profile_lib
 from gpipe.plan import search
 from gpipe.plan import simulator
+from gpipe.plan import trainer_fit
 from gpipe.schedules import registry
 from gpipe import precision
 from gpipe.runtime import local_cluster
@@ -85,12 +86,14 @@ def _Parser():
                       help='the core to pin the measurement to')
   parser.add_argument('--repeats', type=int, default=5,
                       help='timed runs per measured figure (the median)')
-  parser.add_argument('--calibrate', default=True,
+  parser.add_argument('--calibrate', default=None,
                       action=argparse.BooleanOptionalAction,
                       help='time the whole model as one stage of the '
                       'executor and both workers computing at once '
-                      '(gpipe/plan/calibrate.py); --no-calibrate: the '
-                      "layers' figures as measured")
+                      '(gpipe/plan/calibrate.py; default: only with '
+                      '--no-trainer_step, whose traced reference runs '
+                      'give the task times otherwise); --no-calibrate: '
+                      "the layers' figures as measured")
   parser.add_argument('--trainer_step', default=True,
                       action=argparse.BooleanOptionalAction,
                       help='time a few steps of the trainer itself '
@@ -102,6 +105,13 @@ def _Parser():
                       'batch instead of the whole model (one too large '
                       'for a worker here; gpipe/plan/calibrate.py)')
   return parser
+
+
+def Calibrates(args):
+  """Whether to run the separate calibration (see --calibrate)."""
+  if args.calibrate is None:
+    return not args.trainer_step
+  return args.calibrate
 
 
 def DefaultRows(batch):
@@ -182,7 +192,7 @@ def MeasureProfile(args, log, cap=None):
           notes='one core (%d), %d intra-op + %d inter-op threads; override '
           '%r' % (args.core, INTRA_OP_THREADS, INTER_OP_THREADS,
                   args.model_params_override), log=log)
-    if args.calibrate:
+    if Calibrates(args):
       log('calibrating against the executor on the two workers')
       with _Timed('calibrating', log):
         profile = calibrate.CalibrateProfile(
@@ -204,18 +214,17 @@ def MeasureProfile(args, log, cap=None):
       log('warning: %s; the predictions leave out what the trainer\'s step '
           'adds to the pipeline\'s' % e)
       return profile
-    extra, factor = trainer_step.Fit(profile, measured)
-    for config, seconds in measured:
-      log('the trainer\'s step of %s: %.1f ms (the pipeline\'s predicted '
-          '%.1f ms)' % (config.label, 1e3 * seconds,
-                        1e3 * trainer_step.Predicted(profile, config)))
-    log('the trainer adds %.1f ms a step, and its update takes %.2fx the '
-        'modelled time' % (1e3 * extra, factor))
-    profile = profile.Replace(
-        trainer_seconds=extra, update_factor=factor,
-        trainer_reference=dict(
-            configs=[c.label for c, _ in measured], devices=args.devices,
-            seconds=[s for _, s in measured]))
+    for ref in measured:
+      log('the trainer\'s step of %s: %.1f ms (%d traced tasks)' % (
+          ref.config.label, 1e3 * ref.seconds, len(ref.tasks)))
+    profile = trainer_fit.Fit(profile, measured, log=log)
+    for ref in measured:
+      log('  fitted prediction of %s: %.1f ms' % (
+          ref.config.label,
+          1e3 * simulator.Predict(profile, ref.config).step_seconds))
+    profile = profile.Replace(trainer_reference=dict(
+        configs=[r.config.label for r in measured], devices=args.devices,
+        seconds=[r.seconds for r in measured]))
   return profile
 
 
