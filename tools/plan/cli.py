@@ -69,7 +69,7 @@ def _Parser():
                       help='candidates to print')
   parser.add_argument('--rows', default='',
                       help='micro-batch sizes to measure, e.g. 4,16,64 '
-                      '(default: the batch / 1, 4, 16)')
+                      '(default: the batch / --devices and / 16)')
   parser.add_argument('--dtypes', default='float32',
                       help="compute dtypes to measure, e.g. 'float32,"
                       "bfloat16'")
@@ -114,9 +114,15 @@ def Calibrates(args):
   return args.calibrate
 
 
-def DefaultRows(batch):
-  """Micro-batch sizes to measure: the batch over 1, 4 and 16."""
-  return sorted({max(1, batch // m) for m in (1, 4, 16)})
+def DefaultRows(batch, devices=1):
+  """Micro-batch sizes to measure: the batch over the devices and over 16.
+
+  The layers' figures give relative costs, interpolated linearly in the
+  rows between two sizes (and extrapolated beyond them): the size of the
+  trainer's reference runs, which set the absolute times
+  (``tools/plan/trainer_step.py``), and a small one.
+  """
+  return sorted({max(1, batch // max(devices, 1)), max(1, batch // 16)})
 
 
 @contextlib.contextmanager
@@ -157,7 +163,7 @@ def MeasureProfile(args, log, cap=None):
                               described.loss[0] if described.loss else None),
       slots, args.devices, cap, args.memory_headroom)
   rows = ([int(r) for r in args.rows.split(',')] if args.rows else
-          DefaultRows(described.batch))
+          DefaultRows(described.batch, args.devices))
   dtypes = [precision.ParseFPropDtype(d).name for d in args.dtypes.split(',')]
   if (args.handover_latency is None) != (args.handover_bandwidth is None):
     raise ValueError('give both --handover_latency and --handover_bandwidth, '
