@@ -94,12 +94,12 @@ class PlanCliTest(absltest.TestCase):
     self.assertLessEqual(len(layer_runs), profile.num_layers)
     self.assertEqual(trainer_runs, [True, True])
     self.assertNotIn('calibrat', err)
-    # The trainer's own step, timed data-parallel (split backward) and
-    # pipelined over the two devices; the task factors come from their
+    # The trainer's own step, timed data-parallel and pipelined over the
+    # two devices (split backward); the task factors come from their
     # traced steps, at their micro-batch size.
     measured = re.findall(r"the trainer's step of (.*): ([\d.]+) ms", err)
     self.assertEqual([label for label, _ in measured],
-                     ['zb_h1 R=2 K=1 M=1 never', 'gpipe R=1 K=2 M=2 never'],
+                     ['gpipe R=2 K=1 M=1 never', 'zb_h1 R=1 K=2 M=2 never'],
                      err)
     self.assertEqual([c.label for c in trainer_step.References(profile, 2)],
                      profile.trainer_reference['configs'])

@@ -239,11 +239,11 @@ class TimeTest(absltest.TestCase):
     self.assertEqual(profile_lib.Load(path).trainer_seconds, 0.0)
 
   def testTheTrainersReferences(self):
-    # Data-parallel under a split backward, then pipelined over the devices
+    # Data-parallel, then pipelined over the devices under a split backward
     # (the fit to them: tests/plan_trainer_fit_test.py).
     profile = UniformProfile(4, batch=8)
     self.assertEqual([c.label for c in trainer_step.References(profile, 2)],
-                     ['zb_h1 R=2 K=1 M=1 never', 'gpipe R=1 K=2 M=2 never'])
+                     ['gpipe R=2 K=1 M=1 never', 'zb_h1 R=1 K=2 M=2 never'])
     self.assertEqual(
         [c.label for c in trainer_step.References(
             profile.Replace(loss_in_pipeline=False), 2)],

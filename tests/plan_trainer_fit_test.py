@@ -53,7 +53,7 @@ class TrainerFitTest(absltest.TestCase):
         handover=profile_lib.Handover(0.2, 1e30), trainer_seconds=0.75)
     refs = _References(truth, bare, 2)
     self.assertEqual([r.config.label for r in refs],
-                     ['zb_h1 R=2 K=1 M=1 never', 'gpipe R=1 K=2 M=2 never'])
+                     ['gpipe R=2 K=1 M=1 never', 'zb_h1 R=1 K=2 M=2 never'])
     # The traced factors carry the trace's slowdown; the scale removes it.
     traced = trainer_fit.TaskFactors(bare, refs)
     for kind, want in (('F', 2.0), ('B', 3.0), ('W', 1.5), ('BW', 2.5)):

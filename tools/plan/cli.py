@@ -84,16 +84,19 @@ def _Parser():
                       help='bytes/s between devices')
   parser.add_argument('--core', type=int, default=0,
                       help='the core to pin the measurement to')
-  parser.add_argument('--repeats', type=int, default=5,
-                      help='timed runs per measured figure (the median)')
+  parser.add_argument('--repeats', type=int, default=3,
+                      help='timed runs per measured figure (the fastest of '
+                      "a layer's; they give relative costs, the trainer's "
+                      'traced runs the absolute times)')
   parser.add_argument('--calibrate', default=None,
                       action=argparse.BooleanOptionalAction,
                       help='time the whole model as one stage of the '
                       'executor and both workers computing at once '
                       '(gpipe/plan/calibrate.py; default: only with '
-                      '--no-trainer_step, whose traced reference runs '
-                      'give the task times otherwise); --no-calibrate: '
-                      "the layers' figures as measured")
+                      '--no-trainer_step or --calibrate_layers, the '
+                      'traced reference runs of the trainer give the task '
+                      "times otherwise); --no-calibrate: the layers' "
+                      'figures as measured')
   parser.add_argument('--trainer_step', default=True,
                       action=argparse.BooleanOptionalAction,
                       help='time a few steps of the trainer itself '
@@ -110,7 +113,7 @@ def _Parser():
 def Calibrates(args):
   """Whether to run the separate calibration (see --calibrate)."""
   if args.calibrate is None:
-    return not args.trainer_step
+    return not args.trainer_step or args.calibrate_layers is not None
   return args.calibrate
 
 

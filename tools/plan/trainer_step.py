@@ -16,11 +16,16 @@ for) for a few steps of two reference configurations (``References``),
 tracing one step of each in its warm-up:
 
 * data-parallel: the whole model as one stage, one micro-batch, a replica
-  per device, under a split backward ('zb_h1': F, B and W tasks; 'gpipe'
-  for a model whose loss is computed after the pipeline): every device
-  computes, the client competes with all of them;
-* pipelined: the model cut over the devices (R=1, K=N, M=N, 'gpipe', an
-  unsplit backward): hand-overs between the workers.
+  per device ('gpipe': F and an unsplit backward): every device computes
+  all the time, the client competes with all of them;
+* pipelined: the model cut over the devices (R=1, K=N, M=N) under a split
+  backward ('zb_h1': F, B and W tasks; 'gpipe' for a model whose loss is
+  computed after the pipeline): hand-overs between the workers, devices
+  partly idle.
+
+A device computes more slowly while the other does too: the unsplit
+backward's factor comes from the first (as data-parallel candidates run),
+the split backward's from the second (as pipelined ones run).
 
 ``gpipe.plan.trainer_fit.Fit`` then scales the layers' figures to the
 traced task times, takes the hand-over's latency from the pipelined trace,
@@ -59,20 +64,19 @@ def References(profile, devices):
 
   Returns:
     A list of simulator.Configurations: data-parallel (R = the devices when
-    the batch splits evenly over them, else R = 1 on one device; 'zb_h1'
-    when the loss is computed per micro-batch, else 'gpipe'), then, when
-    the model has a layer per device and the batch splits into N
-    micro-batches, pipelined over the devices ('gpipe').
+    the batch splits evenly over them, else R = 1 on one device; 'gpipe'),
+    then, when the model has a layer per device and the batch splits into
+    N micro-batches, pipelined over the devices ('zb_h1' when the loss is
+    computed per micro-batch, else 'gpipe').
   """
   n = max(devices, 1)
   replicas = n if profile.batch % n == 0 else 1
-  first = 'zb_h1' if profile.loss_in_pipeline else 'gpipe'
   found = [simulator.Configuration(replicas, 1, (profile.num_layers,), 1,
-                                   first, 'never')]
+                                   'gpipe', 'never')]
   if n > 1 and profile.num_layers >= n and profile.batch % n == 0:
     found.append(simulator.Configuration(
-        1, n, search.Cut(profile, n, profile.batch // n), n, 'gpipe',
-        'never'))
+        1, n, search.Cut(profile, n, profile.batch // n), n,
+        'zb_h1' if profile.loss_in_pipeline else 'gpipe', 'never'))
   return found
 
 
