@@ -90,16 +90,17 @@ class PlanCliTest(absltest.TestCase):
     profile = profile_lib.Load(path)
     self.assertGreater(profile.num_layers, 1)
     # The planner's budget, counted: each layer once per size (equal layers
-    # once), two traced trainer runs, no separate calibration.
+    # once), three traced trainer runs, no separate calibration.
     self.assertLessEqual(len(layer_runs), profile.num_layers)
-    self.assertEqual(trainer_runs, [True, True])
+    self.assertEqual(trainer_runs, [True] * 3)
     self.assertNotIn('calibrat', err)
     # The trainer's own step, timed data-parallel and pipelined over the
     # two devices (split backward); the task factors come from their
     # traced steps, at their micro-batch size.
     measured = re.findall(r"the trainer's step of (.*): ([\d.]+) ms", err)
     self.assertEqual([label for label, _ in measured],
-                     ['gpipe R=2 K=1 M=1 never', 'zb_h1 R=1 K=2 M=2 never'],
+                     ['gpipe R=2 K=1 M=1 never', 'zb_h1 R=1 K=2 M=2 never',
+                      'zb_v R=1 K=4 v=2 M=2 never'],
                      err)
     self.assertEqual([c.label for c in trainer_step.References(profile, 2)],
                      profile.trainer_reference['configs'])

@@ -243,7 +243,8 @@ class TimeTest(absltest.TestCase):
     # (the fit to them: tests/plan_trainer_fit_test.py).
     profile = UniformProfile(4, batch=8)
     self.assertEqual([c.label for c in trainer_step.References(profile, 2)],
-                     ['gpipe R=2 K=1 M=1 never', 'zb_h1 R=1 K=2 M=2 never'])
+                     ['gpipe R=2 K=1 M=1 never', 'zb_h1 R=1 K=2 M=2 never',
+                      'zb_v R=1 K=4 v=2 M=2 never'])
     self.assertEqual(
         [c.label for c in trainer_step.References(
             profile.Replace(loss_in_pipeline=False), 2)],

@@ -13,7 +13,10 @@ TRACE_SLOWDOWN = 1.3
 
 
 def _Traced(truth, config):
-  """The tasks of a traced step of `config` as `truth` runs it."""
+  """The tasks of a traced step of `config` as `truth` runs it.
+
+  A task's call cost is its dispatch, outside the traced task.
+  """
   prediction = simulator.Predict(truth, config)
   tasks = []
   for replica in range(config.replicas):
@@ -22,7 +25,8 @@ def _Traced(truth, config):
         tasks.append(timeline.TaskTime(
             task.stage, task.micro_batch, task.phase,
             'worker%d' % (replica * config.devices_per_replica + dev),
-            TRACE_SLOWDOWN * start, TRACE_SLOWDOWN * end,
+            TRACE_SLOWDOWN * start,
+            TRACE_SLOWDOWN * (end - truth.call_seconds),
             TRACE_SLOWDOWN * start))
   return sorted(tasks, key=lambda t: (t.start, t.stage))
 
@@ -53,7 +57,8 @@ class TrainerFitTest(absltest.TestCase):
         handover=profile_lib.Handover(0.2, 1e30), trainer_seconds=0.75)
     refs = _References(truth, bare, 2)
     self.assertEqual([r.config.label for r in refs],
-                     ['gpipe R=2 K=1 M=1 never', 'zb_h1 R=1 K=2 M=2 never'])
+                     ['gpipe R=2 K=1 M=1 never', 'zb_h1 R=1 K=2 M=2 never',
+                      'zb_v R=1 K=4 v=2 M=2 never'])
     # The traced factors carry the trace's slowdown; the scale removes it.
     traced = trainer_fit.TaskFactors(bare, refs)
     for kind, want in (('F', 2.0), ('B', 3.0), ('W', 1.5), ('BW', 2.5)):
@@ -76,6 +81,29 @@ class TrainerFitTest(absltest.TestCase):
       got = simulator.Predict(fitted, c).step_seconds
       self.assertAlmostEqual(got / want, 1.0, delta=0.05, msg=c.label)
 
+  def testTheThirdReferenceGivesTheCostOfACall(self):
+    bare = _Profile()
+    truth = bare.Replace(
+        factors=(profile_lib.Factors(rows=4, F=2.0, B=3.0, W=1.5, BW=2.5,
+                                     R=2.0),),
+        call_seconds=0.4, trainer_seconds=0.75)
+    refs = _References(truth, bare, 2)
+    fitted = trainer_fit.Fit(bare, refs)
+    # A waiting task's dispatch shows in the traced hand-over delays too:
+    # the fit may share the call's cost with the hand-over's latency.
+    self.assertGreater(fitted.call_seconds, 0.2)
+    self.assertLessEqual(fitted.call_seconds, 0.45)
+    for c in [r.config for r in refs] + [
+        simulator.Configuration(1, 2, (2, 2), 4, '1f1b', 'never'),
+        simulator.Configuration(1, 4, (1, 1, 1, 1), 2, 'zb_v', 'never',
+                                stages_per_device=2),
+        simulator.Configuration(2, 1, (4,), 2, 'gpipe', 'never')]:
+      want = simulator.Predict(truth, c).step_seconds
+      got = simulator.Predict(fitted, c).step_seconds
+      self.assertAlmostEqual(got / want, 1.0, delta=0.05, msg=c.label)
+    # Two references: no call cost is fitted.
+    self.assertEqual(trainer_fit.Fit(bare, refs[:2]).call_seconds, 0.0)
+
   def testOneUntracedReferenceGivesTheFixedCostAlone(self):
     bare = _Profile()
     config = trainer_step.References(bare, 1)[0]
@@ -92,7 +120,7 @@ class TrainerFitTest(absltest.TestCase):
     refs = _References(truth, bare, 2)
     # A first reference far slower than any scale explains.
     wild = [refs[0]._replace(seconds=refs[0].seconds * 100), refs[1]]
-    scale, _ = trainer_fit.FitScale(trainer_fit.Fit(bare, refs), wild)
+    scale, _, _ = trainer_fit.FitScale(trainer_fit.Fit(bare, refs), wild)
     self.assertBetween(scale, trainer_fit.MIN_SCALE, trainer_fit.MAX_SCALE)
 
   def testChromeTraceRoundTrip(self):

@@ -18,8 +18,9 @@ pure Python:
    started this long after it (``traced.HandoverDelays``).
 3. ``FitScale``: tracing slows small ops down, so the traced factors give
    the split of the time between the tasks, not its total: one scale on all
-   of them and a fixed cost of the trainer's step (input, Lingvo's learner,
-   the client) are fitted so that the simulator's steps of the references
+   of them, a fixed cost of the trainer's step (input, Lingvo's learner,
+   the client) and, with a third reference, a cost of each task call beyond
+   the profile's are fitted so that the simulator's steps of the references
    match their untraced steps through the trainer.
 
 ``Fit`` does the three and returns the profile to search with.
@@ -51,6 +52,9 @@ SCALE_STEPS = 161
 SCALE_PRIOR = 1e-4
 # Golden-section steps refining the grid's best scale.
 REFINE_STEPS = 30
+# The step (seconds) on the call cost that gives each reference's
+# sensitivity to it (a task on the critical path counts once).
+CALL_PROBE = 1e-3
 
 
 def _Bare(profile):
@@ -185,15 +189,59 @@ def _Scaled(profile, scale, traced_latency):
   return scaled
 
 
-def FitScale(profile, references, traced_latency=None):
-  """(scale, fixed seconds) matching the references' untraced steps.
+def _LeastSquares(steps, slopes, measured, fit_call):
+  """(fixed, extra call seconds) >= 0 minimizing the squared relative error.
 
-  For a scale, the fixed cost is the mean of what the references' steps
-  take beyond the simulator's (with the profile's factors times the
-  scale; never below 0); the scale with the least squared relative error (plus
-  ``SCALE_PRIOR`` times its squared log) wins, searched on a geometric
-  grid in [MIN_SCALE, MAX_SCALE] and refined between the best point's
-  neighbours. One reference gives no scale: 1 and its difference.
+  Each prediction is ``step + slope * extra + fixed``.
+  """
+  weights = [1.0 / (y * y) for y in measured]
+  rest = [y - s for y, s in zip(measured, steps)]
+
+  def FixedAlone(extra):
+    total = sum(w * (r - n * extra) for w, r, n in zip(weights, rest, slopes))
+    return max(total / sum(weights), 0.0)
+
+  def ExtraAlone(fixed):
+    den = sum(w * n * n for w, n in zip(weights, slopes))
+    if den <= 0:
+      return 0.0
+    num = sum(w * n * (r - fixed) for w, r, n in zip(weights, rest, slopes))
+    return max(num / den, 0.0)
+
+  if not fit_call:
+    return FixedAlone(0.0), 0.0
+  # The normal equations of the two unknowns.
+  sw = sum(weights)
+  sn = sum(w * n for w, n in zip(weights, slopes))
+  snn = sum(w * n * n for w, n in zip(weights, slopes))
+  sr = sum(w * r for w, r in zip(weights, rest))
+  snr = sum(w * n * r for w, r, n in zip(weights, rest, slopes))
+  det = sw * snn - sn * sn
+  if det <= 1e-12 * max(sw * snn, 1e-30):
+    return FixedAlone(0.0), 0.0
+  fixed = (snn * sr - sn * snr) / det
+  extra = (sw * snr - sn * sr) / det
+  if extra < 0:
+    return FixedAlone(0.0), 0.0
+  if fixed < 0:
+    extra = ExtraAlone(0.0)
+    return FixedAlone(extra), extra
+  return fixed, extra
+
+
+def FitScale(profile, references, traced_latency=None):
+  """(scale, fixed seconds, extra call seconds) matching the references.
+
+  For a scale on the profile's factors, the trainer's fixed cost of a step
+  and, with three references or more, an extra cost of every task call (a
+  stage call dispatched in the trainer's step, beyond the profile's
+  ``call_seconds``: it weighs most in looped schedules of many small
+  tasks) are fitted by least squares to what the references' untraced
+  steps take beyond the simulator's (relative errors, both never below 0);
+  the scale with the least error (plus ``SCALE_PRIOR`` times its squared
+  log) wins, searched on a geometric grid in [MIN_SCALE, MAX_SCALE] and
+  refined between the best point's neighbours. One reference gives no
+  scale: 1 and its difference.
 
   Args:
     profile: the profile.Profile with its factors (no trainer cost).
@@ -203,23 +251,28 @@ def FitScale(profile, references, traced_latency=None):
       None to keep the profile's.
 
   Returns:
-    (scale, trainer_seconds).
+    (scale, trainer_seconds, extra call seconds).
   """
   base = profile.Replace(trainer_seconds=0.0)
   if len(references) < 2 or not base.factors:
     fixed = statistics.mean(r.seconds - _Step(base, r.config)
                             for r in references)
-    return 1.0, fixed
+    return 1.0, fixed, 0.0
+  measured = [r.seconds for r in references]
+  fit_call = len(references) >= 3
 
   def Cost(scale):
     scaled = _Scaled(base, scale, traced_latency)
     steps = [_Step(scaled, r.config) for r in references]
-    # The trainer adds to the pipeline's step, never takes from it.
-    fixed = max(statistics.mean(r.seconds - s
-                                for r, s in zip(references, steps)), 0.0)
-    cost = sum(((s + fixed - r.seconds) / r.seconds) ** 2
-               for r, s in zip(references, steps))
-    return cost + SCALE_PRIOR * math.log(scale) ** 2, fixed
+    slopes = [0.0] * len(steps)
+    if fit_call:
+      more = scaled.Replace(call_seconds=scaled.call_seconds + CALL_PROBE)
+      slopes = [(_Step(more, r.config) - s) / CALL_PROBE
+                for r, s in zip(references, steps)]
+    fixed, extra = _LeastSquares(steps, slopes, measured, fit_call)
+    cost = sum(((s + n * extra + fixed - y) / y) ** 2
+               for s, n, y in zip(steps, slopes, measured))
+    return cost + SCALE_PRIOR * math.log(scale) ** 2, fixed, extra
 
   ratio = (MAX_SCALE / MIN_SCALE) ** (1.0 / (SCALE_STEPS - 1))
   grid = [MIN_SCALE * ratio ** i for i in range(SCALE_STEPS)]
@@ -234,7 +287,7 @@ def FitScale(profile, references, traced_latency=None):
     else:
       lo = a
   scale = min((best, (lo + hi) / 2), key=lambda x: Cost(x)[0])
-  return scale, Cost(scale)[1]
+  return (scale,) + Cost(scale)[1:]
 
 
 def Fit(profile, references, log=None):
@@ -249,21 +302,24 @@ def Fit(profile, references, log=None):
     The fitted profile.Profile: ``factors`` (one size; without traced
     tasks the profile's own, scaled), ``contention`` 1 when traced (the
     references ran every device at once: it is in the factors), the
-    hand-over's latency, ``trainer_seconds`` and ``update_factor`` 1.
+    hand-over's latency, ``call_seconds`` (with three references or
+    more), ``trainer_seconds`` and ``update_factor`` 1.
   """
   fitted = profile.Replace(update_factor=1.0, trainer_seconds=0.0)
   factors = TaskFactors(profile, references)
   if factors is not None:
     fitted = fitted.Replace(factors=(factors,), contention=1.0)
   latency = HandoverLatency(fitted, references)
-  scale, fixed = FitScale(fitted, references, latency)
-  fitted = _Scaled(fitted, scale, latency).Replace(trainer_seconds=fixed)
+  scale, fixed, extra = FitScale(fitted, references, latency)
+  fitted = _Scaled(fitted, scale, latency).Replace(
+      trainer_seconds=fixed, call_seconds=fitted.call_seconds + extra)
   if log:
     if fitted.factors:
       log('task factors from the traced references: %s' % ', '.join(
           '%s %.2f' % (k, getattr(fitted.factors[0], k))
           for k in profile_lib.FACTOR_KINDS))
-    log('scale on the traced tasks %.2f; hand-over latency %.2f ms; the '
-        'trainer adds %.1f ms a step' % (scale, 1e3 * fitted.handover.latency,
-                                         1e3 * fixed))
+    log('scale on the traced tasks %.2f; hand-over latency %.2f ms; a task '
+        'call %.2f ms; the trainer adds %.1f ms a step' % (
+            scale, 1e3 * fitted.handover.latency,
+            1e3 * fitted.call_seconds, 1e3 * fixed))
   return fitted

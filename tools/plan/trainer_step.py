@@ -12,7 +12,8 @@ step off either way.
 
 ``Measure`` runs the trainer binary itself (``python -m tools.trainer
 --plan=FILE``, with the pinned worker processes the planner's figures are
-for) for a few steps of two reference configurations (``References``),
+for) for a few steps of two or three reference configurations
+(``References``),
 tracing one step of each in its warm-up:
 
 * data-parallel: the whole model as one stage, one micro-batch, a replica
@@ -21,7 +22,10 @@ tracing one step of each in its warm-up:
 * pipelined: the model cut over the devices (R=1, K=N, M=N) under a split
   backward ('zb_h1': F, B and W tasks; 'gpipe' for a model whose loss is
   computed after the pipeline): hand-overs between the workers, devices
-  partly idle.
+  partly idle;
+* looped: two stages per device (R=1, K=2N, v=2, M=N, 'zb_v'), when the
+  model has two layers per device: twice the task calls of the pipelined
+  one, which gives the cost of a call in the trainer's step.
 
 A device computes more slowly while the other does too: the unsplit
 backward's factor comes from the first (as data-parallel candidates run),
@@ -29,8 +33,8 @@ the split backward's from the second (as pipelined ones run).
 
 ``gpipe.plan.trainer_fit.Fit`` then scales the layers' figures to the
 traced task times, takes the hand-over's latency from the pipelined trace,
-and fits one scale and the trainer's fixed cost of a step to both untraced
-steps. With one device, or a model with fewer layers than devices, only
+and fits one scale, the trainer's fixed cost of a step and (with the third)
+a task call's cost to the untraced steps. With one device, or a model with fewer layers than devices, only
 the first reference runs.
 """
 import contextlib
@@ -67,7 +71,8 @@ def References(profile, devices):
     the batch splits evenly over them, else R = 1 on one device; 'gpipe'),
     then, when the model has a layer per device and the batch splits into
     N micro-batches, pipelined over the devices ('zb_h1' when the loss is
-    computed per micro-batch, else 'gpipe').
+    computed per micro-batch, else 'gpipe'), and with two layers per
+    device and a per-micro-batch loss, looped ('zb_v', v=2).
   """
   n = max(devices, 1)
   replicas = n if profile.batch % n == 0 else 1
@@ -77,6 +82,11 @@ def References(profile, devices):
     found.append(simulator.Configuration(
         1, n, search.Cut(profile, n, profile.batch // n), n,
         'zb_h1' if profile.loss_in_pipeline else 'gpipe', 'never'))
+  if (n > 1 and profile.loss_in_pipeline and profile.num_layers >= 2 * n
+      and profile.batch % n == 0):
+    found.append(simulator.Configuration(
+        1, 2 * n, search.Cut(profile, 2 * n, profile.batch // n), n, 'zb_v',
+        'never', stages_per_device=2))
   return found
 
 
