@@ -13,7 +13,10 @@ Measuring pins this process to one core (``--core``) with one intra-op
 thread, as the benchmark's and the trainer's pinned workers run a stage,
 and measures the hand-over between two such worker processes (or takes
 ``--handover_latency`` and ``--handover_bandwidth`` for a cluster that is
-not here).
+not here). The layers' figures give relative costs; the absolute task
+times, the hand-over's latency and what the trainer's step adds come from
+traced reference runs of the trainer itself (``tools/plan/trainer_step.py``,
+``gpipe.plan.trainer_fit``). Each phase logs how long it took.
 """
 
 import argparse
