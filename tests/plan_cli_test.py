@@ -1,5 +1,5 @@
 """python -m tools.plan: on a saved profile (the table, the plan, errors), and
-measuring a registered model calibrated on its first layer."""
+measuring a registered model through traced runs of the trainer."""
 
 import contextlib
 import io
@@ -14,7 +14,9 @@ from gpipe.plan import choice
 from gpipe.plan import profile as profile_lib
 from tests import plan_testlib
 from tools.plan import cli
+from gpipe.plan import profiling
 from tools.plan import trainer_step
+from tools.trainer import timed_run
 
 MIB = float(1 << 20)
 
@@ -62,33 +64,48 @@ class PlanCliTest(absltest.TestCase):
     self.assertIn("keeps each stage's gradient sum to the end of the step",
                   out)
 
-  def testMeasuresAModelCalibratingOnItsFirstLayer(self):
+  def testMeasuresAModelThroughTracedTrainerRuns(self):
     path = os.path.join(self.dir, 'measured.json')
-    code, out, err = _Main('--model', 'toy.PipelinedDigitsMlp', '--rows', '8',
-                           '--repeats', '1', '--calibrate_layers', '1',
-                           '--profile_out', path, '--devices', '2',
-                           '--max_micro_batches', '4')
+    trainer_runs = []
+    layer_runs = []
+    real_run = timed_run._Run
+    real_one = profiling._MeasureOne
+
+    def CountedRun(*args, **kwargs):
+      trainer_runs.append(kwargs.get('trace', args[-1]))
+      return real_run(*args, **kwargs)
+
+    def CountedOne(*args, **kwargs):
+      layer_runs.append(args[2])  # The rows.
+      return real_one(*args, **kwargs)
+
+    with mock.patch.object(timed_run, '_Run', CountedRun), \
+        mock.patch.object(profiling, '_MeasureOne', CountedOne):
+      code, out, err = _Main('--model', 'toy.PipelinedDigitsMlp',
+                             '--rows', '8', '--repeats', '1',
+                             '--profile_out', path, '--devices', '2',
+                             '--max_micro_batches', '4')
     self.assertEqual(code, 0, err)
     self.assertIn('Best: ', out)
     profile = profile_lib.Load(path)
     self.assertGreater(profile.num_layers, 1)
-    # Calibrated on the sample: its factors at the measured size.
-    self.assertEqual([f.rows for f in profile.factors], [8])
-    self.assertIn('calibrated at 8 rows', err)
-    # The trainer's own step, timed data-parallel and pipelined over the two
-    # devices; the profile's fixed cost and update factor make its
-    # predictions of both equal the trainer's steps.
+    # The planner's budget, counted: each layer once per size (equal layers
+    # once), three traced trainer runs, no separate calibration.
+    self.assertLessEqual(len(layer_runs), profile.num_layers)
+    self.assertEqual(trainer_runs, [True] * 3)
+    self.assertNotIn('calibrat', err)
+    # The trainer's own step, timed data-parallel and pipelined over the
+    # two devices (split backward); the task factors come from their
+    # traced steps, at their micro-batch size.
     measured = re.findall(r"the trainer's step of (.*): ([\d.]+) ms", err)
     self.assertEqual([label for label, _ in measured],
-                     ['gpipe R=2 K=1 M=1 never', 'gpipe R=1 K=2 M=2 never'],
+                     ['gpipe R=2 K=1 M=1 never', 'zb_h1 R=1 K=2 M=2 never',
+                      'zb_v R=1 K=4 v=2 M=2 never'],
                      err)
     self.assertEqual([c.label for c in trainer_step.References(profile, 2)],
                      profile.trainer_reference['configs'])
-    self.assertEqual(
-        (profile.trainer_seconds, profile.update_factor),
-        trainer_step.Fit(profile, list(zip(
-            trainer_step.References(profile, 2),
-            profile.trainer_reference['seconds']))))
+    self.assertEqual([f.rows for f in profile.factors], [profile.batch // 2])
+    self.assertEqual(profile.update_factor, 1.0)
 
   def testACapBelowTheWeightsIsRefusedBeforeMeasuring(self):
     # The toy's 13,130 float32 weights (52,520 bytes) over 2 devices, x (1 +

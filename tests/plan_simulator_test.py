@@ -238,37 +238,18 @@ class TimeTest(absltest.TestCase):
     profile_lib.WriteJson(old, path)
     self.assertEqual(profile_lib.Load(path).trainer_seconds, 0.0)
 
-  def testTheTrainersFixedCostAndUpdateFactorFitBothReferences(self):
-    # Steps the trainer took, made from a known fixed cost and factor: the
-    # fit finds them, and the profile then predicts both references.
-    profile = UniformProfile(4, batch=8, param_bytes=1000.0,
-                             memory_bandwidth=1000.0, update_traffic=4.0,
-                             call_seconds=0.1)
-    refs = trainer_step.References(profile, 2)
-    self.assertEqual([c.label for c in refs],
-                     ['gpipe R=2 K=1 M=1 never', 'gpipe R=1 K=2 M=2 never'])
-    truth = profile.Replace(trainer_seconds=0.3, update_factor=2.5)
-    measured = [(c, simulator.Predict(truth, c).step_seconds) for c in refs]
-    fixed, factor = trainer_step.Fit(profile, measured)
-    self.assertAlmostEqual(fixed, 0.3)
-    self.assertAlmostEqual(factor, 2.5)
-    # One reference (one device): the fixed cost alone, factor 1.
-    one = trainer_step.References(profile, 1)
-    self.assertLen(one, 1)
-    self.assertEqual(trainer_step.Fit(profile, [(one[0], simulator.Predict(
-        profile, one[0]).step_seconds + 0.2)])[1], 1.0)
-    # A trainer faster than the profile predicts: the correction shortens
-    # every prediction, and both references are predicted again.
-    fast = profile.Replace(trainer_seconds=-0.2, update_factor=0.5)
-    measured = [(c, simulator.Predict(fast, c).step_seconds) for c in refs]
-    fixed, factor = trainer_step.Fit(profile, measured)
-    self.assertAlmostEqual(fixed, -0.2)
-    self.assertAlmostEqual(factor, 0.5)
-    # References that differ by far more than their updates: the factor is
-    # bounded, and the fixed cost fits both on average.
-    wild = [(refs[0], measured[0][1] + 100.0), (refs[1], measured[1][1])]
-    self.assertEqual(trainer_step.Fit(profile, wild)[1],
-                     trainer_step.MAX_UPDATE_FACTOR)
+  def testTheTrainersReferences(self):
+    # Data-parallel, then pipelined over the devices under a split backward
+    # (the fit to them: tests/plan_trainer_fit_test.py).
+    profile = UniformProfile(4, batch=8)
+    self.assertEqual([c.label for c in trainer_step.References(profile, 2)],
+                     ['gpipe R=2 K=1 M=1 never', 'zb_h1 R=1 K=2 M=2 never',
+                      'zb_v R=1 K=4 v=2 M=2 never'])
+    self.assertEqual(
+        [c.label for c in trainer_step.References(
+            profile.Replace(loss_in_pipeline=False), 2)],
+        ['gpipe R=2 K=1 M=1 never', 'gpipe R=1 K=2 M=2 never'])
+    self.assertLen(trainer_step.References(profile, 1), 1)
 
   def testCalibrationScalesEachKindOfTask(self):
     factors = (profile_lib.Factors(rows=1, F=2.0, B=3.0, W=4.0, BW=5.0,

@@ -288,3 +288,46 @@ def WriteChromeTrace(tasks, path, step=None):
   with open(path, 'w') as f:
     json.dump(trace, f)
   return trace
+
+
+def ReadChromeTrace(path):
+  """The TaskTimes of a trace file written by ``WriteChromeTrace``.
+
+  Devices come from its process names; the recompute slices are folded back
+  into their tasks' ``recompute_end``; a task of all micro-batches (a
+  batched W) keeps its micro-batch as the file's text ('*').
+
+  Args:
+    path: the trace file.
+
+  Returns:
+    A list of TaskTime sorted by start, times in seconds.
+  """
+  with open(path) as f:
+    trace = json.load(f)
+  devices = {}
+  for e in trace['traceEvents']:
+    if e.get('ph') == 'M' and e.get('name') == 'process_name':
+      devices[e['pid']] = e['args']['name']
+  recompute = {}
+  tasks = []
+  for e in trace['traceEvents']:
+    if e.get('ph') != 'X':
+      continue
+    args = e['args']
+    start = e['ts'] * 1e-6
+    end = start + e['dur'] * 1e-6
+    key = (e['pid'], args['stage'], args['micro_batch'], args['phase'],
+           start)
+    if e.get('cat') == 'recompute':
+      recompute[key] = end
+      continue
+    tasks.append(TaskTime(args['stage'], args['micro_batch'],
+                          args['phase'], devices.get(e['pid'], str(e['pid'])),
+                          start, end, start))
+  out = []
+  for t in tasks:
+    pid = [p for p, d in devices.items() if d == t.device]
+    key = (pid[0] if pid else None, t.stage, t.micro_batch, t.phase, t.start)
+    out.append(t._replace(recompute_end=recompute.get(key, t.start)))
+  return sorted(out, key=lambda t: (t.start, t.stage))

@@ -185,8 +185,9 @@ class Profile(
       the trainer's step seconds; None if they were not.
     update_factor: the update's seconds through the trainer over those of
       ``update_traffic`` (Lingvo's learner reads and scales every gradient
-      before the optimizer's update), measured with ``trainer_seconds``;
-      1.0 when not measured.
+      before the optimizer's update); 1.0 when not measured (the planner's
+      traced references put the update's time in the fixed cost and the
+      task factors: ``gpipe.plan.trainer_fit``).
   """
 
   __slots__ = ()

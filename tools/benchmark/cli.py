@@ -247,7 +247,7 @@ def _Parser():
   p.add_argument('--top', type=int, default=4,
                  help='configurations to train: the pick, then the best of '
                  'each other shape and schedule family')
-  p.add_argument('--repeats', type=int, default=5,
+  p.add_argument('--repeats', type=int, default=3,
                  help="the planner's timed runs per profiled figure")
   p.add_argument('--steps', type=int, default=20,
                  help='timed trainer steps per configuration (the median)')

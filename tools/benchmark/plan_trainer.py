@@ -4,9 +4,10 @@ The ``plan`` subcommand checks the simulator on the benchmark's own stacks in
 its own runner. This one checks what a user meets: for each registered model
 that trains here,
 
-1. ``python -m tools.plan`` plans it for the devices (measuring its profile,
-   the trainer's own step included: ``tools/plan/trainer_step.py``), timed
-   from start to end;
+1. ``python -m tools.plan`` plans it for the devices (measuring its layers'
+   relative costs, then their absolute times and the trainer's own step
+   from two traced reference runs of the trainer:
+   ``tools/plan/trainer_step.py``), timed from start to end;
 2. the planner's pick and the best candidate of each other shape (R x K) and
    of each other schedule family, up to ``--top`` configurations, each run
    by the trainer itself (``python -m tools.trainer --plan=FILE
@@ -87,6 +88,7 @@ def _Plan(model, devices, workdir, repeats):
   seconds = time.time() - start
   for line in done.stdout.splitlines():
     if line.startswith(('timing', 'the trainer', 'calibrat', 'contention',
+                        'task factors', 'scale on', '  fitted', 'measuring',
                         'hand-over', 'Best')):
       report.Log('  ' + line)
   if done.returncode or not os.path.exists(plan_path):
@@ -142,7 +144,8 @@ def PlanTrainer(args):
     results.append(dict(
         model=model, plan_seconds=plan_seconds,
         trainer_ms=1e3 * profile.trainer_seconds,
-        update_factor=profile.update_factor,
+        task_factors=(profile.factors[0]._asdict() if profile.factors
+                      else None),
         pick_is_fastest=pick['measured_ms'] <= fastest * (1 + PICK_TOLERANCE),
         largest_error=max(abs(m['error']) for m in tested),
         configurations=measured))
@@ -155,10 +158,11 @@ def PlanTrainer(args):
                '%.1f ms)' % (model, plan_seconds, pick['config'],
                              pick['measured_ms'], fastest))
   summary = report.Table(
-      ['model', 'planning (s)', 'trainer adds (ms)', 'update factor',
+      ['model', 'planning (s)', 'trainer adds (ms)', 'task factors F/B/W',
        'largest error (not fitted)', 'pick is the fastest measured'],
       [[r['model'], '%.0f' % r['plan_seconds'], '%.1f' % r['trainer_ms'],
-        '%.2f' % r['update_factor'],
+        '/'.join('%.2f' % r['task_factors'][k] for k in 'FBW')
+        if r['task_factors'] else '-',
         '%.0f%%' % (100 * r['largest_error']),
         'yes' if r['pick_is_fastest'] else 'no'] for r in results])
   markdown = '\n'.join([

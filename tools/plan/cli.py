@@ -13,7 +13,10 @@ Measuring pins this process to one core (``--core``) with one intra-op
 thread, as the benchmark's and the trainer's pinned workers run a stage,
 and measures the hand-over between two such worker processes (or takes
 ``--handover_latency`` and ``--handover_bandwidth`` for a cluster that is
-not here).
+not here). The layers' figures give relative costs; the absolute task
+times, the hand-over's latency and what the trainer's step adds come from
+traced reference runs of the trainer itself (``tools/plan/trainer_step.py``,
+``gpipe.plan.trainer_fit``). Each phase logs how long it took.
 """
 
 import argparse
@@ -28,6 +31,7 @@ from gpipe.plan import choice
 from gpipe.plan import profile as profile_lib
 from gpipe.plan import search
 from gpipe.plan import simulator
+from gpipe.plan import trainer_fit
 from gpipe.schedules import registry
 from gpipe import precision
 from gpipe.runtime import local_cluster
@@ -68,7 +72,7 @@ def _Parser():
                       help='candidates to print')
   parser.add_argument('--rows', default='',
                       help='micro-batch sizes to measure, e.g. 4,16,64 '
-                      '(default: the batch / 1, 4, 16)')
+                      '(default: the batch / --devices and / 16)')
   parser.add_argument('--dtypes', default='float32',
                       help="compute dtypes to measure, e.g. 'float32,"
                       "bfloat16'")
@@ -83,14 +87,19 @@ def _Parser():
                       help='bytes/s between devices')
   parser.add_argument('--core', type=int, default=0,
                       help='the core to pin the measurement to')
-  parser.add_argument('--repeats', type=int, default=5,
-                      help='timed runs per measured figure (the median)')
-  parser.add_argument('--calibrate', default=True,
+  parser.add_argument('--repeats', type=int, default=3,
+                      help='timed runs per measured figure (the fastest of '
+                      "a layer's; they give relative costs, the trainer's "
+                      'traced runs the absolute times)')
+  parser.add_argument('--calibrate', default=None,
                       action=argparse.BooleanOptionalAction,
                       help='time the whole model as one stage of the '
                       'executor and both workers computing at once '
-                      '(gpipe/plan/calibrate.py); --no-calibrate: the '
-                      "layers' figures as measured")
+                      '(gpipe/plan/calibrate.py; default: only with '
+                      '--no-trainer_step or --calibrate_layers, the '
+                      'traced reference runs of the trainer give the task '
+                      "times otherwise); --no-calibrate: the layers' "
+                      'figures as measured')
   parser.add_argument('--trainer_step', default=True,
                       action=argparse.BooleanOptionalAction,
                       help='time a few steps of the trainer itself '
@@ -104,9 +113,22 @@ def _Parser():
   return parser
 
 
-def DefaultRows(batch):
-  """Micro-batch sizes to measure: the batch over 1, 4 and 16."""
-  return sorted({max(1, batch // m) for m in (1, 4, 16)})
+def Calibrates(args):
+  """Whether to run the separate calibration (see --calibrate)."""
+  if args.calibrate is None:
+    return not args.trainer_step or args.calibrate_layers is not None
+  return args.calibrate
+
+
+def DefaultRows(batch, devices=1):
+  """Micro-batch sizes to measure: the batch over the devices and over 16.
+
+  The layers' figures give relative costs, interpolated linearly in the
+  rows between two sizes (and extrapolated beyond them): the size of the
+  trainer's reference runs, which set the absolute times
+  (``tools/plan/trainer_step.py``), and a small one.
+  """
+  return sorted({max(1, batch // max(devices, 1)), max(1, batch // 16)})
 
 
 @contextlib.contextmanager
@@ -147,7 +169,7 @@ def MeasureProfile(args, log, cap=None):
                               described.loss[0] if described.loss else None),
       slots, args.devices, cap, args.memory_headroom)
   rows = ([int(r) for r in args.rows.split(',')] if args.rows else
-          DefaultRows(described.batch))
+          DefaultRows(described.batch, args.devices))
   dtypes = [precision.ParseFPropDtype(d).name for d in args.dtypes.split(',')]
   if (args.handover_latency is None) != (args.handover_bandwidth is None):
     raise ValueError('give both --handover_latency and --handover_bandwidth, '
@@ -182,7 +204,7 @@ def MeasureProfile(args, log, cap=None):
           notes='one core (%d), %d intra-op + %d inter-op threads; override '
           '%r' % (args.core, INTRA_OP_THREADS, INTER_OP_THREADS,
                   args.model_params_override), log=log)
-    if args.calibrate:
+    if Calibrates(args):
       log('calibrating against the executor on the two workers')
       with _Timed('calibrating', log):
         profile = calibrate.CalibrateProfile(
@@ -204,18 +226,17 @@ def MeasureProfile(args, log, cap=None):
       log('warning: %s; the predictions leave out what the trainer\'s step '
           'adds to the pipeline\'s' % e)
       return profile
-    extra, factor = trainer_step.Fit(profile, measured)
-    for config, seconds in measured:
-      log('the trainer\'s step of %s: %.1f ms (the pipeline\'s predicted '
-          '%.1f ms)' % (config.label, 1e3 * seconds,
-                        1e3 * trainer_step.Predicted(profile, config)))
-    log('the trainer adds %.1f ms a step, and its update takes %.2fx the '
-        'modelled time' % (1e3 * extra, factor))
-    profile = profile.Replace(
-        trainer_seconds=extra, update_factor=factor,
-        trainer_reference=dict(
-            configs=[c.label for c, _ in measured], devices=args.devices,
-            seconds=[s for _, s in measured]))
+    for ref in measured:
+      log('the trainer\'s step of %s: %.1f ms (%d traced tasks)' % (
+          ref.config.label, 1e3 * ref.seconds, len(ref.tasks)))
+    profile = trainer_fit.Fit(profile, measured, log=log)
+    for ref in measured:
+      log('  fitted prediction of %s: %.1f ms' % (
+          ref.config.label,
+          1e3 * simulator.Predict(profile, ref.config).step_seconds))
+    profile = profile.Replace(trainer_reference=dict(
+        configs=[r.config.label for r in measured], devices=args.devices,
+        seconds=[r.seconds for r in measured]))
   return profile
 
 

@@ -1,31 +1,41 @@
-"""What the trainer's step adds to the pipeline's, measured through the trainer.
+"""The profile's absolute times, measured through the trainer itself.
 
-The profile predicts the pipeline's own step: the stages' tasks, their
-hand-overs and the optimizer's update of their variables. The trainer's step
-does more: it reads the next batch from the task's input pipeline, runs
-Lingvo's learner (a global gradient norm, a NaN/Inf check and a scale over
-every gradient before the optimizer's update), fetches the metrics, and its
-client process shares the machine's cores with the workers. On this machine
-kind that was half the step again for small models (a plan predicted 352
-examples/s where the trainer ran 236).
+The profile's layers give each layer's cost relative to the others'. The
+trainer's step does more than the pipeline's tasks: it reads the next batch
+from the task's input pipeline, runs Lingvo's learner (a global gradient
+norm, a NaN/Inf check and a scale over every gradient before the
+optimizer's update), fetches the metrics, and its client process shares the
+machine's cores with the workers; and a stage task in a worker beside
+another takes longer than the layers timed alone. On this machine kind
+predictions from the layers and a separate calibration run were half the
+step off either way.
 
 ``Measure`` runs the trainer binary itself (``python -m tools.trainer
 --plan=FILE``, with the pinned worker processes the planner's figures are
-for) for a few steps of two reference configurations (``References``):
+for) for a few steps of two or three reference configurations
+(``References``),
+tracing one step of each in its warm-up:
 
 * data-parallel: the whole model as one stage, one micro-batch, a replica
-  per device: every device computes, the client competes with all of them,
-  and replica 0's device applies the update of every variable;
-* pipelined: the model cut over the devices (R=1, K=N, M=N, 'gpipe'): the
-  update is spread over them.
+  per device ('gpipe': F and an unsplit backward): every device computes
+  all the time, the client competes with all of them;
+* pipelined: the model cut over the devices (R=1, K=N, M=N) under a split
+  backward ('zb_h1': F, B and W tasks; 'gpipe' for a model whose loss is
+  computed after the pipeline): hand-overs between the workers, devices
+  partly idle;
+* looped: two stages per device (R=1, K=2N, v=2, M=N, 'zb_v'), when the
+  model has two layers per device: twice the task calls of the pipelined
+  one, which gives the cost of a call in the trainer's step.
 
-``Fit`` solves for the two unknowns that make the profile's predictions of
-both equal the trainer's steps: a fixed cost of each step
-(``trainer_seconds``: input, metrics, the client) and a factor on the
-update's time (``update_factor``: Lingvo's learner on each device's
-variables, after every gradient is complete). With one device, or a model
-with fewer layers than devices, only the first reference runs and the
-update keeps its modelled time.
+A device computes more slowly while the other does too: the unsplit
+backward's factor comes from the first (as data-parallel candidates run),
+the split backward's from the second (as pipelined ones run).
+
+``gpipe.plan.trainer_fit.Fit`` then scales the layers' figures to the
+traced task times, takes the hand-over's latency from the pipelined trace,
+and fits one scale, the trainer's fixed cost of a step and (with the third)
+a task call's cost to the untraced steps. With one device, or a model with fewer layers than devices, only
+the first reference runs.
 """
 import contextlib
 import os
@@ -36,14 +46,13 @@ import tempfile
 from gpipe.plan import choice
 from gpipe.plan import search
 from gpipe.plan import simulator
+from gpipe.plan import trainer_fit
 from tools.trainer import timed_run
 
-# Steps run before the timed ones (graph optimization, first allocations),
-# and the timed ones, in intervals of timed_run.LOG_EVERY steps (the median
-# of the intervals' mean steps).
+# Steps run before the timed ones (graph optimization, first allocations;
+# the second is traced), and the timed ones, in intervals of
+# timed_run.LOG_EVERY steps (the median of the intervals' mean steps).
 WARMUP_STEPS = 4
-# The largest factor on the update's modelled time ``Fit`` gives.
-MAX_UPDATE_FACTOR = 10.0
 TIMED_STEPS = 12
 
 class TrainerStepError(RuntimeError):
@@ -59,9 +68,11 @@ def References(profile, devices):
 
   Returns:
     A list of simulator.Configurations: data-parallel (R = the devices when
-    the batch splits evenly over them, else R = 1 on one device), then, when
-    the model has a layer per device and the batch splits into N
-    micro-batches, pipelined over the devices.
+    the batch splits evenly over them, else R = 1 on one device; 'gpipe'),
+    then, when the model has a layer per device and the batch splits into
+    N micro-batches, pipelined over the devices ('zb_h1' when the loss is
+    computed per micro-batch, else 'gpipe'), and with two layers per
+    device and a per-micro-batch loss, looped ('zb_v', v=2).
   """
   n = max(devices, 1)
   replicas = n if profile.batch % n == 0 else 1
@@ -69,8 +80,13 @@ def References(profile, devices):
                                    'gpipe', 'never')]
   if n > 1 and profile.num_layers >= n and profile.batch % n == 0:
     found.append(simulator.Configuration(
-        1, n, search.Cut(profile, n, profile.batch // n), n, 'gpipe',
-        'never'))
+        1, n, search.Cut(profile, n, profile.batch // n), n,
+        'zb_h1' if profile.loss_in_pipeline else 'gpipe', 'never'))
+  if (n > 1 and profile.loss_in_pipeline and profile.num_layers >= 2 * n
+      and profile.batch % n == 0):
+    found.append(simulator.Configuration(
+        1, 2 * n, search.Cut(profile, 2 * n, profile.batch // n), n, 'zb_v',
+        'never', stages_per_device=2))
   return found
 
 
@@ -109,19 +125,20 @@ def Measure(model, override, profile, devices, log=None,
     timeout: seconds each trainer run may take.
 
   Returns:
-    A list of (simulator.Configuration, median step seconds).
+    A list of trainer_fit.References: the configuration, the median
+    untraced step (seconds), the traced step's tasks.
 
   Raises:
     TrainerStepError: the trainer failed or printed no step times.
   """
-  return [(config, _MeasureOne(model, override, profile, config, log,
-                               timed_steps, timeout))
+  return [trainer_fit.Reference(config, *_MeasureOne(
+      model, override, profile, config, log, timed_steps, timeout))
           for config in References(profile, devices)]
 
 
 def _MeasureOne(model, override, profile, config, log, timed_steps,
                 timeout):
-  """The trainer's median step of `config` (see ``Measure``)."""
+  """(median step seconds, traced tasks) of `config` (see ``Measure``)."""
   workdir = tempfile.mkdtemp(prefix='gpipe_trainer_step_')
   plan_path = os.path.join(workdir, 'reference_plan.json')
   predicted = simulator.Predict(_Bare(profile), config)
@@ -138,7 +155,7 @@ def _MeasureOne(model, override, profile, config, log, timed_steps,
                    WARMUP_STEPS + timed_steps))
   try:
     with _Unpinned():
-      seconds = timed_run.StepSeconds(
+      seconds, tasks = timed_run.TracedStepSeconds(
           model, plan_path, config.num_devices, profile.batch, WARMUP_STEPS,
           timed_steps, os.path.join(workdir, 'run'), override, timeout)
   except timed_run.TimedRunError as e:
@@ -146,47 +163,11 @@ def _MeasureOne(model, override, profile, config, log, timed_steps,
                            (config.label, e)) from e
   finally:
     shutil.rmtree(workdir, ignore_errors=True)  # Its checkpoint too.
-  return statistics.median(seconds)
+  return statistics.median(seconds), tasks
 
 
 def _Bare(profile):
   return profile.Replace(trainer_seconds=0.0, update_factor=1.0)
-
-
-def Fit(profile, measured):
-  """(trainer_seconds, update_factor) matching the trainer's steps.
-
-  Each prediction is ``base + f * update + a``: `base` the step without the
-  update, `update` the update's modelled seconds on the busiest device after
-  the last gradient, `f` the factor and `a` the fixed cost. Two references
-  whose updates differ give both; one gives `a` with f = 1. `a` is negative
-  when the profile's step is longer than the trainer's (its calibration
-  over-predicts): the correction then shortens every prediction. The
-  factor stays within [0, MAX_UPDATE_FACTOR] (a larger one says the two
-  references differ by more than the update, not what the update costs),
-  and `a` is then fitted to both on average.
-
-  Args:
-    profile: the profile.Profile.
-    measured: ``Measure``'s list of (configuration, seconds).
-
-  Returns:
-    (trainer_seconds, update_factor).
-  """
-  terms = []
-  for config, seconds in measured:
-    without = simulator.Predict(_Bare(profile).Replace(update_factor=0.0),
-                                config).step_seconds
-    update = simulator.Predict(_Bare(profile), config).step_seconds - without
-    terms.append((seconds - without, update))
-  factor = 1.0
-  if len(terms) > 1:
-    (rest_a, update_a), (rest_b, update_b) = terms[:2]
-    if abs(update_a - update_b) > 1e-6 * max(abs(rest_a), abs(rest_b), 1e-9):
-      factor = min(max((rest_a - rest_b) / (update_a - update_b), 0.0),
-                   MAX_UPDATE_FACTOR)
-  fixed = statistics.mean(rest - factor * update for rest, update in terms)
-  return fixed, factor
 
 
 def Predicted(profile, config):

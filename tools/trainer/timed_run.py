@@ -7,10 +7,12 @@ pinned local worker processes the planner's figures are for, logging every
 few steps as a run does, its checkpoints out of the way.
 """
 
+import glob
 import os
 import subprocess
 import sys
 
+from gpipe.measure import timeline
 from tools.trainer import progress
 
 # Steps between progress lines: each line's examples/s gives its interval's
@@ -39,6 +41,8 @@ def StepSeconds(model, plan_path, workers, batch, warmup, steps, logdir,
                 override='', timeout=None):
   """The mean step (seconds) of each logged interval after `warmup` steps.
 
+  No step is traced (``TracedStepSeconds`` traces one).
+
   Args:
     model: the registered model.
     plan_path: a plan file (``--plan=FILE``) for `workers` devices.
@@ -58,13 +62,46 @@ def StepSeconds(model, plan_path, workers, batch, warmup, steps, logdir,
     TimedRunError: the trainer timed out, failed or printed no step times
       (with its last line).
   """
+  return _Run(model, plan_path, workers, batch, warmup, steps, logdir,
+              override, timeout, trace=False)
+
+
+def TracedStepSeconds(model, plan_path, workers, batch, warmup, steps,
+                      logdir, override='', timeout=None):
+  """``StepSeconds``, and the stage tasks of the run's second step, traced.
+
+  The trainer traces its second step (``--trace_every_n_steps`` beyond the
+  run's end: no other), which lies in the `warmup` steps (at least 2) left
+  out of the timed intervals.
+
+  Returns:
+    (seconds per logged interval, that step's timeline.TaskTimes: empty
+    when it ran no pipeline stage).
+
+  Raises:
+    TimedRunError: as ``StepSeconds``, or `warmup` < 2.
+  """
+  if warmup < 2:
+    raise TimedRunError('the traced step is the second: warm up for at '
+                        'least 2 steps, not %d' % warmup)
+  seconds = _Run(model, plan_path, workers, batch, warmup, steps, logdir,
+                 override, timeout, trace=True)
+  paths = sorted(glob.glob(os.path.join(logdir, '**', '*.trace.json'),
+                          recursive=True))
+  return seconds, timeline.ReadChromeTrace(paths[0]) if paths else []
+
+
+def _Run(model, plan_path, workers, batch, warmup, steps, logdir, override,
+         timeout, trace):
+  """The trainer's logged intervals (see ``StepSeconds``)."""
   total = warmup + steps
   args = [sys.executable, '-m', 'tools.trainer', '--model=' + model,
           '--logdir=' + logdir, '--plan=' + plan_path,
           '--worker_processes=%d' % workers, '--pin_cores',
           '--max_steps=%d' % total, '--log_every_n_steps=%d' % LOG_EVERY,
           '--checkpoint_every_n_steps=%d' % (10 * total),
-          '--trace_every_n_steps=0', '--eval_after_train=false']
+          '--trace_every_n_steps=%d' % (10 * total if trace else 0),
+          '--eval_after_train=false']
   if override:
     args.append('--model_params_override=' + override)
   try:

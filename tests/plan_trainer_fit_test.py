@@ -1,0 +1,140 @@
+"""The fit of a profile's absolute times to traced reference runs."""
+
+from absl.testing import absltest
+from gpipe.measure import timeline
+from gpipe.plan import profile as profile_lib
+from gpipe.plan import simulator
+from gpipe.plan import trainer_fit
+from tests import plan_testlib
+from tools.plan import trainer_step
+
+# How much a traced step slows every task down in these synthetic runs.
+TRACE_SLOWDOWN = 1.3
+
+
+def _Traced(truth, config):
+  """The tasks of a traced step of `config` as `truth` runs it.
+
+  A task's call cost is its dispatch, outside the traced task.
+  """
+  prediction = simulator.Predict(truth, config)
+  tasks = []
+  for replica in range(config.replicas):
+    for dev, lane in enumerate(prediction.task_times):
+      for task, start, end in lane:
+        tasks.append(timeline.TaskTime(
+            task.stage, task.micro_batch, task.phase,
+            'worker%d' % (replica * config.devices_per_replica + dev),
+            TRACE_SLOWDOWN * start,
+            TRACE_SLOWDOWN * (end - truth.call_seconds),
+            TRACE_SLOWDOWN * start))
+  return sorted(tasks, key=lambda t: (t.start, t.stage))
+
+
+def _References(truth, bare, devices):
+  return [trainer_fit.Reference(c, simulator.Predict(truth, c).step_seconds,
+                                _Traced(truth, c))
+          for c in trainer_step.References(bare, devices)]
+
+
+def _Profile(**fields):
+  # Layers of unequal costs: the stages of a cut differ.
+  profile = plan_testlib.UniformProfile(4, batch=8, **fields)
+  layers = [l._replace(measurements=[m._replace(
+      forward=m.forward * (1 + i), backward=m.backward * (2 + i),
+      weight=m.weight * (3 - 0.5 * i)) for m in l.measurements])
+            for i, l in enumerate(profile.layers)]
+  return profile.Replace(layers=layers)
+
+
+class TrainerFitTest(absltest.TestCase):
+
+  def testRecoversTaskTimesAndTheFixedCost(self):
+    bare = _Profile(handover=profile_lib.Handover(0.01, 1e30))
+    truth = bare.Replace(
+        factors=(profile_lib.Factors(rows=4, F=2.0, B=3.0, W=1.5, BW=2.5,
+                                     R=2.0),),
+        handover=profile_lib.Handover(0.2, 1e30), trainer_seconds=0.75)
+    refs = _References(truth, bare, 2)
+    self.assertEqual([r.config.label for r in refs],
+                     ['gpipe R=2 K=1 M=1 never', 'zb_h1 R=1 K=2 M=2 never',
+                      'zb_v R=1 K=4 v=2 M=2 never'])
+    # The traced factors carry the trace's slowdown; the scale removes it.
+    traced = trainer_fit.TaskFactors(bare, refs)
+    for kind, want in (('F', 2.0), ('B', 3.0), ('W', 1.5), ('BW', 2.5)):
+      self.assertAlmostEqual(getattr(traced, kind), TRACE_SLOWDOWN * want,
+                             places=6)
+    fitted = trainer_fit.Fit(bare, refs)
+    # Within a few hundredths of steps of tens of seconds.
+    self.assertAlmostEqual(fitted.trainer_seconds, 0.75, delta=0.05)
+    self.assertAlmostEqual(fitted.factors[0].F, 2.0, places=2)
+    self.assertAlmostEqual(fitted.handover.latency, 0.2, places=2)
+    self.assertEqual(fitted.contention, 1.0)
+    # The references and configurations not run are predicted as truth.
+    others = [
+        simulator.Configuration(1, 2, (2, 2), 4, '1f1b', 'never'),
+        simulator.Configuration(1, 2, (2, 2), 4, 'zb_h1', 'never'),
+        simulator.Configuration(2, 1, (4,), 2, 'gpipe', 'never'),
+    ]
+    for c in [r.config for r in refs] + others:
+      want = simulator.Predict(truth, c).step_seconds
+      got = simulator.Predict(fitted, c).step_seconds
+      self.assertAlmostEqual(got / want, 1.0, delta=0.05, msg=c.label)
+
+  def testTheThirdReferenceGivesTheCostOfACall(self):
+    bare = _Profile()
+    truth = bare.Replace(
+        factors=(profile_lib.Factors(rows=4, F=2.0, B=3.0, W=1.5, BW=2.5,
+                                     R=2.0),),
+        call_seconds=0.4, trainer_seconds=0.75)
+    refs = _References(truth, bare, 2)
+    fitted = trainer_fit.Fit(bare, refs)
+    # A waiting task's dispatch shows in the traced hand-over delays too:
+    # the fit may share the call's cost with the hand-over's latency.
+    self.assertGreater(fitted.call_seconds, 0.2)
+    self.assertLessEqual(fitted.call_seconds, 0.45)
+    for c in [r.config for r in refs] + [
+        simulator.Configuration(1, 2, (2, 2), 4, '1f1b', 'never'),
+        simulator.Configuration(1, 4, (1, 1, 1, 1), 2, 'zb_v', 'never',
+                                stages_per_device=2),
+        simulator.Configuration(2, 1, (4,), 2, 'gpipe', 'never')]:
+      want = simulator.Predict(truth, c).step_seconds
+      got = simulator.Predict(fitted, c).step_seconds
+      self.assertAlmostEqual(got / want, 1.0, delta=0.05, msg=c.label)
+    # Two references: no call cost is fitted.
+    self.assertEqual(trainer_fit.Fit(bare, refs[:2]).call_seconds, 0.0)
+
+  def testOneUntracedReferenceGivesTheFixedCostAlone(self):
+    bare = _Profile()
+    config = trainer_step.References(bare, 1)[0]
+    seconds = simulator.Predict(bare, config).step_seconds + 0.4
+    fitted = trainer_fit.Fit(bare, [trainer_fit.Reference(config, seconds,
+                                                          [])])
+    self.assertEqual(fitted.factors, ())
+    self.assertAlmostEqual(fitted.trainer_seconds, 0.4)
+
+  def testScaleStaysWithinItsBounds(self):
+    bare = _Profile()
+    truth = bare.Replace(factors=(profile_lib.Factors(
+        rows=4, F=1.0, B=1.0, W=1.0, BW=1.0, R=1.0),))
+    refs = _References(truth, bare, 2)
+    # A first reference far slower than any scale explains.
+    wild = [refs[0]._replace(seconds=refs[0].seconds * 100), refs[1]]
+    scale, _, _ = trainer_fit.FitScale(trainer_fit.Fit(bare, refs), wild)
+    self.assertBetween(scale, trainer_fit.MIN_SCALE, trainer_fit.MAX_SCALE)
+
+  def testChromeTraceRoundTrip(self):
+    tasks = [timeline.TaskTime(0, 0, 'F', '/job:w/task:0', 0.0, 0.5, 0.0),
+             timeline.TaskTime(1, 0, 'B', '/job:w/task:1', 0.5, 1.25, 0.75)]
+    path = self.create_tempfile().full_path
+    timeline.WriteChromeTrace(tasks, path)
+    got = timeline.ReadChromeTrace(path)
+    self.assertLen(got, 2)
+    for a, b in zip(got, tasks):
+      self.assertEqual(a[:4], b[:4])
+      for x, y in zip(a[4:], b[4:]):
+        self.assertAlmostEqual(x, y)
+
+
+if __name__ == '__main__':
+  absltest.main()
