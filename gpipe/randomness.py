@@ -122,6 +122,7 @@ def SeedPair(key):
 
 
 _GOLDEN = 0x9E3779B9  # 2^32 / golden ratio: spreads consecutive counters.
+_SECOND = 0x7F4A7C15  # Another odd constant: the second key's own start.
 # Significand bits (with the implicit one) of the floats shorter than 24.
 _MANTISSA_BITS = {tf.bfloat16: 8, tf.float16: 11}
 
@@ -152,19 +153,24 @@ def StatelessUniform(shape, seed, dtype):
   """Uniform numbers in [0, 1) that are the same compiled or not, on any device.
 
   A counter-based generator written in plain integer ops: element i of the
-  output hashes (i, seed) through MurmurHash3's finalizer, twice, keyed by
-  the seed's 128 bits, and keeps as many top bits as `dtype` holds exactly
-  (24 for float32 and float64, 11 for float16, 8 for bfloat16), so every
-  value is ``k / 2**bits`` and below 1. Why not
-  ``tf.random.stateless_uniform``: XLA's kernels draw other numbers than
-  TensorFlow's for the same seed and algorithm, and cut seeds to 32 bits, so
-  an XLA-compiled stage (``p.compile='xla'``) would drop other units than the
-  uncompiled pipeline, and its losses would differ. These ops (uint32
-  multiply, xor, shift, an int64 range) have the same meaning in every
-  TensorFlow kernel and in XLA, and have GPU kernels that keep their tensors
-  in device memory (no host copy per random op: gpipe.measure.gpu_audit
-  checks). Quality is what dropout needs: uncorrelated across neighbouring
-  elements and neighbouring seeds (tested), not cryptographic.
+  output hashes (i, seed) through MurmurHash3's finalizer, twice, with two
+  32-bit keys that each hash all four words of the seed (two seeds collide
+  only if both keys do), and keeps as many top bits as `dtype` holds
+  exactly (24 for float32 and float64, 11 for float16, 8 for bfloat16), so
+  every value is ``k / 2**bits`` and below 1.
+
+  Why not ``tf.random.stateless_uniform``: XLA's kernels draw other numbers
+  than TensorFlow's for the same seed and algorithm, and cut seeds to 32
+  bits, so an XLA-compiled stage (``p.compile='xla'``) would drop other
+  units than the uncompiled pipeline, and its losses would differ. These
+  ops (uint32 multiply, xor, shift, an int64 range) mean the same in every
+  TensorFlow kernel and in XLA, and have GPU kernels that keep their
+  tensors in device memory; the shape and the counter's bounds are
+  computed on the host, where a GPU's Range and Reshape read them (no
+  host-device copy per random op: gpipe.measure.gpu_audit checks).
+  Elements past 2**32 repeat the first ones' numbers. Quality is what
+  dropout needs: uncorrelated across neighbouring elements and
+  neighbouring seeds (tested), not cryptographic.
 
   Args:
     shape: the output shape (a list or an integer tensor).
@@ -177,11 +183,22 @@ def StatelessUniform(shape, seed, dtype):
   """
   dtype = tf.as_dtype(dtype)
   kept = min(24, _MANTISSA_BITS.get(dtype, 24))
-  shape = tf.cast(shape, tf.int64)
+  # The shape and the counter's bounds stay in host memory, where a GPU's
+  # Reshape and Range read them: int32 shapes live there, and the size is
+  # computed on the stage's host CPU (no device-to-host copy, no stall).
+  shape = tf.cast(shape, tf.int32)
+  with tf.device('/device:CPU:0'):
+    size = tf.cast(tf.reduce_prod(shape), tf.int64)
+    start, delta = tf.constant(0, tf.int64), tf.constant(1, tf.int64)
   w0, w1, w2, w3 = _SeedWords(tf.cast(seed, tf.int64))
-  key_a = _Mix32(tf.bitwise.bitwise_xor(w0, _Mix32(w1 + _U32(_GOLDEN))))
-  key_b = _Mix32(tf.bitwise.bitwise_xor(w2, _Mix32(w3 + key_a)))
-  counter = tf.cast(tf.range(tf.reduce_prod(shape), dtype=tf.int64), tf.uint32)
+  # Two independent 32-bit keys, each from all four seed words.
+  key_a = _Mix32(tf.bitwise.bitwise_xor(w0, _Mix32(
+      tf.bitwise.bitwise_xor(w1, _Mix32(
+          tf.bitwise.bitwise_xor(w2, _Mix32(w3 + _U32(_GOLDEN))))))))
+  key_b = _Mix32(tf.bitwise.bitwise_xor(w3, _Mix32(
+      tf.bitwise.bitwise_xor(w2, _Mix32(
+          tf.bitwise.bitwise_xor(w1, _Mix32(w0 + _U32(_SECOND))))))))
+  counter = tf.cast(tf.range(start, size, delta), tf.uint32)
   bits = _Mix32(tf.bitwise.bitwise_xor(counter * _U32(_GOLDEN), key_a))
   bits = _Mix32(tf.bitwise.bitwise_xor(bits, key_b))
   top = tf.bitwise.right_shift(bits, _U32(32 - kept))

@@ -138,9 +138,12 @@ class _Piece:
         op_name = (prefix + op.name) if op in prefix_ops else op.name
         if op in swapped:
           inputs = inputs[::-1]
-        new = tf_internal.CreateOp(
-            graph, op.type, inputs, [o.dtype for o in op.outputs],
-            graph.unique_name(op_name), attrs, op.op_def)
+        # Keep the op's own device (e.g. a random op's shape arithmetic
+        # on the host CPU), as the uncopied function has it.
+        with tf.device(op.device or None):
+          new = tf_internal.CreateOp(
+              graph, op.type, inputs, [o.dtype for o in op.outputs],
+              graph.unique_name(op_name), attrs, op.op_def)
         for control in op.control_inputs:
           if control in copied:
             tf_internal.AddControlInput(new, copied[control])

@@ -3,6 +3,7 @@
 from gpipe.compat import lingvo_import  # pylint: disable=unused-import
 
 from gpipe import pipeline
+from gpipe import xla
 import numpy as np
 from lingvo import compat as tf
 from lingvo.core import py_utils
@@ -10,6 +11,7 @@ from lingvo.core import test_utils
 from tasks.image import network
 from tasks.image import task
 from tests import graph_rewrites
+from tests import schedule_testlib
 
 graph_rewrites.Off()
 
@@ -70,6 +72,10 @@ class AmoebaNetPipelineTest(test_utils.TestCase):
 
       loss_p, grads_p = LossAndGrads(net.FProp)
       loss_u, grads_u = LossAndGrads(net.FPropUnpipelined)
+      calls = list(schedule_testlib.CallOps(sess.graph).values())
+      self.assertNotEmpty(calls)
+      for op in calls:
+        self.assertEqual(compile_mode == 'xla', xla.IsCompiled(op), op.name)
       sess.run(tf.global_variables_initializer())
       values = sess.run([loss_p, loss_u, grads_p, grads_u])
     self.assertEqual(net.stage_sizes, sizes)

@@ -410,7 +410,7 @@ class BenchmarkTest(test_utils.TestCase):
 
   def testXlaTrainerGivesTheUncompiledLosses(self):
     # The trainer with --xla on a model with dropout (the toy MLP keeps
-    # 0.8): the same first loss and, one update later, the same second
+    # 0.9): the same first loss and, one update later, the same second
     # loss as without --xla, to float32 rounding.
     out_dir = tempfile.mkdtemp()
     json_path = os.path.join(out_dir, 'xla.json')

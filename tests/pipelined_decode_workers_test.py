@@ -45,9 +45,16 @@ class PipelinedDecodeWorkersTest(test_utils.TestCase):
     # Worker sessions run Grappler; xla.SessionConfig keeps its remapper
     # from fusing a decoding step's batch matmul and add into a oneDNN op
     # that XLA cannot compile (the step then failed on the worker).
-    dt.AssertDecodesMatch(self, self.checkpoint, self.cluster.devices[:2],
-                          lanes=(2,), target=self.cluster.target,
-                          config=xla.SessionConfig(), compile_mode='xla')
+    graph, _ = dt.AssertDecodesMatch(
+        self, self.checkpoint, self.cluster.devices[:2], lanes=(2,),
+        target=self.cluster.target, config=xla.SessionConfig(),
+        compile_mode='xla')
+    steps = [fn for fn in graph.graph.as_graph_def().library.function
+             if fn.signature.name.startswith('__inference_stage') and
+             '_D_' in fn.signature.name]
+    self.assertNotEmpty(steps)
+    for fn in steps:
+      self.assertTrue(fn.attr[xla.MUST_COMPILE_ATTR].b, fn.signature.name)
 
   def testFourStages(self):
     self._AssertDecodesMatch(4)

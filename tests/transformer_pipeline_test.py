@@ -4,11 +4,13 @@ from gpipe.compat import lingvo_import  # pylint: disable=unused-import
 from absl.testing import parameterized
 import numpy as np
 from gpipe import pipeline
+from gpipe import xla
 from lingvo import compat as tf
 from lingvo.core import py_utils
 from lingvo.core import test_utils
 from tasks.mt import stack
 from tests import graph_rewrites
+from tests import schedule_testlib
 
 graph_rewrites.Off()
 
@@ -37,8 +39,12 @@ class TransformerPipelineTest(test_utils.TestCase, parameterized.TestCase):
       # 'flops' cuts inside the decoder; [3, 3] cuts between encoder and
       # decoder, so the target states pass untouched through stage 0.
       ('CutByFlops', None),
-      ('CutAfterEncoder', [3, 3]))
-  def testPipelinedLossAndGradientsEqualUnpipelined(self, stage_sizes):
+      ('CutAfterEncoder', [3, 3]),
+      # XLA-compiled stages against the uncompiled unpipelined layers, with
+      # dropout: the same masks, float32 rounding apart.
+      ('CompiledByXla', None, 'xla'))
+  def testPipelinedLossAndGradientsEqualUnpipelined(self, stage_sizes,
+                                                    compile_mode=None):
     layer_list = stack.EncoderDecoderLayers(
         vocab_size=_V, model_dim=16, hidden_dim=32, num_heads=2, num_layers=2,
         dropout_prob=0.2, logits_abs_max=10.0)
@@ -51,7 +57,7 @@ class TransformerPipelineTest(test_utils.TestCase, parameterized.TestCase):
     p = pipeline.PipeliningLayer.Params().Set(
         name='net', layers=layer_list, num_stages=2, num_micro_batches=4,
         stage_devices=_DEVICES, partition_cost='flops', input_shapes=shapes,
-        stage_sizes=stage_sizes)
+        stage_sizes=stage_sizes, compile=compile_mode)
     config = graph_rewrites.CpuConfig(2)
     with self.session(graph=tf.Graph(), config=config) as sess:
       tf.random.set_seed(5)
@@ -70,6 +76,10 @@ class TransformerPipelineTest(test_utils.TestCase, parameterized.TestCase):
             tf.convert_to_tensor(g)
             for g in tf.gradients(loss, net.vars.Flatten())
         ])
+      calls = list(schedule_testlib.CallOps(sess.graph).values())
+      self.assertNotEmpty(calls)
+      for op in calls:
+        self.assertEqual(compile_mode == 'xla', xla.IsCompiled(op), op.name)
       sess.run(tf.global_variables_initializer())
       (pipelined_loss, plain_loss), (pipelined_grads, plain_grads) = sess.run(
           [losses, grads])

@@ -17,9 +17,9 @@ default in-process devices) trains ``--steps`` steps with and without
   rounding, one far above it is a bug);
 * the median step after ``--warmup`` compiled over uncompiled, and the
   seconds to the end of the first step of each (XLA compiles there);
-* for models that decode, the decode outputs of the final checkpoint with and
-  without ``--xla`` (the trainer's ``--mode=decode``; pipelined decoding
-  where the model has it): equal or not.
+* for models that decode, the decode outputs of the uncompiled run's final
+  checkpoint with and without ``--xla`` (the trainer's ``--mode=decode``;
+  pipelined decoding where the model has it): equal or not.
 """
 
 import glob
@@ -35,7 +35,8 @@ from tools.benchmark import report
 from tools.trainer import progress
 from tools.trainer import timed_run
 
-MODELS = ('image.AmoebaNetD_Digits', 'mt.NumbersTiny')
+# The default model, and the smallest registered Transformer with dropout.
+MODELS = ('image.AmoebaNetD_Digits', 'mt.NumbersSmall')
 # Models whose decode mode gives outputs to compare.
 DECODES = ('mt.',)
 _GRAD_NORM = 'grad_norm/all/loss'
@@ -87,17 +88,21 @@ def _Run(model, schedule, xla, steps, warmup, workdir, timeout):
   seconds = progress.StepSeconds(output, batch, warmup)
   with open(os.path.join(logdir, 'startup.json')) as f:
     startup = json.load(f)
-  decoded = None
-  if model.startswith(DECODES):
-    _Trainer(flags[:2] + ['--mode=decode', '--decode_max_batches=2'] +
-             (['--xla'] if xla else []), timeout)
-    decoded = _DecodeOut(logdir)
-  return dict(losses=[r['loss'] for r in records],
+  return dict(logdir=logdir, losses=[r['loss'] for r in records],
               grad_norm=records[0].get(_GRAD_NORM),
               step_ms=1e3 * statistics.median(seconds) if seconds else None,
               first_steps_s=startup.get('since_trainer_start',
-                                        startup.get('total_seconds')),
-              decoded=decoded)
+                                        startup.get('total_seconds')))
+
+
+def _Decodes(model, logdir, timeout):
+  """The decode outputs of `logdir`'s checkpoint without and with --xla."""
+  outputs = []
+  for xla in (False, True):
+    _Trainer(['--model=' + model, '--logdir=' + logdir, '--mode=decode',
+              '--decode_max_batches=2'] + (['--xla'] if xla else []), timeout)
+    outputs.append(_DecodeOut(logdir))
+  return outputs
 
 
 def _Relative(a, b):
@@ -136,8 +141,11 @@ def XlaTrainer(args):
                   default=0.0)
       ratio = (b['step_ms'] / a['step_ms']
                if a['step_ms'] and b['step_ms'] else None)
-      same_tokens = (None if b['decoded'] is None else
-                     a['decoded'] == b['decoded'])
+      same_tokens = None
+      if model.startswith(DECODES):
+        # One checkpoint (the uncompiled run's) decoded both ways.
+        plain_out, xla_out = _Decodes(model, b['logdir'], args.timeout_secs)
+        same_tokens = plain_out is not None and plain_out == xla_out
       result = dict(model=model, schedule=schedule,
                     first_loss=(a['losses'][0], b['losses'][0]),
                     first_loss_error=_Relative(a['losses'][0],
