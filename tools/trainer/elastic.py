@@ -361,7 +361,7 @@ class Elastic:
         back = self.members.In(LOST)
         joined = self.members.Join(back) if back else []
         serving = self.members.In(USED, SPARE)
-        count = sum(len(s.devices) for s in serving)
+        count = self.members.Devices(serving)
         considered = (frozenset((s.index, s.address) for s in serving),
                       self.shape)
         if count <= self.shape.num_devices or considered == self._considered:
@@ -425,7 +425,7 @@ class Elastic:
     serving = self.members.Serving(self.members.In(USED, SPARE))
     old = self.shape
     try:
-      choice = self._Choose(sum(len(s.devices) for s in serving),
+      choice = self._Choose(self.members.Devices(serving),
                             checkpoints.Newest(self._start_run.logdir))
     except reshape.NoShapeError:
       choice = self._choice
@@ -485,8 +485,13 @@ class Elastic:
       summary = '%s, starting the session of %s' % (
           str(error).split(' (--cluster_spec')[0], self.shape.label)
     self._echo('worker lost: %s' % summary)
-    used = self.members.In(USED)
+    # The tasks the session ran on, one the cluster file moved among them.
+    used = self.members.InUse()
     reasons = self.members.Reasons(used)
+    for slot in used:
+      if reasons[slot.index] is None and slot.devices is None:
+        reasons[slot.index] = ('listed at a new address in the cluster file, '
+                               'its devices not asked yet')
     lost = [s for s in used if reasons[s.index] is not None]
     for slot in lost:
       self._echo('elastic: %s is lost: %s' % (slot.Describe(),
@@ -509,9 +514,12 @@ class Elastic:
     else:
       kind = 'shrink'
       self.members.Lose(lost)
-      slots = self.members.In(USED) + self.members.Serving(
-          self.members.In(SPARE))
-      count = sum(len(s.devices) for s in slots)
+      gone = {s.index for s in lost}
+      kept = [s for s in used if s.index not in gone]
+      in_use = {s.index for s in used}
+      slots = kept + self.members.Serving(
+          [s for s in self.members.In(SPARE) if s.index not in in_use])
+      count = self.members.Devices(slots)
       try:
         choice = self._Choose(count, ckpt)
       except reshape.NoShapeError as e:

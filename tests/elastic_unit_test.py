@@ -1,0 +1,92 @@
+"""tools/trainer/elastic.py's moves on fake tasks: no servers, no training.
+
+An Elastic is made without its constructor (which starts sessions and a
+watching thread); its members are a members.Members of a running cluster
+whose probes and device questions are answered here, and laying a shape
+out (_Configure) only counts the devices of the tasks it is given.
+"""
+
+from gpipe.compat import lingvo_import  # pylint: disable=unused-import
+
+import os
+import threading
+import types
+
+from lingvo.core import test_utils
+from tools.trainer import elastic
+from tools.trainer import members as members_lib
+from tools.trainer import reshape
+
+_ADDRESSES = ['localhost:1', 'localhost:2', 'localhost:3']
+_START = reshape.Shape(1, 2, 4, 'gpipe')
+
+
+def _Devices(task):
+  return ['/job:worker/replica:0/task:%d/device:CPU:%d' % (task, d)
+          for d in range(1)]
+
+
+class _Loop:
+  step = 7
+
+
+class _Lost(RuntimeError):
+  summary = 'a step failed'
+
+
+class ElasticAfterLossTest(test_utils.TestCase):
+
+  def _Elastic(self, down=()):
+    """An Elastic on 3 one-CPU tasks, 0 and 1 in use; `down` do not serve."""
+    self.spec = os.path.join(self.create_tempdir().full_path, 'cluster')
+    with open(self.spec, 'w') as f:
+      f.write('worker=' + ','.join(_ADDRESSES))
+    placement = types.SimpleNamespace(
+        cluster=None, remote=types.SimpleNamespace(addresses=_ADDRESSES),
+        task_devices=[_Devices(i) for i in range(3)], device_type='CPU')
+    self.lines = []
+    members = members_lib.Members(placement, echo=self.lines.append,
+                                  spec_file=self.spec)
+    members.Reason = lambda slot: 'down' if slot.index in down else None
+    members._Discover = lambda slot: _Devices(slot.index)
+    members.Use(members.slots[:2], members.slots)
+    e = object.__new__(elastic.Elastic)
+    e.members, e._lock, e._echo = members, members.lock, self.lines.append
+    e._start_run = types.SimpleNamespace(
+        logdir=self.create_tempdir().full_path)
+    e._start = e.shape = _START
+    e._choice = reshape.Choice(_START, None, 'start', 'as started')
+    e._local, e._wait_secs, e._max_restarts = None, 0.0, 0
+    e._fruitless, e._stepped, e._pending, e._last_step = 0, True, None, 0
+    e._move = e._rebalance = None
+    e.replans = 0
+    e._stop = threading.Event()
+    self.configured = []
+
+    def Configure(slots, choice):
+      # As elastic._Configure counts them: every slot's devices known.
+      self.configured.append(sum(len(s.devices) for s in slots))
+      members.Use(slots, slots)
+      e.shape, e._choice = choice.shape, choice
+      return 'run in %s' % choice.shape.label
+
+    e._Configure = Configure
+    e._Choose = lambda count, ckpt=None: reshape.Choice(
+        reshape.Shape(1, count, 4, 'gpipe'), None, 'fallback', 'test')
+    return e
+
+  def testATaskInUseMovedInTheClusterFileIsAskedForItsDevices(self):
+    e = self._Elastic()
+    with open(self.spec, 'w') as f:
+      f.write('worker=localhost:1,localhost:9,localhost:3')
+    e.members.Reread()
+    e.AfterLoss(_Lost(), _Loop())
+    # Waited for at its new address, its devices asked: the same shape.
+    self.assertEqual([2], self.configured)
+    self.assertEqual(_START, e.shape)
+    self.assertEqual('localhost:9', e.members.slots[1].address)
+    self.assertEqual([0, 1], [s.index for s in e.members.In(members_lib.USED)])
+
+
+if __name__ == '__main__':
+  test_utils.main()
