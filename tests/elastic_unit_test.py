@@ -87,6 +87,15 @@ class ElasticAfterLossTest(test_utils.TestCase):
     self.assertEqual('localhost:9', e.members.slots[1].address)
     self.assertEqual([0, 1], [s.index for s in e.members.In(members_lib.USED)])
 
+  def testALossDropsAGrowOrRebalanceProposedForTheOldShape(self):
+    e = self._Elastic(down=(1, 2))
+    e._move = 'rebalancing after step 5: ...'
+    e._rebalance = object()
+    e.AfterLoss(_Lost(), _Loop())
+    self.assertEqual(reshape.Shape(1, 1, 4, 'gpipe'), e.shape)
+    self.assertIsNone(e._rebalance)
+    self.assertFalse(e.MoveAtCheckpoint(10))
+
 
 if __name__ == '__main__':
   test_utils.main()

@@ -475,6 +475,12 @@ class Elastic:
         keep failing; the text says why and what is kept.
     """
     since = time.time()
+    with self._lock:
+      # A grow or rebalance proposed before the loss was for the shape it
+      # ends (a cut of K stages, more devices than now): dropped; the watch
+      # proposes again for the new shape.
+      self._move, self._rebalance = None, None
+      self._considered = None
     self._fruitless = 1 if self._stepped else self._fruitless + 1
     self._stepped = False
     unfinished, self._pending = self._pending, None
