@@ -13,8 +13,10 @@ import threading
 import types
 
 from lingvo.core import test_utils
+from tests import trainer_testlib
 from tools.trainer import elastic
 from tools.trainer import members as members_lib
+from tools.trainer import model_select
 from tools.trainer import reshape
 
 _ADDRESSES = ['localhost:1', 'localhost:2', 'localhost:3']
@@ -95,6 +97,39 @@ class ElasticAfterLossTest(test_utils.TestCase):
     self.assertEqual(reshape.Shape(1, 1, 4, 'gpipe'), e.shape)
     self.assertIsNone(e._rebalance)
     self.assertFalse(e.MoveAtCheckpoint(10))
+
+
+
+class ElasticParamsTest(test_utils.TestCase):
+  """Elastic._Params: the starting params in a new shape."""
+
+  # Per-stage costs of the toy model's 2 stages (as a plan file has them).
+  COSTS = {'F': [1.0, 1.0], 'B': [2.0, 2.0], 'W': [1.0, 1.0]}
+
+  def _Params(self, choice):
+    cfg = model_select.ModelParams(trainer_testlib.TOY, 'Train', '')
+    (_, pp), = model_select.FindPipelines(cfg)
+    pp.task_costs = dict(self.COSTS)
+    e = object.__new__(elastic.Elastic)
+    e._start = _START
+    (_, pp), = model_select.FindPipelines(e._Params(cfg, choice, True))
+    return pp
+
+  def testTheSameShapeKeepsTheTaskCosts(self):
+    pp = self._Params(reshape.Choice(_START, None, 'start', 'as started'))
+    self.assertEqual(self.COSTS, pp.task_costs)
+
+  def testFewerStagesDropTheTaskCosts(self):
+    pp = self._Params(reshape.Choice(reshape.Shape(1, 1, 4, 'gpipe'), None,
+                                     'fallback', 'one stage'))
+    self.assertEqual(1, model_select.NumStages(pp))
+    self.assertIsNone(pp.task_costs)
+
+  def testANewCutDropsTheTaskCosts(self):
+    pp = self._Params(reshape.Choice(_START, None, 'rebalance', 'slow',
+                                     cut=(1, 3)))
+    self.assertEqual([1, 3], pp.stage_sizes)
+    self.assertIsNone(pp.task_costs)
 
 
 if __name__ == '__main__':

@@ -210,12 +210,26 @@ class Elastic:
     return got
 
   def _Params(self, cfg, choice, train):
-    """A copy of the starting params `cfg` in the choice's shape."""
+    """A copy of the starting params `cfg` in the choice's shape.
+
+    Measured task costs (``task_costs``, per stage) are kept only while they
+    fit: a plan's own, or the starting ones if K and the cut are the same.
+
+    Args:
+      cfg: the starting run's train or test params.
+      choice: the reshape.Choice to lay out (its plan or cut, if any).
+      train: whether `cfg` trains (its M follows the shape).
+
+    Returns:
+      The changed copy.
+    """
     cfg = cfg.Copy()
+    before = []
     for _, pp in model_select.FindPipelines(cfg):
       # Laid out again by _Configure, for R replicas or one.
       pp.stage_devices = None
       pp.replica_devices = None
+      before.append(_Cut(pp))
     s, start = choice.shape, self._start
     if choice.plan is not None:
       planned.Apply(cfg, choice.plan)
@@ -229,6 +243,12 @@ class Elastic:
       for _, pp in model_select.FindPipelines(cfg):
         pp.num_stages = len(choice.cut)
         pp.stage_sizes = list(choice.cut)
+    for (_, pp), cut in zip(model_select.FindPipelines(cfg), before):
+      if choice.cut is not None or (choice.plan is None and
+                                    _Cut(pp) != cut):
+        # Costs of other stages: the executor refuses those of another K,
+        # and those of another cut would order the tasks wrongly.
+        pp.task_costs = None
     return cfg
 
   def _Configure(self, slots, choice):
@@ -560,6 +580,13 @@ class Elastic:
               self.shape.label, choice.how, choice.note, _From(event),
               event['steps_redone']))
     return self.run
+
+
+def _Cut(pp):
+  """(K, stage sizes) of a pipeline's params: what its task costs are for."""
+  sizes = pp.stage_sizes
+  return (model_select.NumStages(pp),
+          tuple(sizes) if sizes is not None else None)
 
 
 def _From(event):
