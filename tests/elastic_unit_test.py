@@ -8,6 +8,7 @@ out (_Configure) only counts the devices of the tasks it is given.
 
 from gpipe.compat import lingvo_import  # pylint: disable=unused-import
 
+import dataclasses
 import os
 import threading
 import types
@@ -18,6 +19,7 @@ from tools.trainer import elastic
 from tools.trainer import members as members_lib
 from tools.trainer import model_select
 from tools.trainer import reshape
+from tools.trainer import settings
 
 _ADDRESSES = ['localhost:1', 'localhost:2', 'localhost:3']
 _START = reshape.Shape(1, 2, 4, 'gpipe')
@@ -130,6 +132,32 @@ class ElasticParamsTest(test_utils.TestCase):
                                      cut=(1, 3)))
     self.assertEqual([1, 3], pp.stage_sizes)
     self.assertIsNone(pp.task_costs)
+
+
+
+class ElasticTextsTest(test_utils.TestCase):
+  """What the flags' help and docs/ELASTIC.md say of --elastic."""
+
+  def _Help(self, name):
+    (field,) = [f for f in dataclasses.fields(settings.Settings)
+                if f.name == name]
+    return field.metadata['help']
+
+  def testTheWaitAndRestartFlagsSayWhatTheyDoUnderElastic(self):
+    self.assertIn('With --elastic', self._Help('max_worker_restarts'))
+    self.assertIn('the run shrinks', self._Help('max_worker_restarts'))
+    self.assertIn('With --elastic', self._Help('worker_wait_secs'))
+    self.assertIn('before the run shrinks', self._Help('worker_wait_secs'))
+
+  def testTheDocSaysTheLogdirIsSharedAndHowToRunUnderSlurm(self):
+    with open(os.path.join(os.path.dirname(__file__), '..', 'docs',
+                           'ELASTIC.md')) as f:
+      text = ' '.join(f.read().split())
+    self.assertIn('The logdir must be on a shared filesystem, at the same '
+                  'path on every host', text)
+    self.assertIn("session's master task", text)
+    self.assertIn("delete that option from the script's `srun` line", text)
+    self.assertNotIn('drop it (`srun --kill-on-bad-exit`;', text)
 
 
 if __name__ == '__main__':
