@@ -210,12 +210,26 @@ class Elastic:
     return got
 
   def _Params(self, cfg, choice, train):
-    """A copy of the starting params `cfg` in the choice's shape."""
+    """A copy of the starting params `cfg` in the choice's shape.
+
+    Measured task costs (``task_costs``, per stage) are kept only while they
+    fit: a plan's own, or the starting ones if K and the cut are the same.
+
+    Args:
+      cfg: the starting run's train or test params.
+      choice: the reshape.Choice to lay out (its plan or cut, if any).
+      train: whether `cfg` trains (its M follows the shape).
+
+    Returns:
+      The changed copy.
+    """
     cfg = cfg.Copy()
+    before = []
     for _, pp in model_select.FindPipelines(cfg):
       # Laid out again by _Configure, for R replicas or one.
       pp.stage_devices = None
       pp.replica_devices = None
+      before.append(_Cut(pp))
     s, start = choice.shape, self._start
     if choice.plan is not None:
       planned.Apply(cfg, choice.plan)
@@ -229,6 +243,12 @@ class Elastic:
       for _, pp in model_select.FindPipelines(cfg):
         pp.num_stages = len(choice.cut)
         pp.stage_sizes = list(choice.cut)
+    for (_, pp), cut in zip(model_select.FindPipelines(cfg), before):
+      if choice.cut is not None or (choice.plan is None and
+                                    _Cut(pp) != cut):
+        # Costs of other stages: the executor refuses those of another K,
+        # and those of another cut would order the tasks wrongly.
+        pp.task_costs = None
     return cfg
 
   def _Configure(self, slots, choice):
@@ -361,7 +381,7 @@ class Elastic:
         back = self.members.In(LOST)
         joined = self.members.Join(back) if back else []
         serving = self.members.In(USED, SPARE)
-        count = sum(len(s.devices) for s in serving)
+        count = self.members.Devices(serving)
         considered = (frozenset((s.index, s.address) for s in serving),
                       self.shape)
         if count <= self.shape.num_devices or considered == self._considered:
@@ -425,7 +445,7 @@ class Elastic:
     serving = self.members.Serving(self.members.In(USED, SPARE))
     old = self.shape
     try:
-      choice = self._Choose(sum(len(s.devices) for s in serving),
+      choice = self._Choose(self.members.Devices(serving),
                             checkpoints.Newest(self._start_run.logdir))
     except reshape.NoShapeError:
       choice = self._choice
@@ -475,6 +495,12 @@ class Elastic:
         keep failing; the text says why and what is kept.
     """
     since = time.time()
+    with self._lock:
+      # A grow or rebalance proposed before the loss was for the shape it
+      # ends (a cut of K stages, more devices than now): dropped; the watch
+      # proposes again for the new shape.
+      self._move, self._rebalance = None, None
+      self._considered = None
     self._fruitless = 1 if self._stepped else self._fruitless + 1
     self._stepped = False
     unfinished, self._pending = self._pending, None
@@ -485,8 +511,13 @@ class Elastic:
       summary = '%s, starting the session of %s' % (
           str(error).split(' (--cluster_spec')[0], self.shape.label)
     self._echo('worker lost: %s' % summary)
-    used = self.members.In(USED)
+    # The tasks the session ran on, one the cluster file moved among them.
+    used = self.members.InUse()
     reasons = self.members.Reasons(used)
+    for slot in used:
+      if reasons[slot.index] is None and slot.devices is None:
+        reasons[slot.index] = ('listed at a new address in the cluster file, '
+                               'its devices not asked yet')
     lost = [s for s in used if reasons[s.index] is not None]
     for slot in lost:
       self._echo('elastic: %s is lost: %s' % (slot.Describe(),
@@ -509,9 +540,12 @@ class Elastic:
     else:
       kind = 'shrink'
       self.members.Lose(lost)
-      slots = self.members.In(USED) + self.members.Serving(
-          self.members.In(SPARE))
-      count = sum(len(s.devices) for s in slots)
+      gone = {s.index for s in lost}
+      kept = [s for s in used if s.index not in gone]
+      in_use = {s.index for s in used}
+      slots = kept + self.members.Serving(
+          [s for s in self.members.In(SPARE) if s.index not in in_use])
+      count = self.members.Devices(slots)
       try:
         choice = self._Choose(count, ckpt)
       except reshape.NoShapeError as e:
@@ -546,6 +580,13 @@ class Elastic:
               self.shape.label, choice.how, choice.note, _From(event),
               event['steps_redone']))
     return self.run
+
+
+def _Cut(pp):
+  """(K, stage sizes) of a pipeline's params: what its task costs are for."""
+  sizes = pp.stage_sizes
+  return (model_select.NumStages(pp),
+          tuple(sizes) if sizes is not None else None)
 
 
 def _From(event):

@@ -89,12 +89,37 @@ class Members:
                  else placement.remote.addresses)
     self.slots = [Slot(i, a, list(placement.task_devices[i]))
                   for i, a in enumerate(addresses)]
+    # The slots the run's session runs on (set by Use), whatever their
+    # state now: one the cluster file moved is LOST but still in use.
+    self._in_use = {s.index for s in self.slots}
     self._spec_text = self._ReadSpec() if spec_file else None
 
   def In(self, *states):
     """The slots in any of `states`, in task order."""
     with self.lock:
       return [s for s in self.slots if s.state in states]
+
+  def InUse(self):
+    """The slots the run's session runs on (the last Use), in task order.
+
+    Returns:
+      The slots, whatever their state now: a slot the cluster file moved to
+      a new address (Reread) is LOST, but the session still runs on it.
+    """
+    with self.lock:
+      return [s for s in self.slots if s.index in self._in_use]
+
+  @staticmethod
+  def Devices(slots):
+    """How many devices `slots` have, counting only the known ones.
+
+    Args:
+      slots: Slots; one whose devices were not asked yet adds none.
+
+    Returns:
+      The number of devices.
+    """
+    return sum(len(s.devices) for s in slots if s.devices is not None)
 
   def Describe(self):
     """'task 0, task 2 (spare: task 3)': the tasks in use, and the spares."""
@@ -108,6 +133,7 @@ class Members:
     used_ids = {s.index for s in used}
     given_ids = {s.index for s in given}
     with self.lock:
+      self._in_use = used_ids
       for slot in self.slots:
         if slot.index in used_ids:
           slot.state = USED
@@ -159,9 +185,13 @@ class Members:
   def Reread(self):
     """Re-reads the cluster file: a task at a new address, or a new task.
 
-    A task listed at a new address is a replacement of that task: lost until
-    the new address serves. Tasks no longer listed stay as they are (a task
-    in use that is gone is noticed at the next step).
+    A task listed at a new address is a replacement of that task: lost
+    (its devices unknown) until the new address serves and says its devices
+    (Join, AwaitRemote), whether it was spare or in use. One in use stays in
+    InUse: the run's session goes on at the old address until a step fails,
+    and the loss path (Elastic.AfterLoss) waits for it there. Tasks no
+    longer listed stay as they are (a task in use that is gone is noticed
+    at the next step).
     """
     if not self._spec_file:
       return
@@ -182,9 +212,8 @@ class Members:
           if slot.address != address:
             self._echo('elastic: %s listed at %s now (was %s), in %s' %
                        (slot.name, address, slot.address, self._spec_file))
-            slot.address, slot.devices = address, None
-            if slot.state == SPARE:
-              slot.state = LOST
+            # Never USED without devices: counted as lost until asked.
+            slot.address, slot.devices, slot.state = address, None, LOST
         else:
           self._echo('elastic: task %d at %s added in %s' %
                      (i, address, self._spec_file))

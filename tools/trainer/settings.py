@@ -132,11 +132,17 @@ class Settings:
       '--worker_processes the trainer stops the workers and starts fresh '
       'ones; with a running cluster (--cluster_spec or TF_CONFIG) it names '
       'the lost task and waits up to --worker_wait_secs for its supervisor '
-      'to start it again at the same address.')
+      'to start it again at the same address. With --elastic: how many '
+      'times a lost local worker is restarted alone (the others keep '
+      'running) before the run shrinks instead of stopping (0: shrink at '
+      'once); a running cluster is waited for without it.')
   worker_wait_secs: float = Setting(
       300.0, 'With a running cluster and --max_worker_restarts: how long to '
       'wait for lost servers to serve again before stopping with the '
-      'reason.')
+      'reason. With --elastic (a running cluster, with or without '
+      '--max_worker_restarts): how long to wait for lost servers, or for '
+      'replacements at new addresses in --cluster_spec=@FILE, before the '
+      'run shrinks to the tasks that serve.')
   elastic: bool = Setting(
       False, 'With --worker_processes, --cluster_spec or TF_CONFIG: when a '
       'task is lost and not back in time (--max_worker_restarts, '

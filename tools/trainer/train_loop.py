@@ -46,6 +46,9 @@ from tools.trainer import summaries
 
 # Sessions whose workers died: closing them would block (see _RunSession).
 _ABANDONED_SESSIONS = []
+# How long closing an ended session of a session cluster (--elastic) may
+# take before it is left open (see _CloseOrAbandon).
+CLOSE_SECS = 10.0
 
 # Session runs left running on a lost master task or after a second Ctrl-C
 # (_RunInThread); a new session waits until they end, so that none of their
@@ -72,6 +75,30 @@ STARTUP_STEPS = 2
 def AbandonedSessions():
   """How many sessions of lost workers were left open (see _RunSession)."""
   return len(_ABANDONED_SESSIONS)
+
+
+def _CloseOrAbandon(sess, timeout_secs=None):
+  """Closes `sess` in a daemon thread; leaves it open if that hangs.
+
+  With --elastic each session's state is its own (isolate_session_state):
+  the tasks that serve on after a loss free the ended session's variables
+  only when it is closed. Closing can wait for a lost task, so it runs in a
+  thread of its own, waited for up to `timeout_secs`.
+
+  Args:
+    sess: the tf.compat.v1.Session that a run ended in.
+    timeout_secs: the longest the close is waited for (None: CLOSE_SECS).
+
+  Returns:
+    True if the close returned (with or without an error); False if it did
+    not in time: the session is kept in _ABANDONED_SESSIONS (the trainer
+    then exits without the interpreter's cleanup).
+  """
+  call = background.BackgroundCall(sess.close, name='closing a session')
+  if call.Wait(CLOSE_SECS if timeout_secs is None else timeout_secs):
+    return True
+  _ABANDONED_SESSIONS.append(sess)
+  return False
 
 
 def TracePath(logdir, step):
@@ -242,7 +269,11 @@ class TrainLoop:
       step, path = self._Loop(sess, saver, fetches, built.global_step, step,
                               max_steps, cfg.input.batch_size, resume)
     except BaseException:
-      if self._placement.distributed:
+      if self._placement.elastic:
+        # The run goes on over the tasks that serve, which keep this
+        # session's variables until it is closed.
+        _CloseOrAbandon(sess)
+      elif self._placement.distributed:
         # Closing a distributed session waits for every worker, forever if
         # one died: leave it open (on a lost worker the caller exits the
         # process without closing it).

@@ -1,0 +1,164 @@
+"""tools/trainer/elastic.py's moves on fake tasks: no servers, no training.
+
+An Elastic is made without its constructor (which starts sessions and a
+watching thread); its members are a members.Members of a running cluster
+whose probes and device questions are answered here, and laying a shape
+out (_Configure) only counts the devices of the tasks it is given.
+"""
+
+from gpipe.compat import lingvo_import  # pylint: disable=unused-import
+
+import dataclasses
+import os
+import threading
+import types
+
+from lingvo.core import test_utils
+from tests import trainer_testlib
+from tools.trainer import elastic
+from tools.trainer import members as members_lib
+from tools.trainer import model_select
+from tools.trainer import reshape
+from tools.trainer import settings
+
+_ADDRESSES = ['localhost:1', 'localhost:2', 'localhost:3']
+_START = reshape.Shape(1, 2, 4, 'gpipe')
+
+
+def _Devices(task):
+  return ['/job:worker/replica:0/task:%d/device:CPU:%d' % (task, d)
+          for d in range(1)]
+
+
+class _Loop:
+  step = 7
+
+
+class _Lost(RuntimeError):
+  summary = 'a step failed'
+
+
+class ElasticAfterLossTest(test_utils.TestCase):
+
+  def _Elastic(self, down=()):
+    """An Elastic on 3 one-CPU tasks, 0 and 1 in use; `down` do not serve."""
+    self.spec = os.path.join(self.create_tempdir().full_path, 'cluster')
+    with open(self.spec, 'w') as f:
+      f.write('worker=' + ','.join(_ADDRESSES))
+    placement = types.SimpleNamespace(
+        cluster=None, remote=types.SimpleNamespace(addresses=_ADDRESSES),
+        task_devices=[_Devices(i) for i in range(3)], device_type='CPU')
+    self.lines = []
+    members = members_lib.Members(placement, echo=self.lines.append,
+                                  spec_file=self.spec)
+    members.Reason = lambda slot: 'down' if slot.index in down else None
+    members._Discover = lambda slot: _Devices(slot.index)
+    members.Use(members.slots[:2], members.slots)
+    e = object.__new__(elastic.Elastic)
+    e.members, e._lock, e._echo = members, members.lock, self.lines.append
+    e._start_run = types.SimpleNamespace(
+        logdir=self.create_tempdir().full_path)
+    e._start = e.shape = _START
+    e._choice = reshape.Choice(_START, None, 'start', 'as started')
+    e._local, e._wait_secs, e._max_restarts = None, 0.0, 0
+    e._fruitless, e._stepped, e._pending, e._last_step = 0, True, None, 0
+    e._move = e._rebalance = None
+    e.replans = 0
+    e._stop = threading.Event()
+    self.configured = []
+
+    def Configure(slots, choice):
+      # As elastic._Configure counts them: every slot's devices known.
+      self.configured.append(sum(len(s.devices) for s in slots))
+      members.Use(slots, slots)
+      e.shape, e._choice = choice.shape, choice
+      return 'run in %s' % choice.shape.label
+
+    e._Configure = Configure
+    e._Choose = lambda count, ckpt=None: reshape.Choice(
+        reshape.Shape(1, count, 4, 'gpipe'), None, 'fallback', 'test')
+    return e
+
+  def testATaskInUseMovedInTheClusterFileIsAskedForItsDevices(self):
+    e = self._Elastic()
+    with open(self.spec, 'w') as f:
+      f.write('worker=localhost:1,localhost:9,localhost:3')
+    e.members.Reread()
+    e.AfterLoss(_Lost(), _Loop())
+    # Waited for at its new address, its devices asked: the same shape.
+    self.assertEqual([2], self.configured)
+    self.assertEqual(_START, e.shape)
+    self.assertEqual('localhost:9', e.members.slots[1].address)
+    self.assertEqual([0, 1], [s.index for s in e.members.In(members_lib.USED)])
+
+  def testALossDropsAGrowOrRebalanceProposedForTheOldShape(self):
+    e = self._Elastic(down=(1, 2))
+    e._move = 'rebalancing after step 5: ...'
+    e._rebalance = object()
+    e.AfterLoss(_Lost(), _Loop())
+    self.assertEqual(reshape.Shape(1, 1, 4, 'gpipe'), e.shape)
+    self.assertIsNone(e._rebalance)
+    self.assertFalse(e.MoveAtCheckpoint(10))
+
+
+
+class ElasticParamsTest(test_utils.TestCase):
+  """Elastic._Params: the starting params in a new shape."""
+
+  # Per-stage costs of the toy model's 2 stages (as a plan file has them).
+  COSTS = {'F': [1.0, 1.0], 'B': [2.0, 2.0], 'W': [1.0, 1.0]}
+
+  def _Params(self, choice):
+    cfg = model_select.ModelParams(trainer_testlib.TOY, 'Train', '')
+    (_, pp), = model_select.FindPipelines(cfg)
+    pp.task_costs = dict(self.COSTS)
+    e = object.__new__(elastic.Elastic)
+    e._start = _START
+    (_, pp), = model_select.FindPipelines(e._Params(cfg, choice, True))
+    return pp
+
+  def testTheSameShapeKeepsTheTaskCosts(self):
+    pp = self._Params(reshape.Choice(_START, None, 'start', 'as started'))
+    self.assertEqual(self.COSTS, pp.task_costs)
+
+  def testFewerStagesDropTheTaskCosts(self):
+    pp = self._Params(reshape.Choice(reshape.Shape(1, 1, 4, 'gpipe'), None,
+                                     'fallback', 'one stage'))
+    self.assertEqual(1, model_select.NumStages(pp))
+    self.assertIsNone(pp.task_costs)
+
+  def testANewCutDropsTheTaskCosts(self):
+    pp = self._Params(reshape.Choice(_START, None, 'rebalance', 'slow',
+                                     cut=(1, 3)))
+    self.assertEqual([1, 3], pp.stage_sizes)
+    self.assertIsNone(pp.task_costs)
+
+
+
+class ElasticTextsTest(test_utils.TestCase):
+  """What the flags' help and docs/ELASTIC.md say of --elastic."""
+
+  def _Help(self, name):
+    (field,) = [f for f in dataclasses.fields(settings.Settings)
+                if f.name == name]
+    return field.metadata['help']
+
+  def testTheWaitAndRestartFlagsSayWhatTheyDoUnderElastic(self):
+    self.assertIn('With --elastic', self._Help('max_worker_restarts'))
+    self.assertIn('the run shrinks', self._Help('max_worker_restarts'))
+    self.assertIn('With --elastic', self._Help('worker_wait_secs'))
+    self.assertIn('before the run shrinks', self._Help('worker_wait_secs'))
+
+  def testTheDocSaysTheLogdirIsSharedAndHowToRunUnderSlurm(self):
+    with open(os.path.join(os.path.dirname(__file__), '..', 'docs',
+                           'ELASTIC.md')) as f:
+      text = ' '.join(f.read().split())
+    self.assertIn('The logdir must be on a shared filesystem, at the same '
+                  'path on every host', text)
+    self.assertIn("session's master task", text)
+    self.assertIn("delete that option from the script's `srun` line", text)
+    self.assertNotIn('drop it (`srun --kill-on-bad-exit`;', text)
+
+
+if __name__ == '__main__':
+  test_utils.main()

@@ -1,0 +1,63 @@
+"""tools/trainer/members.py: the slots of an elastic run, without servers."""
+
+from gpipe.compat import lingvo_import  # pylint: disable=unused-import
+
+import os
+import types
+
+from lingvo.core import test_utils
+from tools.trainer import members as members_lib
+
+_ADDRESSES = ['localhost:1', 'localhost:2', 'localhost:3']
+
+
+def _Placement(addresses):
+  """A running cluster's placement as Members reads it: 2 CPUs a task."""
+  return types.SimpleNamespace(
+      cluster=None, remote=types.SimpleNamespace(addresses=list(addresses)),
+      task_devices=[['/job:worker/replica:0/task:%d/device:CPU:%d' % (i, d)
+                     for d in range(2)] for i in range(len(addresses))],
+      device_type='CPU')
+
+
+class MembersRereadTest(test_utils.TestCase):
+
+  def _Members(self):
+    path = os.path.join(self.create_tempdir().full_path, 'cluster')
+    with open(path, 'w') as f:
+      f.write('worker=' + ','.join(_ADDRESSES))
+    lines = []
+    members = members_lib.Members(_Placement(_ADDRESSES), echo=lines.append,
+                                  spec_file=path)
+    return members, path, lines
+
+  def testATaskInUseListedAtANewAddressIsLostAndStaysInUse(self):
+    members, path, lines = self._Members()
+    members.Use(members.slots[:2], members.slots)
+    with open(path, 'w') as f:
+      f.write('worker=localhost:1,localhost:9,localhost:3')
+    members.Reread()
+    moved = members.slots[1]
+    self.assertEqual('localhost:9', moved.address)
+    self.assertIsNone(moved.devices)
+    self.assertEqual(members_lib.LOST, moved.state)
+    # Never a slot in use (or spare) without devices: the sums hold.
+    for slot in members.In(members_lib.USED, members_lib.SPARE):
+      self.assertIsNotNone(slot.devices, slot.Describe())
+    self.assertEqual([0, 1], [s.index for s in members.InUse()])
+    self.assertEqual(2, members.Devices(members.InUse()))
+    self.assertIn('task 1 listed at localhost:9 now', '\n'.join(lines))
+
+  def testASpareListedAtANewAddressIsLostAndNotInUse(self):
+    members, path, _ = self._Members()
+    members.Use(members.slots[:2], members.slots)
+    with open(path, 'w') as f:
+      f.write('worker=localhost:1,localhost:2,localhost:8')
+    members.Reread()
+    self.assertEqual(members_lib.LOST, members.slots[2].state)
+    self.assertEqual([0, 1], [s.index for s in members.InUse()])
+    self.assertEqual(4, members.Devices(members.In(members_lib.USED)))
+
+
+if __name__ == '__main__':
+  test_utils.main()
