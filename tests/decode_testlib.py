@@ -1,11 +1,13 @@
 """A small trained Transformer for the decoding tests, and its decoders.
 
-``TrainedCheckpoint()`` trains an encoder-decoder T(3, 64, 2) with d_model 32
-to copy up to 5 tokens (one process, two stages on virtual CPUs; half the
-sources shorter and padded, so that its copies end at different steps) and
-saves its weights; ``DecodeGraph`` restores them into a network cut into any
-number of stages on given devices and builds the unpipelined and pipelined
-decoders.
+``TrainedCheckpoint()`` gives the weights of an encoder-decoder T(3, 64, 2)
+with d_model 32 trained to copy up to 5 tokens (``Train``: one process, two
+stages on virtual CPUs; half the sources shorter and padded, so that its
+copies end at different steps): under Bazel the ones the build trained once
+for every test that decodes them (``//tests:copy_model_checkpoint``, run by
+tests/decode_checkpoint.py), else trained in this process. ``DecodeGraph``
+restores them into a network cut into any number of stages on given devices
+and builds the unpipelined and pipelined decoders.
 """
 
 import os
@@ -107,15 +109,34 @@ def TaskParams(devices, max_decode_len=LEN + 1, layers=None, cut=None,
 
 
 _CHECKPOINT = {}
+STEPS = 200
+# The checkpoint the build trained (//tests:copy_model_checkpoint), in a
+# test's runfiles.
+BUILT_CHECKPOINT = os.path.join('gpipe_lingvo', 'tests', 'copy_model', 'copy')
 
 
-def TrainedCheckpoint(steps=200):
-  """The path of the copy model's weights, trained once per process.
+def TrainedCheckpoint():
+  """The path of the copy model's weights (``Train``'s), once per process.
 
-  Trained with K=2 stages on /device:CPU:0 and :1 on ``TrainingBatch``es.
+  Under ``bazel test``: the checkpoint the build trained, a data dependency
+  of the test (``BUILT_CHECKPOINT`` in its runfiles); else trained here.
   """
-  if 'path' in _CHECKPOINT:
-    return _CHECKPOINT['path']
+  if 'path' not in _CHECKPOINT:
+    built = os.path.join(os.environ.get('TEST_SRCDIR', ''), BUILT_CHECKPOINT)
+    if os.environ.get('TEST_SRCDIR') and os.path.exists(built + '.index'):
+      _CHECKPOINT['path'] = built
+    else:
+      _CHECKPOINT['path'] = Train(os.path.join(tempfile.mkdtemp(), 'copy'))
+  return _CHECKPOINT['path']
+
+
+def Train(prefix, steps=STEPS):
+  """Trains the copy model; saves its weights to `prefix`; returns `prefix`.
+
+  Trained with K=2 stages on /device:CPU:0 and :1 on ``TrainingBatch``es,
+  seeded: the same weights every time. Writes ``prefix.index`` and
+  ``prefix.data-00000-of-00001`` (no meta graph, no checkpoint state file).
+  """
   rng = np.random.RandomState(0)
   with tf.Graph().as_default(), tf.compat.v1.Session(config=CONFIG) as sess:
     tf.random.set_seed(6)
@@ -134,9 +155,8 @@ def TrainedCheckpoint(steps=200):
     for _ in range(steps):
       sess.run(train, {feeds[k]: v for k, v in TrainingBatch(rng).items()})
     saver = tf.train.Saver(task.vars.Flatten())
-    path = saver.save(sess, os.path.join(tempfile.mkdtemp(), 'copy'))
-  _CHECKPOINT['path'] = path
-  return path
+    return saver.save(sess, prefix, write_meta_graph=False,
+                      write_state=False)
 
 
 class DecodeGraph:

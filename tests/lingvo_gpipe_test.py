@@ -96,9 +96,12 @@ def _Values(p, fprop, values=None, target=''):
     net, variables, outputs, grads = _Build(p, fprop)
     sess.run(tf.global_variables_initializer())
     if values is not None:
-      for name, v in variables.items():
-        v.load(values[name], sess)
-    own = {name: sess.run(v) for name, v in variables.items()}
+      # Every variable's load in one run (as Variable.load does one by one:
+      # its initializer, fed the value).
+      sess.run([v.initializer for v in variables.values()],
+               {v.initializer.inputs[1]: values[name]
+                for name, v in variables.items()})
+    own = sess.run(variables)
     out, grad = sess.run([outputs, grads])
     names = list(variables)
     return net, own, out, dict(zip(names, grad))

@@ -7,7 +7,8 @@ delaying TCP relay (tools/netlab/delay_relay.py: this kernel has no netem
 qdisc): with ``delayed`` workers every connection to a worker, from the
 trainer or another worker, crosses it with DELAY_MS each way. The losses
 must equal those of the same model on local worker processes
-(``--worker_processes``), with and without the delay.
+(``--worker_processes``), with and without the delay (the replicas' layout
+with it only: direct links are the two stages' case).
 """
 
 from gpipe.compat import lingvo_import  # pylint: disable=unused-import
@@ -39,7 +40,8 @@ class NetnsTrainTest(test_utils.TestCase):
     self.assertEqual(0, code, err)
     return trainer_testlib.Losses(logdir)
 
-  def _TrainOnHosts(self, num_hosts, reference, *flags, cpu_devices=1):
+  def _TrainOnHosts(self, num_hosts, reference, *flags, cpu_devices=1,
+                    delays=(False, True)):
     """Trains on one worker per host, direct then delayed links.
 
     Args:
@@ -47,12 +49,13 @@ class NetnsTrainTest(test_utils.TestCase):
       reference: the losses the runs must have.
       *flags: more trainer flags.
       cpu_devices: virtual CPU devices per worker.
+      delays: the runs: without the delay (False), with it (True).
 
     Returns:
       The trainer's output of the delayed run.
     """
     with netns.Lab(num_hosts, delay_ms=netns_testlib.DELAY_MS) as lab:
-      for delayed in (False, True):
+      for delayed in delays:
         with netns.Workers(lab, delayed=delayed,
                            cpu_devices=cpu_devices) as workers:
           logdir = self.create_tempdir().full_path
@@ -88,11 +91,13 @@ class NetnsTrainTest(test_utils.TestCase):
   def testTwoReplicasOfTwoStagesOnTwoHostsWithTwoDevicesEach(self):
     # Each replica's two stages on one host's two devices; the replicas
     # meet across the link (the weights are read from, and the gradients
-    # added on, the first replica's devices).
+    # added on, the first replica's devices). Through the delayed links
+    # only: direct links are testTwoStagesOnTwoHosts's, and the delay is
+    # what the replicas' crossing must survive.
     reference = self._Reference(worker_processes=2, devices_per_task=2,
                                 data_parallel=2)
     out = self._TrainOnHosts(2, reference, '--data_parallel=2',
-                             cpu_devices=2)
+                             cpu_devices=2, delays=(True,))
     self.assertIn('replica 1: stages 0-1 on task 1 (CPU:0, CPU:1)', out)
 
 

@@ -1,14 +1,18 @@
 """The trainer's --plan: auto (measure, search, train the best) and FILE."""
 
+import contextlib
 import json
 import os
 import re
+import subprocess
 import tempfile
+from unittest import mock
 
 from gpipe.compat import lingvo_import  # pylint: disable=unused-import
 from gpipe.plan import choice
 from lingvo import compat as tf
 from tests import trainer_testlib
+from tools.trainer import planned
 
 TOY = trainer_testlib.TOY
 
@@ -21,16 +25,53 @@ def _Pipeline(text):
   return int(m.group(1)), int(m.group(2)), m.group(3), m.group(4)
 
 
+# The planner's measuring, made quick: one micro-batch size, one timed run
+# each, calibrated on the first layer, the trainer's own step not timed.
+QUICK_MEASURING = ['--rows=8', '--repeats=1', '--calibrate_layers=1',
+                   '--no-trainer_step']
+
+
+@contextlib.contextmanager
+def _QuickMeasuring():
+  """Runs of the planner (``python -m tools.plan``) measure quickly.
+
+  Yields:
+    The list of the planner command lines run (as the trainer built them).
+  """
+  run = subprocess.run
+  planners = []
+
+  def Run(args, *a, **kw):
+    if list(args[1:3]) == ['-m', 'tools.plan']:
+      planners.append(list(args))
+      if any(x.startswith('--profile_out=') for x in args):
+        args = list(args) + QUICK_MEASURING
+    return run(args, *a, **kw)
+
+  with mock.patch.object(planned.subprocess, 'run', Run):
+    yield planners
+
+
 class TrainerPlanTest(tf.test.TestCase):
 
   def testAutoMeasuresPlansTrainsAndResumesWithTheSamePlan(self):
+    # The trainer in-process; its planner in its own process as always, but
+    # measuring at one size, once, calibrated on the first layer and
+    # without timing the trainer's step (``_QuickMeasuring``): what the
+    # planner's full measuring gives is plan_cli_test's and
+    # plan_measure_test's to prove, this test proves what --plan=auto does
+    # with it.
     logdir = tempfile.mkdtemp()
-    args = ['--model=%s' % TOY, '--logdir=%s' % logdir, '--plan=auto',
-            '--memory_per_device=64MiB', '--max_steps=2',
-            '--eval_after_train=false', '--trace_every_n_steps=0']
-    run = trainer_testlib.Run(args, timeout=600)
-    out = run.stdout + run.stderr
-    self.assertEqual(run.returncode, 0, out[-4000:])
+    flags = dict(model=TOY, logdir=logdir, plan='auto',
+                 memory_per_device='64MiB', max_steps=2,
+                 eval_after_train=False, trace_every_n_steps=0)
+    with _QuickMeasuring() as planners:
+      code, out, err = trainer_testlib.RunInProcess(**flags)
+    out += err
+    self.assertEqual(code, 0, out[-4000:])
+    self.assertLen(planners, 1)
+    self.assertIn('--profile_out=%s' % os.path.join(logdir, 'profile.json'),
+                  planners[0])
     self.assertIn('configurations fit', out)
     self.assertIn('measuring the model for the planner', out)
     plan = choice.Load(os.path.join(logdir, 'plan.json'))
@@ -42,13 +83,13 @@ class TrainerPlanTest(tf.test.TestCase):
     with open(os.path.join(logdir, 'train_steps.jsonl')) as f:
       steps = [json.loads(line)['step'] for line in f]
     self.assertEqual(steps[-1], 2)
-    # A resumed run keeps its plan (no new measurement).
-    again = trainer_testlib.Run(args[:-3] + ['--max_steps=3',
-                                             '--eval_after_train=false',
-                                             '--trace_every_n_steps=0'],
-                                timeout=300)
-    out = again.stdout + again.stderr
-    self.assertEqual(again.returncode, 0, out[-4000:])
+    # A resumed run keeps its plan (no new measurement, no planner).
+    flags.update(memory_per_device='64MiB', max_steps=3)
+    with _QuickMeasuring() as planners:
+      code, out, err = trainer_testlib.RunInProcess(**flags)
+    out += err
+    self.assertEqual(code, 0, out[-4000:])
+    self.assertEmpty(planners)
     self.assertIn('resuming with the plan in', out)
     self.assertNotIn('measuring the model', out)
     self.assertEqual(_Pipeline(out), (c.num_stages, c.micro_batches,

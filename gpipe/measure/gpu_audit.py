@@ -217,12 +217,35 @@ def GpuKernel(op_type, attrs):
     The KernelDef of the GPU kernel that matches (the highest priority), else
     the matching device-independent (DEFAULT) one, else None.
   """
-  for device_type in (_GPU, _DEFAULT):
-    matches = [k for k in _Kernels(op_type)
-               if k.device_type == device_type and _Matches(k, attrs)]
-    if matches:
-      return max(matches, key=lambda k: k.priority)
-  return None
+  # Thousands of a graph's ops share a type and the attrs its kernels'
+  # constraints read: each such combination is matched once.
+  kernels, names = _KernelsAndConstrainedAttrs(op_type)
+  label = attrs.get('_kernel')
+  key = (op_type, label.s if label is not None else None) + tuple(
+      tuple(_Types(attrs[n])) if n in attrs else None for n in names)
+  if key not in _GPU_KERNEL:
+    _GPU_KERNEL[key] = None
+    for device_type in (_GPU, _DEFAULT):
+      matches = [k for k in kernels
+                 if k.device_type == device_type and _Matches(k, attrs)]
+      if matches:
+        _GPU_KERNEL[key] = max(matches, key=lambda k: k.priority)
+        break
+  return _GPU_KERNEL[key]
+
+
+# GpuKernel's results by (op type, kernel label, constrained attrs' types).
+_GPU_KERNEL = {}
+_CONSTRAINED = {}
+
+
+def _KernelsAndConstrainedAttrs(op_type):
+  """(the op type's kernels, the sorted attr names their constraints read)."""
+  if op_type not in _CONSTRAINED:
+    kernels = _Kernels(op_type)
+    _CONSTRAINED[op_type] = (kernels, tuple(sorted(
+        {c.name for k in kernels for c in k.constraint})))
+  return _CONSTRAINED[op_type]
 
 
 # --- Devices -----------------------------------------------------------------
