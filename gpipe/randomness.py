@@ -183,11 +183,14 @@ def StatelessUniform(shape, seed, dtype):
   """
   dtype = tf.as_dtype(dtype)
   kept = min(24, _MANTISSA_BITS.get(dtype, 24))
-  # The shape and the counter's bounds stay in host memory, where a GPU's
-  # Reshape and Range read them: int32 shapes live there, and the size is
-  # computed on the stage's host CPU (no device-to-host copy, no stall).
+  # On a GPU the shape and the counter's bounds stay in host memory, where
+  # its Reshape and Range read them: int32 shapes live there, and the size
+  # is computed on the host's CPU (no device-to-host copy, no stall). On a
+  # CPU stage they stay on the stage's own device.
   shape = tf.cast(shape, tf.int32)
-  with tf.device('/device:CPU:0'):
+  on_gpu = tf.DeviceSpec.from_string(
+      seed.op.device or '').device_type == 'GPU'
+  with tf.device('/device:CPU:0' if on_gpu else None):
     size = tf.cast(tf.reduce_prod(shape), tf.int64)
     start, delta = tf.constant(0, tf.int64), tf.constant(1, tf.int64)
   w0, w1, w2, w3 = _SeedWords(tf.cast(seed, tf.int64))
