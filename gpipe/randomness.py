@@ -131,14 +131,23 @@ def _U32(value):
   return tf.constant(value, tf.uint32)
 
 
-def _Mix32(h):
-  """MurmurHash3's 32-bit finalizer: every input bit flips each output bit
-  with probability about one half (uint32 arithmetic wraps)."""
-  h = tf.bitwise.bitwise_xor(h, tf.bitwise.right_shift(h, _U32(16)))
-  h *= _U32(0x85EBCA6B)
-  h = tf.bitwise.bitwise_xor(h, tf.bitwise.right_shift(h, _U32(13)))
-  h *= _U32(0xC2B2AE35)
-  return tf.bitwise.bitwise_xor(h, tf.bitwise.right_shift(h, _U32(16)))
+class _Mixer:
+  """MurmurHash3's 32-bit finalizer, its constants made once per generator.
+
+  Every input bit flips each output bit with probability about one half
+  (uint32 arithmetic wraps). A dropout builds six of these; sharing the
+  four constants keeps the graph small (its build time is the cost).
+  """
+
+  def __init__(self):
+    self._s16, self._s13 = _U32(16), _U32(13)
+    self._m1, self._m2 = _U32(0x85EBCA6B), _U32(0xC2B2AE35)
+
+  def __call__(self, h):
+    xor, shift = tf.bitwise.bitwise_xor, tf.bitwise.right_shift
+    h = xor(h, shift(h, self._s16)) * self._m1
+    h = xor(h, shift(h, self._s13)) * self._m2
+    return xor(h, shift(h, self._s16))
 
 
 def _SeedWords(seed):
@@ -147,6 +156,29 @@ def _SeedWords(seed):
   high = tf.cast(tf.bitwise.bitwise_and(tf.bitwise.right_shift(seed, 32),
                                         0xFFFFFFFF), tf.uint32)
   return low[0], high[0], low[1], high[1]
+
+
+def _Keys(words, mix):
+  """Two independent 32-bit keys, each hashing all four seed words.
+
+  Key a folds the words in the order 3, 2, 1, 0 from the start
+  ``w3 + _GOLDEN``; key b in the order 0, 1, 2, 3 from ``w0 + _SECOND``.
+  Both chains run side by side in one uint32 [2] vector (slices and stacks
+  only: uint32 Reverse and Unpack have no GPU kernel).
+
+  Args:
+    words: the four uint32 scalar words of the seed.
+    mix: a _Mixer.
+
+  Returns:
+    The uint32 scalars key_a, key_b.
+  """
+  w = words
+  keys = mix(tf.stack([w[3], w[0]]) +
+             tf.constant([_GOLDEN, _SECOND], tf.uint32))
+  for i in (1, 2, 3):
+    keys = mix(tf.bitwise.bitwise_xor(keys, tf.stack([w[3 - i], w[i]])))
+  return keys[0], keys[1]
 
 
 def StatelessUniform(shape, seed, dtype):
@@ -193,17 +225,11 @@ def StatelessUniform(shape, seed, dtype):
   with tf.device('/device:CPU:0' if on_gpu else None):
     size = tf.cast(tf.reduce_prod(shape), tf.int64)
     start, delta = tf.constant(0, tf.int64), tf.constant(1, tf.int64)
-  w0, w1, w2, w3 = _SeedWords(tf.cast(seed, tf.int64))
-  # Two independent 32-bit keys, each from all four seed words.
-  key_a = _Mix32(tf.bitwise.bitwise_xor(w0, _Mix32(
-      tf.bitwise.bitwise_xor(w1, _Mix32(
-          tf.bitwise.bitwise_xor(w2, _Mix32(w3 + _U32(_GOLDEN))))))))
-  key_b = _Mix32(tf.bitwise.bitwise_xor(w3, _Mix32(
-      tf.bitwise.bitwise_xor(w2, _Mix32(
-          tf.bitwise.bitwise_xor(w1, _Mix32(w0 + _U32(_SECOND))))))))
+  mix = _Mixer()
+  key_a, key_b = _Keys(_SeedWords(tf.cast(seed, tf.int64)), mix)
   counter = tf.cast(tf.range(start, size, delta), tf.uint32)
-  bits = _Mix32(tf.bitwise.bitwise_xor(counter * _U32(_GOLDEN), key_a))
-  bits = _Mix32(tf.bitwise.bitwise_xor(bits, key_b))
+  bits = mix(tf.bitwise.bitwise_xor(counter * _U32(_GOLDEN), key_a))
+  bits = mix(tf.bitwise.bitwise_xor(bits, key_b))
   top = tf.bitwise.right_shift(bits, _U32(32 - kept))
   uniform = tf.cast(top, dtype) * tf.constant(2.0**-kept, dtype)
   return tf.reshape(uniform, shape)
