@@ -11,15 +11,17 @@ fail at once with the address named.
 
 from gpipe.compat import lingvo_import  # pylint: disable=unused-import
 
+import contextlib
+import io
 import json
 import os
 import shutil
 import socket
-import subprocess
 import tempfile
 from unittest import mock
 
 from gpipe.runtime import local_cluster
+from gpipe.runtime import worker
 from lingvo import compat as tf
 from lingvo.core import test_utils
 from tests import cluster_testlib
@@ -190,19 +192,21 @@ class ClusterWorkersTest(test_utils.TestCase):
                         cluster_spec='worker=localhost')
     self.assertEqual(1, code)
     self.assertIn("'localhost' is not host:port", err)
-    env = trainer_testlib.Environment()
+    # The worker's main (python -m gpipe.worker exits with what it returns)
+    # in this process: a worker process would spend seconds importing
+    # TensorFlow to print one line.
     for tf_config, message in (
         (_TfConfig(self.workers, 0, 'chief'), "task type 'chief'"),
         (_TfConfig(self.workers, 2), 'task index 2 is out of range: the '
          'cluster has 2 worker task(s)'),
         ('{"cluster": ', 'TF_CONFIG is not valid JSON')):
-      env['TF_CONFIG'] = tf_config
-      done = subprocess.run(cluster_testlib.WorkerCommand(), env=env,
-                            cwd=trainer_testlib.ROOT, capture_output=True,
-                            text=True, timeout=120)
-      self.assertEqual(2, done.returncode, done.stderr)
-      self.assertIn('gpipe.worker: error: ', done.stderr)
-      self.assertIn(message, done.stderr)
+      stderr = io.StringIO()
+      with mock.patch.dict(os.environ, {'TF_CONFIG': tf_config}), \
+          contextlib.redirect_stderr(stderr):
+        code = worker.main([])
+      self.assertEqual(2, code, stderr.getvalue())
+      self.assertIn('gpipe.worker: error: ', stderr.getvalue())
+      self.assertIn(message, stderr.getvalue())
 
   def testSlurmWorkerExitsWithItsParentOnlyWhenAsked(self):
     # Task 0 of a one-task srun step on this host.
