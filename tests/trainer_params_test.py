@@ -3,6 +3,7 @@
 from gpipe.compat import lingvo_import  # pylint: disable=unused-import
 
 import os
+import time
 
 from lingvo import compat as tf
 from lingvo.core import test_utils
@@ -189,6 +190,7 @@ class ProgressTest(test_utils.TestCase):
 
   def testStepLogKeepsOnlyTheResumedHistory(self):
     logdir = self.create_tempdir().full_path
+    began = time.time()
     log = progress.StepLog(logdir)
     for step in range(1, 6):
       log.Append(step, {'loss': float(step)})
@@ -201,6 +203,11 @@ class ProgressTest(test_utils.TestCase):
     records = progress.ReadStepLog(os.path.join(logdir, progress.STEP_LOG))
     self.assertEqual([(1, 1.0), (2, 2.0), (3, 3.0), (4, 40.0)],
                      [(r['step'], r['loss']) for r in records])
+    # Each record's wall clock, in the order written.
+    times = [r['time'] for r in records]
+    self.assertEqual(sorted(times), times)
+    self.assertBetween(times[0], began - 0.01, time.time())
+    self.assertLessEqual(times[-1], time.time())
 
 
 if __name__ == '__main__':

@@ -5,8 +5,8 @@ the defaults for ``--quick`` and runs one of ``throughput.Throughput``,
 ``memory.Memory``, ``bubble.Bubble``, ``schedules.Schedules``,
 ``data_parallel.DataParallel``, ``graph.Graph``, ``links.Links``,
 ``decode.Decode`` (``decode_memory.MemoryCap`` with ``--memory_cap``),
-``plan.Plan``, ``plan_trainer.PlanTrainer``, ``startup.Startup`` or
-``xla_trainer.XlaTrainer``.
+``plan.Plan``, ``plan_trainer.PlanTrainer``, ``startup.Startup``,
+``xla_trainer.XlaTrainer`` or ``elastic.Elastic``.
 """
 
 import argparse
@@ -19,6 +19,7 @@ from tools.benchmark import cost
 from tools.benchmark import data_parallel
 from tools.benchmark import decode
 from tools.benchmark import decode_memory
+from tools.benchmark import elastic
 from tools.benchmark import graph
 from tools.benchmark import links
 from tools.benchmark import memory
@@ -28,6 +29,9 @@ from tools.benchmark import schedules
 from tools.benchmark import startup
 from tools.benchmark import throughput
 from tools.benchmark import xla_trainer
+
+
+_ELASTIC_SCENARIOS = 'loss_and_return,restart,throttled'
 
 
 def _Parser():
@@ -268,6 +272,28 @@ def _Parser():
                  help='leading steps left out of the step time')
   p.add_argument('--timeout_secs', type=int, default=1800,
                  help='stop a trainer run that takes longer than this')
+  p = sub.add_parser('elastic', help=elastic.Elastic.__doc__)
+  Common(p)
+  p.add_argument('--models', default='',
+                 help='comma-separated registered models (default: %s)' %
+                 ','.join(elastic.MODELS))
+  p.add_argument('--scenarios', default=_ELASTIC_SCENARIOS,
+                 help='comma-separated subset of loss_and_return, restart, '
+                 'throttled')
+  p.add_argument('--steps', type=int, default=120,
+                 help='training steps of each run')
+  p.add_argument('--loss_step', type=int, default=35,
+                 help='the step after which a worker is killed')
+  p.add_argument('--return_after', type=int, default=25,
+                 help='steps on the shrunk shape before the worker returns')
+  p.add_argument('--checkpoint_every', type=int, default=10,
+                 help='the trainer\'s checkpoint (and log) period')
+  p.add_argument('--worker_wait_secs', type=float, default=5.0,
+                 help='how long the trainer waits for a lost worker')
+  p.add_argument('--throttle_cores', type=float, default=0.5,
+                 help='the CPU quota of the slow worker, in cores')
+  p.add_argument('--timeout_secs', type=int, default=1800,
+                 help='stop a trainer run that takes longer than this')
   p = sub.add_parser('startup', help=startup.Startup.__doc__)
   Common(p)
   p.add_argument('--before',
@@ -336,6 +362,15 @@ def _ApplyQuick(args):
     args.steps, args.warmup = 2, 1
     args.models = args.models or 'toy.PipelinedDigitsMlp'
     args.schedules = args.schedules or 'gpipe,zb_v'
+  if args.command == 'elastic':
+    args.models = args.models or 'toy.PipelinedDigitsMlp'
+    # Toy steps take milliseconds: enough of them that the run is still
+    # going when the returned worker serves (seconds).
+    args.steps, args.loss_step, args.return_after = 1500, 30, 10
+    args.checkpoint_every, args.worker_wait_secs = 25, 1.0
+    if args.scenarios == _ELASTIC_SCENARIOS:
+      # The toy model's stages are too light for a quota to show.
+      args.scenarios = 'loss_and_return,restart'
   if args.command == 'startup' and args.model == 'mt.T64Structure_Numbers':
     args.model, args.worker_processes = 'mt.NumbersTiny', 2
   if args.command == 'memory':
@@ -367,6 +402,7 @@ def main(argv=None):
                                     else decode.Decode)(a), plan=plan.Plan,
                   plan_trainer=plan_trainer.PlanTrainer,
                   startup=startup.Startup,
-                  xla_trainer=xla_trainer.XlaTrainer)
+                  xla_trainer=xla_trainer.XlaTrainer,
+                  elastic=elastic.Elastic)
   commands[args.command](args)
   return 0

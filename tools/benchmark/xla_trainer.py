@@ -58,8 +58,7 @@ def _Trainer(args, timeout):
 
 def _Steps(logdir):
   """The step log's records, in step order."""
-  with open(os.path.join(logdir, progress.STEP_LOG)) as f:
-    return [json.loads(line) for line in f if line.strip()]
+  return progress.ReadStepLog(os.path.join(logdir, progress.STEP_LOG))
 
 
 def _DecodeOut(logdir):

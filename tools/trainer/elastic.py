@@ -472,7 +472,8 @@ class Elastic:
     self._pending = self._Event('rebalance', since, loop.step, old)
     self._pending.update(old_cut=list(proposal.old_sizes),
                          new_cut=list(proposal.sizes),
-                         factors=list(proposal.factors))
+                         factors=list(proposal.factors),
+                         predicted_gain=proposal.gain)
     self._echo('elastic: rebalancing %s: cut %s -> %s; %s, no step redone' %
                (self.shape.label, list(proposal.old_sizes),
                 list(proposal.sizes), _From(self._pending)))

@@ -19,7 +19,12 @@ STEP_LOG = 'train_steps.jsonl'
 
 
 class StepLog:
-  """JSON lines {"step": s, "loss": ..., ...} in logdir/train_steps.jsonl."""
+  """JSON lines {"step": s, "loss": ..., "time": t, ...} in train_steps.jsonl.
+
+  ``time`` is the wall clock (seconds since the epoch) when the step's
+  record was written: examples/s over a run, across restarts and moves, for
+  plots (``python -m tools.benchmark elastic``).
+  """
 
   def __init__(self, logdir, resume_step=0):
     """Opens the log, keeping only lines with step <= resume_step.
@@ -39,6 +44,7 @@ class StepLog:
     """Writes one step's {name: float} metrics (flushed at once)."""
     record = {'step': int(step)}
     record.update({k: float(v) for k, v in sorted(metrics.items())})
+    record['time'] = round(time.time(), 3)
     self._file.write(json.dumps(record) + '\n')
     self._file.flush()
 

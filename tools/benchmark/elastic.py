@@ -1,0 +1,464 @@
+"""The elastic subcommand: ``--elastic`` across a lost, a returned and a slow worker.
+
+For each model (default: the default model and the Transformer stack
+``mt.NumbersSmall``), three runs of the trainer binary, each timed from
+outside and from its own step log (every record has its wall clock):
+
+1. *Loss and return.* Four worker processes serve a cluster file; the
+   trainer runs with ``--cluster_spec=@FILE --elastic``. After
+   ``--loss_step`` steps worker 3 is killed (SIGKILL) and stays away past
+   ``--worker_wait_secs``: the run shrinks to the three that serve.
+   ``--return_after`` steps after the first step on that shape, worker 3 is
+   started again on another port and the file rewritten, as a supervisor
+   would: the run grows back at its next checkpoint.
+2. *Same-shape restart.* ``--worker_processes=4 --max_worker_restarts=1
+   --elastic``: a worker killed after ``--loss_step`` steps is started again
+   by the trainer in its place, and the run goes on in the same shape.
+3. *A slow worker.* ``--worker_processes=2 --pin_cores --elastic`` (a core
+   each; on a 2-core machine four workers already share the cores at about
+   half a core each, so a half-core quota would slow none of them): worker 1
+   is held to ``--throttle_cores`` by a cgroup CPU quota (Linux's cpu
+   controller, as root) from its start, and the trainer moves layers off its
+   stage. Then two static runs under the same quota, for comparison: the
+   cut the run started with and the cut it moved to, each from the start.
+
+Reported per model: examples/s (median of per-step rates) before the loss,
+on the shrunk shape and after the return; the seconds from the kill to the
+first step on the new shape (measured from outside) and from when the
+trainer noticed the loss (its ``trainer/recovery_secs``), beside the run's
+own start-up (the trainer's start to the end of its step 2,
+``startup.json``); the steps redone; the same for the restart; the throttled step before and after
+rebalancing, the step the rebalancer predicted (before over its predicted
+gain) and the static cuts' steps. The plot: examples/s over time with each
+event marked.
+"""
+
+import json
+import os
+import re
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+from gpipe.runtime import cpu_quota
+from gpipe.runtime import liveness
+from gpipe.runtime import local_cluster
+from tools.benchmark import report
+from tools.trainer import elastic as elastic_lib
+from tools.trainer import model_select
+from tools.trainer import progress
+from tools.trainer import timed_run
+
+MODELS = ('image.AmoebaNetD_Digits', 'mt.NumbersSmall')
+# R=2 replicas of K=2 stages with M=2 on 4 workers: a shrink keeps R x M.
+SHAPE_FLAGS = ('--data_parallel=2', '--num_micro_batches=2')
+POLL_SECS = 0.2
+
+
+class ElasticBenchmarkError(RuntimeError):
+  """A run failed or did not do what the scenario needs; says which."""
+
+
+def _Steps(logdir):
+  return progress.ReadStepLog(os.path.join(logdir, progress.STEP_LOG))
+
+
+def _Trainer(flags, log_path):
+  with open(log_path, 'w') as log:
+    env = timed_run.Environment()
+    env['PYTHONUNBUFFERED'] = '1'
+    return subprocess.Popen(
+        [sys.executable, '-m', 'tools.trainer'] + list(flags),
+        cwd=timed_run.ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL)
+
+
+def _Read(path):
+  with open(path) as f:
+    return f.read()
+
+
+def _WaitFor(what, ready, proc, log_path, timeout):
+  """Polls `ready()` until it is true; the trainer must still run."""
+  deadline = time.time() + timeout
+  while True:
+    value = ready()
+    if value:
+      return value
+    if proc.poll() is not None:
+      raise ElasticBenchmarkError(
+          'the trainer ended (exit %s) while waiting for %s:\n%s' % (
+              proc.returncode, what, _Read(log_path)[-3000:]))
+    if time.time() > deadline:
+      raise ElasticBenchmarkError('no %s within %d s:\n%s' % (
+          what, timeout, _Read(log_path)[-3000:]))
+    time.sleep(POLL_SECS)
+
+
+def _Finish(proc, log_path, timeout):
+  try:
+    proc.wait(timeout=timeout)
+  except subprocess.TimeoutExpired:
+    proc.kill()
+    proc.wait()
+    raise ElasticBenchmarkError('the trainer took more than %d s:\n%s' % (
+        timeout, _Read(log_path)[-3000:])) from None
+  if proc.returncode:
+    raise ElasticBenchmarkError('the trainer failed (exit %d):\n%s' % (
+        proc.returncode, _Read(log_path)[-3000:]))
+
+
+class _Servers:
+  """Worker processes serving a cluster file, started and replaced here."""
+
+  def __init__(self, workdir, count):
+    self.spec = os.path.join(workdir, 'cluster.json')
+    self._workdir = workdir
+    self.addresses = ['localhost:%d' % local_cluster.FreePort()
+                      for _ in range(count)]
+    self.procs = [None] * count
+    self._Write()
+    for task in range(count):
+      self.Start(task)
+
+  def _Write(self):
+    with open(self.spec + '.new', 'w') as f:
+      json.dump({'worker': self.addresses}, f)
+    os.replace(self.spec + '.new', self.spec)
+
+  def Start(self, task, timeout=120):
+    """Starts worker `task` at its address; returns once it serves."""
+    log = open(os.path.join(self._workdir, 'worker_%d_%s.log' % (
+        task, self.addresses[task].split(':')[1])), 'w')
+    self.procs[task] = subprocess.Popen(
+        [sys.executable, '-m', 'gpipe.worker', '--cluster_spec=@' + self.spec,
+         '--task=%d' % task], cwd=timed_run.ROOT, env=timed_run.Environment(),
+        stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    log.close()
+    deadline = time.time() + timeout
+    while liveness.Probe(self.addresses[task], timeout_secs=1.0):
+      if self.procs[task].poll() is not None or time.time() > deadline:
+        raise ElasticBenchmarkError('worker %d did not serve at %s' % (
+            task, self.addresses[task]))
+      time.sleep(POLL_SECS)
+
+  def Kill(self, task):
+    self.procs[task].kill()
+    self.procs[task].wait()
+
+  def Replace(self, task):
+    """Starts `task` again at a new address and lists it in the file."""
+    self.addresses[task] = 'localhost:%d' % local_cluster.FreePort()
+    self._Write()
+    self.Start(task)
+
+  def Close(self):
+    for proc in self.procs:
+      if proc is not None and proc.poll() is None:
+        proc.kill()
+        proc.wait()
+
+
+def _Rates(records, batch):
+  """[(time, examples/s)] of each step after the first of its run.
+
+  A step's rate is the batch over the seconds since the previous record;
+  a record whose step does not follow the previous one's starts a new run
+  (a restart or move redoes steps from a checkpoint) and has no rate.
+  """
+  rates = []
+  for a, b in zip(records, records[1:]):
+    if b['step'] == a['step'] + 1 and b['time'] > a['time']:
+      rates.append((b['time'], batch / (b['time'] - a['time'])))
+  return rates
+
+
+def _Median(rates, start, end):
+  values = [r for t, r in rates if start <= t < end]
+  return statistics.median(values) if values else None
+
+
+def _Batch(model):
+  return model_select.ModelParams(model).input.batch_size
+
+
+def _StartupSecs(logdir):
+  path = os.path.join(logdir, 'startup.json')
+  if not os.path.exists(path):
+    return None
+  with open(path) as f:
+    return json.load(f).get('since_trainer_start')
+
+
+def _CommonFlags(model, logdir, args):
+  return ['--model=' + model, '--logdir=' + logdir,
+          '--max_steps=%d' % args.steps,
+          '--checkpoint_every_n_steps=%d' % args.checkpoint_every,
+          '--log_every_n_steps=%d' % args.checkpoint_every,
+          '--trace_every_n_steps=0', '--eval_after_train=false']
+
+
+def _FirstStepTime(records, step):
+  times = [r['time'] for r in records if r['step'] == step]
+  return times[-1] if times else None
+
+
+def LossAndReturn(model, args, workdir):
+  """Scenario 1; the figures and the per-step rates (see the module doc)."""
+  logdir = os.path.join(workdir, 'loss_and_return')
+  log_path = logdir + '.log'
+  servers = _Servers(workdir, 4)
+  proc = _Trainer(_CommonFlags(model, logdir, args) + list(SHAPE_FLAGS) + [
+      '--cluster_spec=@' + servers.spec, '--elastic',
+      '--worker_wait_secs=%g' % args.worker_wait_secs], log_path)
+  marks = {}
+  try:
+    _WaitFor('step %d' % args.loss_step,
+             lambda: len(_Steps(logdir)) >= args.loss_step, proc, log_path,
+             args.timeout_secs)
+    marks['loss'] = time.time()
+    servers.Kill(3)
+    shrink = _WaitFor('the first step after the shrink',
+                      lambda: elastic_lib.ReadEvents(logdir), proc, log_path,
+                      args.timeout_secs)[0]
+    _WaitFor('%d steps on the shrunk shape' % args.return_after,
+             lambda: _Steps(logdir)[-1]['step'] >=
+             shrink['first_step'] + args.return_after, proc, log_path,
+             args.timeout_secs)
+    marks['return'] = time.time()
+    servers.Replace(3)
+    _Finish(proc, log_path, args.timeout_secs)
+  finally:
+    if proc.poll() is None:
+      proc.kill()
+      proc.wait()
+    servers.Close()
+  events = elastic_lib.ReadEvents(logdir)
+  kinds = [e['kind'] for e in events]
+  if kinds != ['shrink', 'grow']:
+    raise ElasticBenchmarkError('expected a shrink then a grow, got %s:\n%s'
+                                % (kinds, _Read(log_path)[-3000:]))
+  records = _Steps(logdir)
+  rates = _Rates(records, _Batch(model))
+  shrink, grow = events
+  shrunk_at = _FirstStepTime(records, shrink['first_step'])
+  grown_at = _FirstStepTime(records, grow['first_step'])
+  return dict(
+      startup_secs=_StartupSecs(logdir),
+      before=_Median(rates, 0, marks['loss']),
+      shrunk=_Median(rates, shrunk_at, marks['return']),
+      after=_Median(rates, grown_at, float('inf')),
+      shrink_secs=shrink['secs'], shrink_redone=shrink['steps_redone'],
+      kill_to_first_step=shrunk_at - marks['loss'],
+      grow_secs=grow['secs'], grow_redone=grow['steps_redone'],
+      shapes=[shrink['old'], shrink['new'], grow['new']],
+      marks=dict(marks, shrunk=shrunk_at, grown=grown_at),
+      rates=rates, steps=len(records))
+
+
+def _WorkerPids(log_path, count):
+  found = re.search(r'pids \[([\d, ]+)\]', _Read(log_path))
+  if not found:
+    return None
+  pids = [int(p) for p in found.group(1).split(',')]
+  return pids if len(pids) == count else None
+
+
+def Restart(model, args, workdir):
+  """Scenario 2: a local worker restarted in place; its seconds."""
+  logdir = os.path.join(workdir, 'restart')
+  log_path = logdir + '.log'
+  proc = _Trainer(_CommonFlags(model, logdir, args) + list(SHAPE_FLAGS) + [
+      '--worker_processes=4', '--max_worker_restarts=1', '--elastic',
+      '--max_steps=%d' % (args.loss_step + 2 * args.checkpoint_every)],
+                  log_path)
+  try:
+    pids = _WaitFor('the workers', lambda: _WorkerPids(log_path, 4), proc,
+                    log_path, args.timeout_secs)
+    _WaitFor('step %d' % args.loss_step,
+             lambda: len(_Steps(logdir)) >= args.loss_step, proc, log_path,
+             args.timeout_secs)
+    killed = time.time()
+    os.kill(pids[3], signal.SIGKILL)
+    _Finish(proc, log_path, args.timeout_secs)
+  finally:
+    if proc.poll() is None:
+      proc.kill()
+      proc.wait()
+  events = elastic_lib.ReadEvents(logdir)
+  if [e['kind'] for e in events] != ['restart']:
+    raise ElasticBenchmarkError('expected one restart, got %s:\n%s' % (
+        [e['kind'] for e in events], _Read(log_path)[-3000:]))
+  first = _FirstStepTime(_Steps(logdir), events[0]['first_step'])
+  return dict(startup_secs=_StartupSecs(logdir), secs=events[0]['secs'],
+              redone=events[0]['steps_redone'],
+              kill_to_first_step=first - killed)
+
+
+def _StepSecs(records, start_step, end_step):
+  """Median seconds of the steps in (start_step, end_step]."""
+  secs = [b['time'] - a['time'] for a, b in zip(records, records[1:])
+          if b['step'] == a['step'] + 1 and start_step < b['step'] <= end_step]
+  return statistics.median(secs) if secs else None
+
+
+def _ThrottledRun(model, args, logdir, extra, watch):
+  """One run on 2 pinned workers, worker 1 under the CPU quota."""
+  log_path = logdir + '.log'
+  proc = _Trainer(_CommonFlags(model, logdir, args) + [
+      '--worker_processes=2', '--pin_cores'] + extra, log_path)
+  quota = None
+  try:
+    pids = _WaitFor('the workers', lambda: _WorkerPids(log_path, 2), proc,
+                    log_path, args.timeout_secs)
+    quota = cpu_quota.CpuQuota('gpipe_elastic_bench_%d' % os.getpid(),
+                               args.throttle_cores)
+    quota.Add(pids[1])
+    if watch:
+      _WaitFor('a rebalance', lambda: elastic_lib.ReadEvents(logdir), proc,
+               log_path, args.timeout_secs)
+    _Finish(proc, log_path, args.timeout_secs)
+  finally:
+    if proc.poll() is None:
+      proc.kill()
+      proc.wait()
+    if quota is not None:
+      quota.Remove()
+  return _Steps(logdir), log_path
+
+
+def _CutOverride(model, cut):
+  """--model_params_override text that sets every pipeline's cut."""
+  paths = [path for path, _ in model_select.FindPipelines(
+      model_select.ModelParams(model))]
+  return '; '.join('%s.num_stages=%d; %s.stage_sizes=%s' % (
+      p, len(cut), p, list(cut)) for p in paths)
+
+
+def Throttled(model, args, workdir):
+  """Scenario 3: the step before and after rebalancing, and static cuts."""
+  logdir = os.path.join(workdir, 'throttled')
+  records, log_path = _ThrottledRun(
+      model, args, logdir, ['--elastic', '--trace_every_n_steps=2'], True)
+  events = [e for e in elastic_lib.ReadEvents(logdir)
+            if e['kind'] == 'rebalance']
+  if not events:
+    raise ElasticBenchmarkError('no rebalance:\n%s' % _Read(log_path)[-3000:])
+  move = events[0]
+  # Steps after warm-up (the first checkpoint period) up to the move, and
+  # after the move's first step plus one.
+  before = _StepSecs(records, args.checkpoint_every, move['checkpoint_step'])
+  after = _StepSecs(records, move['first_step'] + 1, args.steps)
+  static = {}
+  for name, cut in (('old', move['old_cut']), ('new', move['new_cut'])):
+    run, _ = _ThrottledRun(
+        model, args, os.path.join(workdir, 'static_%s' % name),
+        ['--model_params_override=' + _CutOverride(model, cut)], False)
+    static[name] = _StepSecs(run, args.checkpoint_every, args.steps)
+  return dict(old_cut=move['old_cut'], new_cut=move['new_cut'],
+              factors=move.get('factors'), before=before, after=after,
+              predicted=(before / move['predicted_gain']
+                         if before and move.get('predicted_gain') else None),
+              static_old=static['old'], static_new=static['new'],
+              move_secs=move['secs'], rates=_Rates(records, _Batch(model)),
+              moved_at=_FirstStepTime(records, move['first_step']))
+
+
+def _Fmt(value, spec='%.1f'):
+  return spec % value if value is not None else '-'
+
+
+def Elastic(args):
+  """A lost, a returned and a throttled worker (see the module doc)."""
+  models = [m for m in args.models.split(',') if m] or list(MODELS)
+  title, info = report.Header('--elastic: a lost, a returned and a slow worker',
+                              dict(models=','.join(models), steps=args.steps,
+                                   loss_step=args.loss_step,
+                                   return_after=args.return_after,
+                                   checkpoint_every=args.checkpoint_every,
+                                   throttle_cores=args.throttle_cores))
+  results = []
+  for model in models:
+    workdir = tempfile.mkdtemp(prefix='gpipe_elastic_bench_')
+    result = dict(model=model)
+    for name, fn in (('loss_and_return', LossAndReturn),
+                     ('restart', Restart), ('throttled', Throttled)):
+      if name not in args.scenarios.split(','):
+        continue
+      report.Log('%s: %s (%s)' % (model, name, workdir))
+      os.makedirs(os.path.join(workdir, name))
+      result[name] = fn(model, args, os.path.join(workdir, name))
+    results.append(result)
+  lines = [title]
+  rows = []
+  for r in results:
+    lr = r.get('loss_and_return')
+    if lr:
+      rows.append([r['model'], ' -> '.join(lr['shapes']),
+                   _Fmt(lr['before']), _Fmt(lr['shrunk']), _Fmt(lr['after']),
+                   _Fmt(lr['startup_secs']), _Fmt(lr['kill_to_first_step']),
+                   _Fmt(lr['shrink_secs']), lr['shrink_redone'],
+                   _Fmt(lr['grow_secs']), lr['grow_redone']])
+  if rows:
+    lines += ['### A worker lost, then back (4 workers from a cluster file)',
+              '', report.Table(
+                  ['model', 'shapes', 'ex/s before', 'ex/s shrunk',
+                   'ex/s after return', 'start-up s', 'kill to first step s',
+                   'noticed to first step s', 'steps redone',
+                   'grow: move to first step s', 'steps redone'], rows), '',
+              '"kill to first step" is measured from outside (the kill to '
+              'the step log\'s first record on the new shape); "noticed" '
+              'starts when the trainer found the task lost (its '
+              '`trainer/recovery_secs`).', '']
+  rows = [[r['model'], _Fmt(r['restart']['startup_secs']),
+           _Fmt(r['restart']['kill_to_first_step']),
+           _Fmt(r['restart']['secs']), r['restart']['redone']]
+          for r in results if r.get('restart')]
+  if rows:
+    lines += ['### A local worker restarted in place (same shape)', '',
+              report.Table(['model', 'start-up s', 'kill to first step s',
+                            'noticed to first step s', 'steps redone'],
+                           rows), '']
+  rows = []
+  for r in results:
+    t = r.get('throttled')
+    if t:
+      rows.append([r['model'], '%s -> %s' % (t['old_cut'], t['new_cut']),
+                   _Fmt(t['before'] and 1e3 * t['before']),
+                   _Fmt(t['after'] and 1e3 * t['after']),
+                   _Fmt(t['predicted'] and 1e3 * t['predicted']),
+                   _Fmt(t['static_old'] and 1e3 * t['static_old']),
+                   _Fmt(t['static_new'] and 1e3 * t['static_new'])])
+  if rows:
+    lines += ['### Worker 1 of 2 held to %g core(s)' % args.throttle_cores,
+              '', report.Table(
+                  ['model', 'cut', 'step ms before', 'step ms after',
+                   'predicted ms', 'static old cut ms', 'static new cut ms'],
+                  rows), '']
+  print('\n'.join(lines))
+
+  def Plot(plt):
+    panels = [(r['model'], name, r[name]) for r in results
+              for name in ('loss_and_return', 'throttled') if r.get(name)]
+    fig, axes = plt.subplots(len(panels), 1, figsize=(8, 3 * len(panels)),
+                             squeeze=False)
+    for ax, (model, name, data) in zip(axes[:, 0], panels):
+      t0 = data['rates'][0][0] if data['rates'] else 0
+      ax.plot([t - t0 for t, _ in data['rates']],
+              [r for _, r in data['rates']], '.', markersize=3)
+      marks = (data['marks'] if name == 'loss_and_return'
+               else {'moved': data['moved_at']})
+      for label, when in marks.items():
+        if when:
+          ax.axvline(when - t0, color='gray', linestyle='--')
+          ax.annotate(label, (when - t0, ax.get_ylim()[1]), fontsize=8,
+                      rotation=90, va='top')
+      ax.set_title('%s: %s' % (model, name.replace('_', ' ')))
+      ax.set_xlabel('seconds since the first step')
+      ax.set_ylabel('examples/s')
+    return fig
+
+  report.Write(args, dict(machine=info, results=results), Plot)
