@@ -11,6 +11,7 @@ from gpipe.compat import lingvo_import  # pylint: disable=unused-import
 import dataclasses
 import os
 import threading
+import time
 import types
 
 from lingvo.core import test_utils
@@ -99,6 +100,22 @@ class ElasticAfterLossTest(test_utils.TestCase):
     self.assertEqual(reshape.Shape(1, 1, 4, 'gpipe'), e.shape)
     self.assertIsNone(e._rebalance)
     self.assertFalse(e.MoveAtCheckpoint(10))
+
+  def testTheRecoveryCountsFromWhenTheFailedStepReturned(self):
+    # The trainer's checks after a failed step (probing every task, a wait
+    # for a local worker's exit) take seconds: they are part of the
+    # recovery, whose clock starts when the step failed.
+    e = self._Elastic(down=(1,))
+    error = _Lost()
+    error.noticed = time.time() - 30.0
+    e.AfterLoss(error, _Loop())
+    self.assertEqual('shrink', e._pending['kind'])
+    self.assertEqual(error.noticed, e._pending['since'])
+    # An error that does not say (a new session's check): now.
+    e = self._Elastic(down=(1,))
+    before = time.time()
+    e.AfterLoss(RuntimeError('task 1 does not answer'), _Loop())
+    self.assertBetween(e._pending['since'], before, time.time())
 
 
 

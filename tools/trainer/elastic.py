@@ -495,7 +495,9 @@ class Elastic:
       ElasticError: nothing fits on the tasks that serve, or recoveries
         keep failing; the text says why and what is kept.
     """
-    since = time.time()
+    # From when the failed step returned: the checks naming the lost task
+    # (and a wait for a local worker's exit) count in the recovery.
+    since = min(time.time(), getattr(error, 'noticed', None) or time.time())
     with self._lock:
       # A grow or rebalance proposed before the loss was for the shape it
       # ends (a cut of K stages, more devices than now): dropped; the watch

@@ -115,11 +115,15 @@ class WorkerLostError(RuntimeError):
 
   Attributes:
     summary: what happened, without the advice on what to do next.
+    noticed: when the trainer first saw the failure (time.time()): the
+      failed session run's return, before the checks that name the lost
+      task (a recovery's seconds count from here).
   """
 
-  def __init__(self, message, summary=None):
+  def __init__(self, message, summary=None, noticed=None):
     super().__init__(message)
     self.summary = summary or message.split(': training stopped')[0]
+    self.noticed = noticed if noticed is not None else time.time()
 
 
 def ConsoleMetrics(metrics):
@@ -472,7 +476,7 @@ class TrainLoop:
                  '%s' % (str(e).splitlines()[0], last_ckpt))
     return last_ckpt
 
-  def _CheckWorkers(self, doing, last_ckpt, wait_secs=0.0):
+  def _CheckWorkers(self, doing, last_ckpt, wait_secs=0.0, noticed=None):
     """Raises WorkerLostError if a local worker died (waits up to wait_secs).
 
     Args:
@@ -480,6 +484,7 @@ class TrainLoop:
       last_ckpt: the newest checkpoint path (for the message).
       wait_secs: keep checking this long (a worker's exit can be seen a
         moment after the RPC to it failed).
+      noticed: when the failure that led here was seen (default: now).
     """
     deadline = time.time() + wait_secs
     while True:
@@ -489,7 +494,7 @@ class TrainLoop:
         raise WorkerLostError(
             '%s %s: training stopped. The last checkpoint (%s) is intact: run '
             'the same command again to resume from it.' %
-            (e, doing, last_ckpt or 'none yet')) from e
+            (e, doing, last_ckpt or 'none yet'), noticed=noticed) from e
       if time.time() >= deadline:
         return
       time.sleep(0.1)
@@ -534,7 +539,9 @@ class TrainLoop:
           return self._RunInThread(run, doing, last_ckpt)
         return run()
     except tf.errors.DeadlineExceededError as e:
-      self._CheckWorkers(doing, last_ckpt, wait_secs=self._LocalWaitSecs())
+      noticed = time.time()
+      self._CheckWorkers(doing, last_ckpt, wait_secs=self._LocalWaitSecs(),
+                         noticed=noticed)
       summary = ('the session did not finish %s within the step timeout '
                  '(%d s)' % (doing, self._placement.step_timeout_ms // 1000))
       lost = self._LostRemoteTasks()
@@ -542,11 +549,14 @@ class TrainLoop:
                            _Reason(e))
       raise WorkerLostError(
           '%s. The last checkpoint (%s) is intact.' % (
-              summary, last_ckpt or 'none yet'), summary=summary) from e
+              summary, last_ckpt or 'none yet'), summary=summary,
+          noticed=noticed) from e
     except tf.errors.OpError as e:
       if not self._placement.distributed:
         raise
-      self._CheckWorkers(doing, last_ckpt, wait_secs=self._LocalWaitSecs())
+      noticed = time.time()
+      self._CheckWorkers(doing, last_ckpt, wait_secs=self._LocalWaitSecs(),
+                         noticed=noticed)
       if isinstance(e, (tf.errors.UnavailableError, tf.errors.AbortedError,
                         tf.errors.CancelledError, tf.errors.InternalError)):
         summary = 'a pipeline worker became unreachable %s (%s: %s)' % (
@@ -558,7 +568,7 @@ class TrainLoop:
             '%s. The last checkpoint (%s) is intact: restart the workers and '
             'run the same command to resume.' % (summary, last_ckpt or
                                                  'none yet'),
-            summary=summary) from e
+            summary=summary, noticed=noticed) from e
       raise
 
   def _RunInThread(self, run, doing, last_ckpt):
