@@ -80,7 +80,27 @@ UPDATES = (UPDATE_ALL_GRADIENTS, UPDATE_EACH_VARIABLE)
 _NO_FACTORS = profile_lib.Factors(rows=1, F=1.0, B=1.0, W=1.0, BW=1.0, R=1.0)
 
 
+class DeviceCounts:
+  """D and R x D of anything with replicas, num_stages and stages_per_device.
+
+  Shared by the planner's Configuration and the trainer's elastic shapes.
+  """
+
+  __slots__ = ()
+
+  @property
+  def devices_per_replica(self):
+    """D: the devices of one replica, K / v."""
+    return self.num_stages // self.stages_per_device
+
+  @property
+  def num_devices(self):
+    """R x D."""
+    return self.replicas * self.devices_per_replica
+
+
 class Configuration(
+    DeviceCounts,
     collections.namedtuple('Configuration', [
         'replicas', 'num_stages', 'stage_sizes', 'micro_batches', 'schedule',
         'remat', 'batched_weights', 'dtype', 'stages_per_device'
@@ -101,14 +121,6 @@ class Configuration(
   """
 
   __slots__ = ()
-
-  @property
-  def devices_per_replica(self):
-    return self.num_stages // self.stages_per_device
-
-  @property
-  def num_devices(self):
-    return self.replicas * self.devices_per_replica
 
   @property
   def label(self):

@@ -45,6 +45,7 @@ import math
 
 from gpipe.plan import choice
 from gpipe.plan import search
+from gpipe.plan import simulator
 from gpipe.schedules import registry
 
 PROFILE = 'profile'
@@ -56,7 +57,7 @@ class NoShapeError(ValueError):
 
 
 @dataclasses.dataclass(frozen=True)
-class Shape:
+class Shape(simulator.DeviceCounts):
   """R replicas x K stages, M micro-batches each, a schedule, v per device.
 
   Attributes:
@@ -72,16 +73,6 @@ class Shape:
   micro_batches: int
   schedule: str
   stages_per_device: int = 1
-
-  @property
-  def devices_per_replica(self):
-    """D."""
-    return self.num_stages // self.stages_per_device
-
-  @property
-  def num_devices(self):
-    """R x D."""
-    return self.replicas * self.devices_per_replica
 
   @property
   def micro_batches_per_step(self):
