@@ -43,6 +43,8 @@ class ElasticBenchmarkTest(test_utils.TestCase):
     # The median step in (start, end] and the newest record of a step.
     self.assertEqual(0.5, elastic._StepSecs(records, 1, 3))
     self.assertEqual(0.25, elastic._StepSecs(records, 3, 5))
+    # Traced steps (multiples of 2) left out: only step 3's 0.5 s.
+    self.assertEqual(0.5, elastic._StepSecs(records, 1, 4, skip_every=2))
     self.assertEqual(9.0, elastic._FirstStepTime(records, 3))
 
   def testCutOverrideSetsEveryPipelinesCut(self):
@@ -66,7 +68,8 @@ class ElasticBenchmarkTest(test_utils.TestCase):
                    kill_to_first_step=10.0)
     throttled = dict(old_cut=[2, 2], new_cut=[3, 1], factors=[1.0, 2.0],
                      before=0.2, after=0.125, predicted=0.12,
-                     static_old=0.21, static_new=0.13, move_secs=5.0,
+                     static_old=0.21, static_new=0.13, unthrottled=0.1,
+                     move_secs=5.0,
                      rates=rates, moved_at=110.0)
     calls = []
 
@@ -97,7 +100,7 @@ class ElasticBenchmarkTest(test_utils.TestCase):
                   '9.0 | 0 |', text)
     self.assertIn('| b.B | 31.0 | 10.0 | 8.0 | 3 |', text)
     self.assertIn('| a.A | [2, 2] -> [3, 1] | 200.0 | 125.0 | 120.0 | 210.0 '
-                  '| 130.0 |', text)
+                  '| 130.0 | 100.0 |', text)
     with open(os.path.join(out, 'e.json')) as f:
       result = json.load(f)
     self.assertEqual(['a.A', 'b.B'], [r['model'] for r in result['results']])

@@ -19,8 +19,9 @@ outside and from its own step log (every record has its wall clock):
    half a core each, so a half-core quota would slow none of them): worker 1
    is held to ``--throttle_cores`` by a cgroup CPU quota (Linux's cpu
    controller, as root) from its start, and the trainer moves layers off its
-   stage. Then two static runs under the same quota, for comparison: the
-   cut the run started with and the cut it moved to, each from the start.
+   stage. Then static runs for comparison: the cut the run started with
+   and the cut it moved to, each from the start under the same quota, and
+   the first cut without the quota.
 
 Reported per model: examples/s (median of per-step rates) before the loss,
 on the shrunk shape and after the return; the seconds from the kill to the
@@ -298,14 +299,27 @@ def Restart(model, args, workdir):
               kill_to_first_step=first - killed)
 
 
-def _StepSecs(records, start_step, end_step):
-  """Median seconds of the steps in (start_step, end_step]."""
+# The rebalancing run traces every TRACE_EVERY-th step (a traced step costs
+# more); its step times are of the others.
+TRACE_EVERY = 2
+
+
+def _StepSecs(records, start_step, end_step, skip_every=0):
+  """Median seconds of the steps in (start_step, end_step].
+
+  Args:
+    records: step-log records (with 'time').
+    start_step: steps after this one...
+    end_step: ...up to this one count.
+    skip_every: leave out the steps that are multiples of it (traced).
+  """
   secs = [b['time'] - a['time'] for a, b in zip(records, records[1:])
-          if b['step'] == a['step'] + 1 and start_step < b['step'] <= end_step]
+          if b['step'] == a['step'] + 1 and start_step < b['step'] <= end_step
+          and not (skip_every and b['step'] % skip_every == 0)]
   return statistics.median(secs) if secs else None
 
 
-def _ThrottledRun(model, args, logdir, extra, watch):
+def _ThrottledRun(model, args, logdir, extra, watch, throttle=True):
   """One run on 2 pinned workers, worker 1 under the CPU quota."""
   log_path = logdir + '.log'
   proc = _Trainer(_CommonFlags(model, logdir, args) + [
@@ -314,9 +328,10 @@ def _ThrottledRun(model, args, logdir, extra, watch):
   try:
     pids = _WaitFor('the workers', lambda: _WorkerPids(log_path, 2), proc,
                     log_path, args.timeout_secs)
-    quota = cpu_quota.CpuQuota('gpipe_elastic_bench_%d' % os.getpid(),
-                               args.throttle_cores)
-    quota.Add(pids[1])
+    if throttle:
+      quota = cpu_quota.CpuQuota('gpipe_elastic_bench_%d' % os.getpid(),
+                                 args.throttle_cores)
+      quota.Add(pids[1])
     if watch:
       _WaitFor('a rebalance', lambda: elastic_lib.ReadEvents(logdir), proc,
                log_path, args.timeout_secs)
@@ -342,7 +357,8 @@ def Throttled(model, args, workdir):
   """Scenario 3: the step before and after rebalancing, and static cuts."""
   logdir = os.path.join(workdir, 'throttled')
   records, log_path = _ThrottledRun(
-      model, args, logdir, ['--elastic', '--trace_every_n_steps=2'], True)
+      model, args, logdir,
+      ['--elastic', '--trace_every_n_steps=%d' % TRACE_EVERY], True)
   events = [e for e in elastic_lib.ReadEvents(logdir)
             if e['kind'] == 'rebalance']
   if not events:
@@ -350,19 +366,24 @@ def Throttled(model, args, workdir):
   move = events[0]
   # Steps after warm-up (the first checkpoint period) up to the move, and
   # after the move's first step plus one.
-  before = _StepSecs(records, args.checkpoint_every, move['checkpoint_step'])
-  after = _StepSecs(records, move['first_step'] + 1, args.steps)
+  before = _StepSecs(records, args.checkpoint_every, move['checkpoint_step'],
+                     TRACE_EVERY)
+  after = _StepSecs(records, move['first_step'] + 1, args.steps, TRACE_EVERY)
   static = {}
-  for name, cut in (('old', move['old_cut']), ('new', move['new_cut'])):
+  for name, cut, throttle in (('old', move['old_cut'], True),
+                              ('new', move['new_cut'], True),
+                              ('unthrottled', move['old_cut'], False)):
     run, _ = _ThrottledRun(
         model, args, os.path.join(workdir, 'static_%s' % name),
-        ['--model_params_override=' + _CutOverride(model, cut)], False)
+        ['--model_params_override=' + _CutOverride(model, cut)], False,
+        throttle=throttle)
     static[name] = _StepSecs(run, args.checkpoint_every, args.steps)
   return dict(old_cut=move['old_cut'], new_cut=move['new_cut'],
               factors=move.get('factors'), before=before, after=after,
               predicted=(before / move['predicted_gain']
                          if before and move.get('predicted_gain') else None),
               static_old=static['old'], static_new=static['new'],
+              unthrottled=static['unthrottled'],
               move_secs=move['secs'], rates=_Rates(records, _Batch(model)),
               moved_at=_FirstStepTime(records, move['first_step']))
 
@@ -431,13 +452,16 @@ def Elastic(args):
                    _Fmt(t['after'] and 1e3 * t['after']),
                    _Fmt(t['predicted'] and 1e3 * t['predicted']),
                    _Fmt(t['static_old'] and 1e3 * t['static_old']),
-                   _Fmt(t['static_new'] and 1e3 * t['static_new'])])
+                   _Fmt(t['static_new'] and 1e3 * t['static_new']),
+                   _Fmt(t['unthrottled'] and 1e3 * t['unthrottled'])])
   if rows:
     lines += ['### Worker 1 of 2 held to %g core(s)' % args.throttle_cores,
               '', report.Table(
                   ['model', 'cut', 'step ms before', 'step ms after',
-                   'predicted ms', 'static old cut ms', 'static new cut ms'],
-                  rows), '']
+                   'predicted ms', 'static old cut ms', 'static new cut ms',
+                   'old cut unthrottled ms'], rows), '',
+              'Steps of the rebalancing run leave out its traced ones (every '
+              '%d-th); the static runs trace none.' % TRACE_EVERY, '']
   print('\n'.join(lines))
 
   def Plot(plt):
