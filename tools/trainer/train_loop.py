@@ -46,9 +46,10 @@ from tools.trainer import summaries
 
 # Sessions whose workers died: closing them would block (see _RunSession).
 _ABANDONED_SESSIONS = []
-# How long closing an ended session of a session cluster (--elastic) may
-# take before it is left open (see _CloseOrAbandon).
-CLOSE_SECS = 10.0
+# How long the trainer waits for an ended session of a session cluster
+# (--elastic) to close before it goes on while the close runs on (see
+# _CloseOrAbandon).
+CLOSE_SECS = 1.0
 
 # Session runs left running on a lost master task or after a second Ctrl-C
 # (_RunInThread); a new session waits until they end, so that none of their
@@ -73,32 +74,38 @@ STARTUP_STEPS = 2
 
 
 def AbandonedSessions():
-  """How many sessions of lost workers were left open (see _RunSession)."""
-  return len(_ABANDONED_SESSIONS)
+  """Sessions of lost workers left open or still closing (see _RunSession).
+
+  The trainer exits without the interpreter's cleanup while there are any:
+  that cleanup would wait for the lost workers forever.
+  """
+  return len(_ABANDONED_SESSIONS) + sum(not call.done for call in _CLOSING)
+
+
+# Closes of ended sessions, each in its own daemon thread (_CloseOrAbandon).
+_CLOSING = []
 
 
 def _CloseOrAbandon(sess, timeout_secs=None):
-  """Closes `sess` in a daemon thread; leaves it open if that hangs.
+  """Closes `sess` in a daemon thread, waiting for it a moment at most.
 
   With --elastic each session's state is its own (isolate_session_state):
   the tasks that serve on after a loss free the ended session's variables
-  only when it is closed. Closing can wait for a lost task, so it runs in a
-  thread of its own, waited for up to `timeout_secs`.
+  only when it is closed. Closing can wait for a lost task (seconds, or for
+  ever), so it runs in a thread of its own; the recovery goes on after
+  `timeout_secs` while the close finishes (or not) beside it.
 
   Args:
     sess: the tf.compat.v1.Session that a run ended in.
-    timeout_secs: the longest the close is waited for (None: CLOSE_SECS).
+    timeout_secs: how long to wait for the close (None: CLOSE_SECS).
 
   Returns:
-    True if the close returned (with or without an error); False if it did
-    not in time: the session is kept in _ABANDONED_SESSIONS (the trainer
-    then exits without the interpreter's cleanup).
+    True if the close returned in that time (with or without an error);
+    False if it runs on: AbandonedSessions() counts it until it returns.
   """
   call = background.BackgroundCall(sess.close, name='closing a session')
-  if call.Wait(CLOSE_SECS if timeout_secs is None else timeout_secs):
-    return True
-  _ABANDONED_SESSIONS.append(sess)
-  return False
+  _CLOSING[:] = [c for c in _CLOSING if not c.done] + [call]
+  return call.Wait(CLOSE_SECS if timeout_secs is None else timeout_secs)
 
 
 def TracePath(logdir, step):
