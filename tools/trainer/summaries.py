@@ -60,6 +60,17 @@ class Writer:
                                        metadata=metadata)
         ]), step)
 
+  def Restart(self, step):
+    """Marks that the run goes on after `step` (a resume, restart or move).
+
+    TensorBoard then drops what earlier event files hold past `step` (its
+    "orphaned" data: the steps a restart redoes), so each step shows once:
+    a SessionLog START at step + 1 (TensorBoard drops the steps at or past
+    a START's). ``Read`` does the same.
+    """
+    self._writer.add_session_log(
+        tf.compat.v1.SessionLog(status=tf.compat.v1.SessionLog.START),
+        step + 1)
   def Flush(self):
     self._writer.flush()
 
@@ -75,10 +86,17 @@ def Read(logdir):
 
   Returns:
     A dict of lists; scalar summaries give floats, images their PNG bytes.
+    As TensorBoard shows them: a SessionLog START at step s (what
+    ``Writer.Restart(s - 1)`` writes) drops what came before it at steps
+    s and past.
   """
   out = {}
   for path in sorted(glob.glob(os.path.join(logdir, 'events.out.tfevents.*'))):
     for event in tf.compat.v1.train.summary_iterator(path):
+      if (event.HasField('session_log') and
+          event.session_log.status == tf.compat.v1.SessionLog.START):
+        for tag, items in out.items():
+          out[tag] = [(s, v) for s, v in items if s < event.step]
       for value in event.summary.value:
         kind = value.WhichOneof('value')
         if kind == 'simple_value':

@@ -366,6 +366,9 @@ class TrainLoop:
              batch_size, last_ckpt):
     """_Loop's steps and exit checkpoint (within its signal handlers)."""
     writer = summaries.Writer(self._logdir)
+    # Steps past `step` that an earlier run wrote are redone: TensorBoard
+    # shows the new ones only (as the step log keeps one history).
+    writer.Restart(step)
     step_log = progress.StepLog(self._logdir, resume_step=step)
     replicas = self._run.data_parallel
     meter = progress.Progress(step, max_steps, replicas=replicas)
