@@ -101,6 +101,19 @@ class ElasticAfterLossTest(test_utils.TestCase):
     self.assertIsNone(e._rebalance)
     self.assertFalse(e.MoveAtCheckpoint(10))
 
+  def testASpareThatStoppedServingIsNotCountedForAGrow(self):
+    # Tasks 0 and 1 in use, task 2 a spare: the watch grows the run to it
+    # only while it serves.
+    e = self._Elastic(down=(2,))
+    e._considered = None
+    e._WatchOnce()
+    self.assertIsNone(e._move)
+    e = self._Elastic()
+    e._considered = None
+    e._WatchOnce()
+    self.assertIn('spare tasks serve: R=1 K=2 M=4 gpipe -> R=1 K=3 M=4 gpipe '
+                  'on 3 device(s)', e._move)
+
   def testTheRecoveryCountsFromWhenTheFailedStepReturned(self):
     # The trainer's checks after a failed step (probing every task, a wait
     # for a local worker's exit) take seconds: they are part of the

@@ -374,37 +374,44 @@ class Elastic:
     """Probes lost and spare tasks; asks for a move when they add devices."""
     while not self._stop.wait(self._poll_secs):
       try:
-        self.members.Reread()
-        with self._lock:
-          if self._move is not None or not self.members.In(LOST, SPARE):
-            continue
-        back = self.members.In(LOST)
-        joined = self.members.Join(back) if back else []
-        serving = self.members.In(USED, SPARE)
-        count = self.members.Devices(serving)
-        considered = (frozenset((s.index, s.address) for s in serving),
-                      self.shape)
-        if count <= self.shape.num_devices or considered == self._considered:
-          continue
-        # Planned once per set of serving tasks and shape, not every round.
-        self._considered = considered
-        try:
-          choice = self._Choose(count, checkpoints.Newest(
-              self._start_run.logdir))
-        except reshape.NoShapeError:
-          continue
-        if choice.shape.num_devices > self.shape.num_devices:
-          with self._lock:
-            self._move = '%s serve%s: %s -> %s on %d device(s)' % (
-                ', '.join(s.Describe() for s in joined) or 'spare tasks',
-                's' if len(joined) == 1 else '', self.shape.label,
-                choice.shape.label, choice.shape.num_devices)
-          self._echo('elastic: %s; moving at the next checkpoint' %
-                     self._move)
+        self._WatchOnce()
       except Exception as e:  # pylint: disable=broad-except
         # The watch must not end the run; the next round tries again.
         self._echo('elastic: warning: watching the tasks failed: %s: %s' %
                    (type(e).__name__, e))
+
+  def _WatchOnce(self):
+    """One round of _Watch."""
+    self.members.Reread()
+    with self._lock:
+      if self._move is not None or not self.members.In(LOST, SPARE):
+        return
+    back = self.members.In(LOST)
+    joined = self.members.Join(back) if back else []
+    # Spares are probed too: one that stopped serving since it was
+    # last seen would make a move to a shape that cannot be laid out.
+    serving = self.members.In(USED) + self.members.Serving(
+        self.members.In(SPARE))
+    count = self.members.Devices(serving)
+    considered = (frozenset((s.index, s.address) for s in serving),
+                  self.shape)
+    if count <= self.shape.num_devices or considered == self._considered:
+      return
+    # Planned once per set of serving tasks and shape, not every round.
+    self._considered = considered
+    try:
+      choice = self._Choose(count, checkpoints.Newest(
+          self._start_run.logdir))
+    except reshape.NoShapeError:
+      return
+    if choice.shape.num_devices > self.shape.num_devices:
+      with self._lock:
+        self._move = '%s serve%s: %s -> %s on %d device(s)' % (
+            ', '.join(s.Describe() for s in joined) or 'spare tasks',
+            's' if len(joined) == 1 else '', self.shape.label,
+            choice.shape.label, choice.shape.num_devices)
+      self._echo('elastic: %s; moving at the next checkpoint' %
+                 self._move)
 
   def _Event(self, kind, since, step_before, old, lost=(), added=()):
     """A move's record: written to elastic.jsonl after its first step.
