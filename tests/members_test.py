@@ -3,8 +3,10 @@
 from gpipe.compat import lingvo_import  # pylint: disable=unused-import
 
 import os
+import subprocess
 import types
 
+from gpipe.runtime import local_cluster
 from lingvo.core import test_utils
 from tools.trainer import members as members_lib
 
@@ -57,6 +59,36 @@ class MembersRereadTest(test_utils.TestCase):
     self.assertEqual(members_lib.LOST, members.slots[2].state)
     self.assertEqual([0, 1], [s.index for s in members.InUse()])
     self.assertEqual(4, members.Devices(members.In(members_lib.USED)))
+
+
+class MembersLoseTest(test_utils.TestCase):
+
+  def testAWedgedLocalWorkerGivenUpOnIsKilled(self):
+    # Three local "workers" (processes that run but serve nothing): losing
+    # 1 kills it; losing 2 after it exited says nothing.
+    cluster = object.__new__(local_cluster.LocalCluster)
+    cluster._procs = [subprocess.Popen(['sleep', '60']) for _ in range(3)]
+    cluster.cluster_def = {'worker': list(_ADDRESSES)}
+    try:
+      placement = _Placement(_ADDRESSES)
+      placement.cluster = cluster
+      lines = []
+      members = members_lib.Members(placement, echo=lines.append)
+      members.Lose([members.slots[1]])
+      self.assertIsNotNone(cluster._procs[1].poll())
+      self.assertIsNone(cluster._procs[0].poll())
+      self.assertEqual(['elastic: killed task 1 (pid %d): it runs but does '
+                        'not serve' % cluster._procs[1].pid], lines)
+      cluster._procs[2].kill()
+      cluster._procs[2].wait()
+      members.Lose([members.slots[2]])
+      self.assertLen(lines, 1)
+      self.assertEqual([members_lib.LOST] * 2,
+                       [s.state for s in members.slots[1:]])
+    finally:
+      for proc in cluster._procs:
+        proc.kill()
+        proc.wait()
 
 
 if __name__ == '__main__':

@@ -351,6 +351,19 @@ class LocalCluster:
         peaks.append(None)
     return peaks
 
+  def KillWorker(self, i):
+    """Kills worker `i` if it still runs (a worker given up on: wedged).
+
+    Returns:
+      Whether it was running.
+    """
+    proc = self._procs[i]
+    if proc.poll() is not None:
+      return False
+    proc.kill()
+    proc.wait()
+    return True
+
   def _Kill(self):
     for proc in self._procs:
       if proc.poll() is None:

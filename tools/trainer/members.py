@@ -141,9 +141,17 @@ class Members:
           slot.state = SPARE
 
   def Lose(self, slots):
+    """Marks `slots` lost; a local worker among them that still runs (wedged:
+    alive but not answering) is killed, so that it frees its core and memory
+    and a later probe cannot count it back."""
     with self.lock:
       for slot in slots:
         slot.state = LOST
+    if self.local is not None:
+      for slot in slots:
+        if self.local.KillWorker(slot.index):
+          self._echo('elastic: killed %s (pid %d): it runs but does not '
+                     'serve' % (slot.name, self.local.pids[slot.index]))
 
   def Reason(self, slot):
     """None if the slot's server serves now, else why not."""
