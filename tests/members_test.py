@@ -61,6 +61,44 @@ class MembersRereadTest(test_utils.TestCase):
     self.assertEqual(4, members.Devices(members.In(members_lib.USED)))
 
 
+class MembersFlappingTest(test_utils.TestCase):
+
+  def testAServerLostThreeTimesIsNotTakenBackUntilReplaced(self):
+    path = os.path.join(self.create_tempdir().full_path, 'cluster')
+    with open(path, 'w') as f:
+      f.write('worker=' + ','.join(_ADDRESSES))
+    lines = []
+    members = members_lib.Members(_Placement(_ADDRESSES), echo=lines.append,
+                                  spec_file=path)
+    down = set()
+    members.Reason = lambda slot: 'down' if slot.index in down else None
+    members._Discover = lambda slot: ['/job:worker/replica:0/task:2/'
+                                      'device:CPU:%d' % d for d in range(2)]
+    slot = members.slots[2]
+    for loss in range(1, members_lib.MAX_LOSSES + 1):
+      # Lost: waited for (not back in time), then back and taken as spare.
+      down.add(2)
+      self.assertEqual([slot], members.AwaitRemote([slot], 0.0))
+      members.Lose([slot])
+      self.assertEqual(loss, slot.losses)
+      down.discard(2)
+      joined = members.Join([slot])
+      self.assertEqual([] if loss == members_lib.MAX_LOSSES else [slot],
+                       joined)
+    # The third loss was not waited for, and said why.
+    self.assertEqual(members_lib.MAX_LOSSES - 1, sum(
+        'waiting up to' in line for line in lines))
+    self.assertIn('elastic: task 2 at localhost:3 was lost 3 times: it is '
+                  'not taken back at this address', '\n'.join(lines))
+    self.assertEqual(members_lib.LOST, slot.state)
+    # A replacement at another address is taken.
+    with open(path, 'w') as f:
+      f.write('worker=localhost:1,localhost:2,localhost:7')
+    members.Reread()
+    self.assertEqual([slot], members.Join([slot]))
+    self.assertEqual((0, members_lib.SPARE), (slot.losses, slot.state))
+
+
 class MembersLoseTest(test_utils.TestCase):
 
   def testAWedgedLocalWorkerGivenUpOnIsKilled(self):

@@ -36,6 +36,10 @@ from lingvo import compat as tf
 
 # A task's states: running stages, serving but not used, not answering.
 USED, SPARE, LOST = 'used', 'spare', 'lost'
+# A server lost this many times at one address is not taken back (a
+# flapping host: each return would cost the run a move, each loss a
+# recovery); a replacement at another address starts afresh.
+MAX_LOSSES = 3
 # How long one probe of a task may take.
 PROBE_SECS = 3.0
 
@@ -50,11 +54,13 @@ class Slot:
     devices: its devices as it names them (full device strings), the type
       and count the run uses; None until it was asked.
     state: USED, SPARE or LOST.
+    losses: how many times it was lost at this address.
   """
   index: int
   address: str
   devices: list
   state: str = USED
+  losses: int = 0
 
   @property
   def name(self):
@@ -222,6 +228,7 @@ class Members:
                        (slot.name, address, slot.address, self._spec_file))
             # Never USED without devices: counted as lost until asked.
             slot.address, slot.devices, slot.state = address, None, LOST
+            slot.losses = 0
         else:
           self._echo('elastic: task %d at %s added in %s' %
                      (i, address, self._spec_file))
@@ -240,8 +247,12 @@ class Members:
       return False
 
   def Join(self, slots):
-    """Marks the serving ones of `slots` spare (devices asked for); theirs."""
+    """Marks the serving ones of `slots` spare (devices asked for); theirs.
+
+    A slot lost MAX_LOSSES times at its address is not taken back.
+    """
     joined = []
+    slots = [s for s in slots if s.losses < MAX_LOSSES]
     for slot in self.Serving(slots):
       if self._Ask(slot):
         slot.state = SPARE
@@ -273,7 +284,22 @@ class Members:
     return still
 
   def AwaitRemote(self, lost, wait_secs, poll_secs=0.5):
-    """Waits for lost servers (or replacements in the file); still lost."""
+    """Waits for lost servers (or replacements in the file); still lost.
+
+    Each call counts a loss of each slot at its address; one lost
+    MAX_LOSSES times there (a flapping host) is not waited for, nor taken
+    back later (Join).
+    """
+    for slot in lost:
+      slot.losses += 1
+      if slot.losses == MAX_LOSSES:
+        self._echo('elastic: %s was lost %d times: it is not taken back at '
+                   'this address (a replacement at another one is)' %
+                   (slot.Describe(), slot.losses))
+    flapping = [s for s in lost if s.losses >= MAX_LOSSES]
+    lost = [s for s in lost if s.losses < MAX_LOSSES]
+    if not lost:
+      return flapping
     self._echo('elastic: waiting up to %g s (--worker_wait_secs) for %s to '
                'serve again' % (wait_secs, ', '.join(s.name for s in lost)))
     start = time.time()
@@ -286,5 +312,5 @@ class Members:
                      (slot.Describe(), time.time() - start))
           lost = [s for s in lost if s is not slot]
       if not lost or time.time() >= deadline:
-        return lost
+        return lost + flapping
       time.sleep(min(poll_secs, max(0.0, deadline - time.time())))
