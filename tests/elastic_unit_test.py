@@ -14,6 +14,7 @@ import threading
 import time
 import types
 
+from lingvo import compat as tf
 from lingvo.core import test_utils
 from tests import trainer_testlib
 from tools.trainer import elastic
@@ -21,6 +22,7 @@ from tools.trainer import members as members_lib
 from tools.trainer import model_select
 from tools.trainer import reshape
 from tools.trainer import settings
+from tools.trainer import train_loop
 
 _ADDRESSES = ['localhost:1', 'localhost:2', 'localhost:3']
 _START = reshape.Shape(1, 2, 4, 'gpipe')
@@ -188,6 +190,62 @@ class ElasticTextsTest(test_utils.TestCase):
     self.assertIn("session's master task", text)
     self.assertIn("delete that option from the script's `srun` line", text)
     self.assertNotIn('drop it (`srun --kill-on-bad-exit`;', text)
+
+
+class EvaluationTest(test_utils.TestCase):
+  """elastic.Evaluation: a task lost while evaluating is a loss."""
+
+  def _Driver(self, lost):
+    driver = types.SimpleNamespace(run='run in R=2', moves=[])
+    driver.LostTasks = lambda: lost
+
+    def AfterLoss(error, loop):
+      driver.moves.append((error.summary, loop))
+      driver.run = 'run in R=1'
+
+    driver.AfterLoss = AfterLoss
+    return driver
+
+  def _Evaluate(self, failures):
+    """evaler.Evaluate that fails `failures` times, then gives its run."""
+    calls = []
+
+    def Evaluate(run, path, echo):
+      calls.append(run)
+      if len(calls) <= failures:
+        raise tf.errors.UnavailableError(None, None, 'Socket closed')
+      return path, {'accuracy': 0.5, 'run': run}
+    return Evaluate, calls
+
+  def testTheFinalEvaluationMovesTheRunAndEvaluatesAgain(self):
+    driver = self._Driver('task 1 at localhost:2 does not answer (down)')
+    evaluate, calls = self._Evaluate(1)
+    evaluation = elastic.Evaluation(driver, evaluate=evaluate)
+    evaluation.loop = 'the last loop'
+    _, metrics = evaluation.Final('/logs/ckpt-20')
+    self.assertEqual('run in R=1', metrics['run'])
+    self.assertEqual(['run in R=2', 'run in R=1'], calls)
+    self.assertEqual(
+        [('a task was lost while evaluating /logs/ckpt-20 (UnavailableError): '
+          'task 1 at localhost:2 does not answer (down)', 'the last loop')],
+        driver.moves)
+
+  def testInTheLoopALossEndsTheLoop(self):
+    driver = self._Driver('task 1 at localhost:2 does not answer (down)')
+    evaluate, _ = self._Evaluate(1)
+    evaluation = elastic.Evaluation(driver, evaluate=evaluate)
+    with self.assertRaisesRegex(train_loop.WorkerLostError,
+                                'lost while evaluating /logs/ckpt-10'):
+      evaluation.InLoop('/logs/ckpt-10')
+    self.assertEqual([], driver.moves)
+
+  def testAnErrorWhileEveryTaskServesIsTheEvaluationsOwn(self):
+    driver = self._Driver('')
+    evaluate, _ = self._Evaluate(1)
+    evaluation = elastic.Evaluation(driver, evaluate=evaluate)
+    with self.assertRaises(tf.errors.UnavailableError):
+      evaluation.Final('/logs/ckpt-10')
+    self.assertEqual([], driver.moves)
 
 
 if __name__ == '__main__':

@@ -208,14 +208,16 @@ def _Train(run, echo):
 def _TrainElastic(run, echo):
   """_Train with --elastic: the run moves between shapes (elastic.py)."""
   driver = elastic_lib.Elastic(run, echo)
-  # The run of the shape in use: evaluation follows the moves.
-  evaluate = lambda path: evaler.Evaluate(driver.run, path=path, echo=echo)
+  # On the shape in use (evaluation follows the moves); a task lost while
+  # evaluating is a loss like one while training.
+  evaluation = elastic_lib.Evaluation(driver, echo)
   try:
     while True:
       loop = train_loop.TrainLoop(
-          driver.run,
-          after_checkpoint=evaluate if run.mode == 'train_and_eval' else None,
+          driver.run, after_checkpoint=(evaluation.InLoop if run.mode ==
+                                        'train_and_eval' else None),
           echo=echo, watch=driver)
+      evaluation.loop = loop
       try:
         step, path = loop.Run()
       except (train_loop.WorkerLostError,
@@ -228,9 +230,9 @@ def _TrainElastic(run, echo):
       if not loop.moved:
         break
       driver.Move(loop)
+    return _Finish(driver.run, loop, step, path, evaluation.Final, echo)
   finally:
     driver.Close()
-  return _Finish(driver.run, loop, step, path, evaluate, echo)
 
 
 def _Finish(run, loop, step, path, evaluate, echo):

@@ -51,12 +51,14 @@ from gpipe.runtime import session_cluster as session_cluster_lib
 import numpy as np
 from lingvo import compat as tf
 from tools.trainer import checkpoints
+from tools.trainer import evaler
 from tools.trainer import members as members_lib
 from tools.trainer import model_graph
 from tools.trainer import model_select
 from tools.trainer import planned
 from tools.trainer import rebalance
 from tools.trainer import reshape
+from tools.trainer import train_loop
 
 EVENTS_FILE = 'elastic.jsonl'
 # How often lost and spare tasks are probed (and the cluster file re-read)
@@ -195,6 +197,14 @@ class Elastic:
   def Close(self):
     """Stops the watching thread."""
     self._stop.set()
+
+  def LostTasks(self):
+    """The tasks in use that do not serve now, with why ('' if none)."""
+    used = self.members.InUse()
+    reasons = self.members.Reasons(used)
+    return '; '.join('%s does not answer (%s)' % (s.Describe(),
+                                                  reasons[s.index])
+                     for s in used if reasons[s.index] is not None)
 
   # Shapes.
 
@@ -604,3 +614,52 @@ def _From(event):
   if event['checkpoint']:
     return 'from the checkpoint of step %d' % event['checkpoint_step']
   return 'from the start (no checkpoint yet)'
+
+
+class Evaluation:
+  """Evaluation on the shape in use; a task lost during it is a loss.
+
+  ``InLoop`` is the training loop's ``after_checkpoint``: a task lost while
+  it evaluates ends the loop with a WorkerLostError, and the run goes on
+  from that checkpoint on the tasks that serve (that checkpoint's
+  evaluation is not redone). ``Final`` evaluates after training and, on a
+  loss, moves the run (``Elastic.AfterLoss``) and evaluates again.
+
+  Attributes:
+    loop: the training loop that ran last (AfterLoss reads its step).
+  """
+
+  def __init__(self, driver, echo=print, evaluate=None):
+    """Constructor.
+
+    Args:
+      driver: the run's Elastic.
+      echo: prints a console line.
+      evaluate: evaler.Evaluate (tests give another).
+    """
+    self._driver = driver
+    self._echo = echo
+    self._evaluate = evaluate or evaler.Evaluate
+    self.loop = None
+
+  def InLoop(self, path):
+    return self._Evaluate(path, retry=False)
+
+  def Final(self, path):
+    return self._Evaluate(path, retry=True)
+
+  def _Evaluate(self, path, retry):
+    while True:
+      try:
+        return self._evaluate(self._driver.run, path=path, echo=self._echo)
+      except tf.errors.OpError as e:
+        lost = self._driver.LostTasks()
+        if not lost:
+          raise  # Not a lost task: the error is the evaluation's own.
+        summary = 'a task was lost while evaluating %s (%s): %s' % (
+            path, type(e).__name__, lost)
+        error = train_loop.WorkerLostError(
+            '%s. The checkpoints are intact.' % summary, summary=summary)
+        if not retry:
+          raise error from e
+        self._driver.AfterLoss(error, self.loop)
