@@ -47,6 +47,15 @@ class ElasticBenchmarkTest(test_utils.TestCase):
     self.assertEqual(0.5, elastic._StepSecs(records, 1, 4, skip_every=2))
     self.assertEqual(9.0, elastic._FirstStepTime(records, 3))
 
+  def testTheStartUpIsTheRunsFirstNotAMoves(self):
+    path = os.path.join(self.create_tempdir().full_path, 'trainer.log')
+    with open(path, 'w') as f:
+      f.write("start-up: 38.3 s from the trainer's start to the end of step 2"
+              "; trainer peak memory 1415 MiB\nelastic: first step in ...\n"
+              'start-up: 19.9 s from the restart (or move) to the end of step '
+              '2; trainer peak memory 1748 MiB\n')
+    self.assertEqual(38.3, elastic._StartupSecs(path))
+
   def testCutOverrideSetsEveryPipelinesCut(self):
     model = 'toy.PipelinedDigitsMlp'
     cfg = model_select.ModelParams(

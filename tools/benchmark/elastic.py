@@ -186,12 +186,14 @@ def _Batch(model):
   return model_select.ModelParams(model).input.batch_size
 
 
-def _StartupSecs(logdir):
-  path = os.path.join(logdir, 'startup.json')
-  if not os.path.exists(path):
-    return None
-  with open(path) as f:
-    return json.load(f).get('since_trainer_start')
+def _StartupSecs(log_path):
+  """The run's own start-up: its first 'start-up: ... trainer's start' line.
+
+  (startup.json holds the last loop's: after a move, the move's.)
+  """
+  found = re.search(r"start-up: ([\d.]+) s from the trainer's start",
+                    _Read(log_path))
+  return float(found.group(1)) if found else None
 
 
 def _CommonFlags(model, logdir, args):
@@ -248,7 +250,7 @@ def LossAndReturn(model, args, workdir):
   shrunk_at = _FirstStepTime(records, shrink['first_step'])
   grown_at = _FirstStepTime(records, grow['first_step'])
   return dict(
-      startup_secs=_StartupSecs(logdir),
+      startup_secs=_StartupSecs(log_path),
       before=_Median(rates, 0, marks['loss']),
       shrunk=_Median(rates, shrunk_at, marks['return']),
       after=_Median(rates, grown_at, float('inf')),
@@ -294,7 +296,7 @@ def Restart(model, args, workdir):
     raise ElasticBenchmarkError('expected one restart, got %s:\n%s' % (
         [e['kind'] for e in events], _Read(log_path)[-3000:]))
   first = _FirstStepTime(_Steps(logdir), events[0]['first_step'])
-  return dict(startup_secs=_StartupSecs(logdir), secs=events[0]['secs'],
+  return dict(startup_secs=_StartupSecs(log_path), secs=events[0]['secs'],
               redone=events[0]['steps_redone'],
               kill_to_first_step=first - killed)
 

@@ -194,6 +194,7 @@ class TrainLoop:
     # Start-up phases up to the second step, written to startup.json: from
     # the trainer's start, or after a restart from this loop's.
     self._graph_ops = None
+    self._first_loop = not _LOOPS_STARTED
     if _LOOPS_STARTED:
       self._startup = startup.StartupLog(origin=time.time())
     else:
@@ -320,9 +321,11 @@ class TrainLoop:
     result = self._startup.Write(
         os.path.join(self._logdir, 'startup.json'),
         model=self._run.model, graph_ops=self._graph_ops)
-    self._echo('start-up: %.1f s from the trainer\'s start to the end of '
-               'step %d; trainer peak memory %.0f MiB (phases in %s)' % (
+    self._echo('start-up: %.1f s from the %s to the end of step %d; '
+               'trainer peak memory %.0f MiB (phases in %s)' % (
                    result['since_trainer_start'],
+                   'trainer\'s start' if self._first_loop else
+                   'restart (or move)',
                    int(result['phases'][-1]['phase'].split()[-1]),
                    result['trainer_peak_bytes'] / 2**20,
                    os.path.join(self._logdir, 'startup.json')))
