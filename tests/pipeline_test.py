@@ -472,8 +472,9 @@ class ScaleTest(test_utils.TestCase):
       _LossAndGrads(net, (tf.zeros([32, 8], tf.float64),), pipelined=True)
       self.assertLen(_StageCalls(graph), 2 * 4 * 8)
       # A forward and a backward function per stage, and the weight fork and
-      # its gradient's add, traced once for the four equal stages.
-      self.assertLen(graph.as_graph_def().library.function, 2 * 4 + 2)
+      # its gradient's add, traced once for the four equal stages; and the
+      # dropout's generator (gpipe.randomness), traced once for them all.
+      self.assertLen(graph.as_graph_def().library.function, 2 * 4 + 2 + 1)
 
 
 class SeedTest(test_utils.TestCase):
