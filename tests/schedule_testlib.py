@@ -97,8 +97,9 @@ def AssertMatches(test, net, inputs, targets, sess, reference_key=None):
     targets: the loss layer's targets.
     sess: the session of the graph.
     reference_key: optional: the unpipelined values are computed once per
-      key and test class (see pipeline_testlib.CachedReference); the key must name
-      everything they depend on (layers, inputs, targets, micro-batches).
+      key and test class (see pipeline_testlib.CachedReference); the key
+      must name everything they depend on (layers, inputs, targets,
+      micro-batches).
   """
   loss, grads = LossAndGrads(net, inputs, targets, pipelined=True)
   cache, refs = CachedReference(test, reference_key)
