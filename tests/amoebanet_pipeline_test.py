@@ -2,8 +2,6 @@
 
 from gpipe.compat import lingvo_import  # pylint: disable=unused-import
 
-import os
-
 from gpipe import pipeline
 from gpipe import xla
 import numpy as np
@@ -16,15 +14,8 @@ from tests import graph_rewrites
 from tests import schedule_testlib
 
 graph_rewrites.Off()
-# The compiled case's time is mostly XLA compiling the stages' functions (a
-# forward and a recomputing backward of each stage, in float64), much of it
-# LLVM optimizing the generated code: without that the case takes about
-# half as long. What the case proves does not depend on it: XLA's own
-# passes (fusion, layout) run as usual and the arithmetic is IEEE either way
-# (no fast math); only the machine code is less optimized. Read at XLA's
-# first compilation, after this import.
-os.environ['XLA_FLAGS'] = ' '.join(
-    [os.environ.get('XLA_FLAGS', ''), '--xla_backend_optimization_level=0'])
+# Its compiled case's time is XLA compiling the stages, most of it in LLVM.
+graph_rewrites.XlaWithoutLlvmOptimizations()
 
 BATCH = 8
 NUM_CLASSES = 5
