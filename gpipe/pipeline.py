@@ -259,8 +259,15 @@ class PipeliningLayer(executor.PipelineExecutor, base_layer.BaseLayer):
 
   def PartitionReport(self):
     """A table of the stages: layers, parameters and cost."""
+    # The trainable parameters of the layers built here: counting them from
+    # their params would build each layer again in a scratch graph.
+    counts = [
+        sum(v.shape.num_elements() for v in self.children[key].vars.Flatten()
+            if v.trainable) for key in self._keys
+    ]
     return partition.Report(self._layer_params, self._stage_sizes, self._costs,
-                            self._cost_name, devices=self.stage_devices)
+                            self._cost_name, devices=self.stage_devices,
+                            counts=counts)
 
   def _StageLayers(self, k):
     start = sum(self._stage_sizes[:k])

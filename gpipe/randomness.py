@@ -204,6 +204,13 @@ def StatelessUniform(shape, seed, dtype):
   dropout needs: uncorrelated across neighbouring elements and
   neighbouring seeds (tested), not cryptographic.
 
+  The generator's ops are a graph function (``_Generator``), traced once
+  per dtype and process: each draw adds a call op and a reshape to the
+  graph, not the generator's ~110 ops (a graph build's cost grows with its
+  ops, and an unpipelined model or a stage trace draws once per dropout
+  layer and micro-batch). Called inside an XLA-compiled function, XLA
+  compiles the call with it.
+
   Args:
     shape: the output shape (a list or an integer tensor).
     seed: an int64 [2] tensor.
@@ -214,25 +221,64 @@ def StatelessUniform(shape, seed, dtype):
     float64; coarser for 16-bit floats).
   """
   dtype = tf.as_dtype(dtype)
-  kept = min(24, _MANTISSA_BITS.get(dtype, 24))
-  # On a GPU the shape and the counter's bounds stay in host memory, where
-  # its Reshape and Range read them: int32 shapes live there, and the size
-  # is computed on the host's CPU (no device-to-host copy, no stall). On a
-  # CPU stage they stay on the stage's own device.
   shape = tf.cast(shape, tf.int32)
   on_gpu = tf.DeviceSpec.from_string(
       seed.op.device or '').device_type == 'GPU'
+  flat = _Generator(dtype, on_gpu)(shape, tf.cast(seed, tf.int64))
+  # Outside the function, so the result's static shape is inferred from
+  # `shape` as before (a function's output shape is only its rank's).
+  return tf.reshape(flat, shape)
+
+
+# (dtype name, whether on a GPU) -> the generator's concrete function.
+_GENERATORS = {}
+
+
+def _Generator(dtype, on_gpu):
+  """The concrete function (shape, seed) -> the flat uniform numbers.
+
+  Args:
+    dtype: the float dtype of the numbers.
+    on_gpu: whether it is called on a GPU: the shape arithmetic is then
+      placed on the host's CPU.
+
+  Returns:
+    A concrete function of an int32 [rank] shape and an int64 [2] seed
+    (cached: one trace per process for each dtype and placement).
+  """
+  key = (dtype.name, on_gpu)
+  if key not in _GENERATORS:
+
+    def Draw(shape, seed):
+      return _FlatUniform(shape, seed, dtype, on_gpu)
+
+    # Traced in a graph of its own: a trace inherits the colocation (and
+    # device functions) of the graph it is made in, which a function
+    # shared by every graph of the process must not.
+    with tf.Graph().as_default():
+      _GENERATORS[key] = tf.function(
+          Draw, autograph=False).get_concrete_function(
+              tf.TensorSpec([None], tf.int32), tf.TensorSpec([2], tf.int64))
+  return _GENERATORS[key]
+
+
+def _FlatUniform(shape, seed, dtype, on_gpu):
+  """StatelessUniform's numbers, flat: the generator's body."""
+  kept = min(24, _MANTISSA_BITS.get(dtype, 24))
+  # On a GPU the shape and the counter's bounds stay in host memory, where
+  # its Range reads them: int32 shapes live there, and the size is computed
+  # on the host's CPU (no device-to-host copy, no stall). On a CPU stage
+  # they stay on the call's own device.
   with tf.device('/device:CPU:0' if on_gpu else None):
     size = tf.cast(tf.reduce_prod(shape), tf.int64)
     start, delta = tf.constant(0, tf.int64), tf.constant(1, tf.int64)
   mix = _Mixer()
-  key_a, key_b = _Keys(_SeedWords(tf.cast(seed, tf.int64)), mix)
+  key_a, key_b = _Keys(_SeedWords(seed), mix)
   counter = tf.cast(tf.range(start, size, delta), tf.uint32)
   bits = mix(tf.bitwise.bitwise_xor(counter * _U32(_GOLDEN), key_a))
   bits = mix(tf.bitwise.bitwise_xor(bits, key_b))
   top = tf.bitwise.right_shift(bits, _U32(32 - kept))
-  uniform = tf.cast(top, dtype) * tf.constant(2.0**-kept, dtype)
-  return tf.reshape(uniform, shape)
+  return tf.cast(top, dtype) * tf.constant(2.0**-kept, dtype)
 
 
 def Dropout(x, keep_prob, key, noise_shape=None):

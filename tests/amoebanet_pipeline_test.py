@@ -14,6 +14,8 @@ from tests import graph_rewrites
 from tests import schedule_testlib
 
 graph_rewrites.Off()
+# Its compiled case's time is XLA compiling the stages, most of it in LLVM.
+graph_rewrites.XlaWithoutLlvmOptimizations()
 
 BATCH = 8
 NUM_CLASSES = 5

@@ -22,6 +22,8 @@ need one, ``CpuConfig`` for the usual one: N virtual CPU devices.
 ``tf.function`` (no session config) into N devices the same way.
 """
 
+import os
+
 import tensorflow as tf
 
 
@@ -29,6 +31,21 @@ def Off():
   """Turns Grappler off for the graphs and functions this process builds."""
   tf.config.optimizer.set_experimental_options(
       {'disable_meta_optimizer': True})
+
+
+def XlaWithoutLlvmOptimizations():
+  """XLA compiles this process's functions without LLVM's optimizations.
+
+  A test of XLA-compiled stages spends most of its time compiling them, much
+  of it in LLVM optimizing the generated code (``--xla_backend_optimization_
+  level=0`` about halves a compiled AmoebaNet case). What such a test proves
+  does not depend on it: XLA's own passes (fusion, layout) run as usual and
+  the arithmetic is IEEE either way (XLA's CPU backend has fast math off);
+  only the machine code is less optimized. Call it at a test module's top:
+  XLA reads the flag (appended to any XLA_FLAGS) at its first compilation.
+  """
+  os.environ['XLA_FLAGS'] = ' '.join(
+      [os.environ.get('XLA_FLAGS', ''), '--xla_backend_optimization_level=0'])
 
 
 def SessionConfig(**kwargs):

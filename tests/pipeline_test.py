@@ -62,19 +62,33 @@ class PipelineGradientTest(test_utils.TestCase, parameterized.TestCase):
       self.assertEqual(net.stage_sizes, UNEVEN_SIZES[k])
       x = tf.constant(np.random.RandomState(1).randn(16, 8))
       loss, grads = _LossAndGrads(net, (x,), pipelined=True)
-      ref_loss, ref_grads = _LossAndGrads(net, (x,), pipelined=False)
+      # The unpipelined values depend on M only (not on K or remat): each M's
+      # are computed by its first case, the others compare with them.
+      cache, refs = pipeline_testlib.CachedReference(self, m)
+      fetches = [[loss] + grads]
+      if refs is None:
+        ref_loss, ref_grads = _LossAndGrads(net, (x,), pipelined=False)
+        fetches.append([ref_loss] + ref_grads)
+      # Dropout was on: the loss differs from the loss without it (which
+      # depends on neither K nor M: computed by the first case).
+      _, no_drop_loss = pipeline_testlib.CachedReference(self, 'no_dropout')
+      if no_drop_loss is None:
+        no_drop = pipeline_testlib.Pipeline(
+            pipeline_testlib.DenseLayers(NUM_LAYERS, keep_prob=1.0), k, m,
+            name='nodrop')
+        fetches.append(_LossAndGrads(no_drop, (x,), True)[0])
       sess.run(tf.global_variables_initializer())
-      values, refs = sess.run([[loss] + grads, [ref_loss] + ref_grads])
+      results = sess.run(fetches)
+      values = results[0]
+      if refs is None:
+        refs = cache[m] = results[1]
+      if no_drop_loss is None:
+        no_drop_loss = cache['no_dropout'] = results[-1]
       self.assertLen(values, 2 * NUM_LAYERS + 2)
+      self.assertLen(refs, len(values))
       for v, r in zip(values, refs):
         self.assertAllClose(r, v, rtol=1e-10, atol=1e-12)
-      # Dropout was on: the loss differs from the loss without it.
-      no_drop = pipeline_testlib.Pipeline(
-          pipeline_testlib.DenseLayers(NUM_LAYERS, keep_prob=1.0), k, m,
-          name='nodrop')
-      sess.run(tf.global_variables_initializer())
-      self.assertNotAllClose(
-          refs[0], sess.run(_LossAndGrads(no_drop, (x,), True)[0]))
+      self.assertNotAllClose(refs[0], no_drop_loss)
 
   @parameterized.named_parameters(('always', 'always'), ('never', 'never'))
   def testNestedMapInputsPassThroughAndMatch(self, remat):
@@ -472,8 +486,9 @@ class ScaleTest(test_utils.TestCase):
       _LossAndGrads(net, (tf.zeros([32, 8], tf.float64),), pipelined=True)
       self.assertLen(_StageCalls(graph), 2 * 4 * 8)
       # A forward and a backward function per stage, and the weight fork and
-      # its gradient's add, traced once for the four equal stages.
-      self.assertLen(graph.as_graph_def().library.function, 2 * 4 + 2)
+      # its gradient's add, traced once for the four equal stages; and the
+      # dropout's generator (gpipe.randomness), traced once for them all.
+      self.assertLen(graph.as_graph_def().library.function, 2 * 4 + 2 + 1)
 
 
 class SeedTest(test_utils.TestCase):

@@ -67,3 +67,29 @@ def PipelineParams(layers, k, m=None, **kwargs):
 def Pipeline(layers, k, m=None, **kwargs):
   """The instantiated PipelineParams(...) (call it inside a graph)."""
   return PipelineParams(layers, k, m, **kwargs).Instantiate()
+
+
+def CachedReference(test, key):
+  """The unpipelined values a case of `test`'s class stored under `key`.
+
+  The unpipelined model does not depend on the schedule, the cut, remat,
+  compilation or the stage devices: cases of one test class that run the
+  same layers (same params, hence the same initial values) on the same
+  inputs, targets and total micro-batches can compare with the values the
+  first of them computed, instead of each building and running the
+  reference again (a graph of every layer on every micro-batch and its
+  gradients). A case of another class, or another shard's, computes its
+  own.
+
+  Args:
+    test: the TestCase.
+    key: a hashable naming the reference, or None (never cached).
+
+  Returns:
+    A dict (the class's cache) and the values stored under `key`, or None.
+  """
+  cls = type(test)
+  if '_unpipelined_values' not in cls.__dict__:
+    cls._unpipelined_values = {}  # pylint: disable=protected-access
+  cache = cls._unpipelined_values  # pylint: disable=protected-access
+  return cache, (None if key is None else cache.get(key))

@@ -51,18 +51,22 @@ def _Cases():
 class ScheduleGradientTest(test_utils.TestCase, parameterized.TestCase):
   """Loss and every gradient equal the unpipelined model's (float64)."""
 
-  def _AssertMatches(self, net, inputs, targets, sess):
-    schedule_testlib.AssertMatches(self, net, inputs, targets, sess)
+  def _AssertMatches(self, net, inputs, targets, sess, reference_key=None):
+    schedule_testlib.AssertMatches(self, net, inputs, targets, sess,
+                                   reference_key)
 
   @parameterized.named_parameters(
       ('%s_K%d_M%d_%s' % case, *case) for case in _Cases())
   def testUnevenStagesWithDropoutMatchUnpipelined(self, name, k, m, remat):
     with self.session(graph=tf.Graph(), config=CONFIG) as sess:
       net = _Net(name, k, m, remat)
-      rng = np.random.RandomState(k * 10 + m)
+      # The inputs depend on M only: the cases of one M (any schedule, K and
+      # remat) compare with one unpipelined model's values, computed once.
+      rng = np.random.RandomState(m)
       x = tf.constant(rng.randn(2 * m, 8))
       targets = tf.constant(rng.randn(2 * m, 8))
-      self._AssertMatches(net, (x,), targets, sess)
+      self._AssertMatches(net, (x,), targets, sess,
+                          reference_key=('uneven', m))
 
   @parameterized.named_parameters(
       (name, name) for name in schedules.Names())

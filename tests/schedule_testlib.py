@@ -12,6 +12,7 @@ from tests import pipeline_testlib
 from tests import toy_layers
 
 CONFIG = graph_rewrites.CpuConfig(4)
+CachedReference = pipeline_testlib.CachedReference
 NUM_LAYERS = 6
 # Layers per stage: uneven wherever the stage count allows it.
 UNEVEN_SIZES = {1: [6], 2: [2, 4], 4: [1, 2, 2, 1]}
@@ -86,15 +87,35 @@ def CallOps(graph):
   return found
 
 
-def AssertMatches(test, net, inputs, targets, sess):
-  """Loss and every gradient of `net` equal the unpipelined ones."""
+def AssertMatches(test, net, inputs, targets, sess, reference_key=None):
+  """Loss and every gradient of `net` equal the unpipelined ones.
+
+  Args:
+    test: the TestCase.
+    net: the pipeline.
+    inputs: its inputs (a tuple).
+    targets: the loss layer's targets.
+    sess: the session of the graph.
+    reference_key: optional: the unpipelined values are computed once per
+      key and test class (see pipeline_testlib.CachedReference); the key
+      must name everything they depend on (layers, inputs, targets,
+      micro-batches).
+  """
   loss, grads = LossAndGrads(net, inputs, targets, pipelined=True)
-  ref_loss, ref_grads = LossAndGrads(net, inputs, targets, pipelined=False)
-  sess.run(tf.global_variables_initializer())
-  values, refs = sess.run([[loss] + grads, [ref_loss] + ref_grads])
+  cache, refs = CachedReference(test, reference_key)
+  if refs is None:
+    ref_loss, ref_grads = LossAndGrads(net, inputs, targets, pipelined=False)
+    sess.run(tf.global_variables_initializer())
+    values, refs = sess.run([[loss] + grads, [ref_loss] + ref_grads])
+    if reference_key is not None:
+      cache[reference_key] = refs
+  else:
+    sess.run(tf.global_variables_initializer())
+    values = sess.run([loss] + grads)
   num_float_inputs = len(
       [x for x in tf.nest.flatten(inputs) if x.dtype.is_floating])
   test.assertLen(values, 1 + len(Trainable(net)) + num_float_inputs)
+  test.assertLen(refs, len(values))
   for v, r in zip(values, refs):
     test.assertAllClose(r, v, rtol=1e-10, atol=1e-12)
 

@@ -61,9 +61,11 @@ def _StepGraph(name, devices, remat, batched, num_micro_batches):
     The tf.Graph (built only, never run).
   """
   with tf.Graph().as_default() as graph:
+    # Two layers, one per stage: the order of a stage's tasks does not
+    # depend on what the stage computes (the graph is built, never run).
     p = pipeline.PipeliningLayer.Params().Set(
-        name='pipe', layers=spt.Layers(), num_stages=K,
-        num_micro_batches=num_micro_batches, stage_sizes=spt.UNEVEN_SIZES[K],
+        name='pipe', layers=spt.Layers()[:K], num_stages=K,
+        num_micro_batches=num_micro_batches, stage_sizes=[1] * K,
         remat=remat, schedule=name, dtype=tf.float64, replica_devices=devices,
         batched_weight_gradients=batched,
         loss_tpl=toy_layers.SquaredErrorLoss.Params().Set(dtype=tf.float64))

@@ -13,6 +13,7 @@ from tests import graph_rewrites
 from tests import schedule_testlib
 
 graph_rewrites.Off()
+graph_rewrites.XlaWithoutLlvmOptimizations()
 
 _B, _S, _T, _V = 8, 5, 6, 23
 _DEVICES = graph_rewrites.CpuDevices(2)

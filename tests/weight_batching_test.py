@@ -94,10 +94,13 @@ class WeightBatchingTest(test_utils.TestCase, parameterized.TestCase):
   def testGradientsMatchUnpipelined(self, name, k, m, remat):
     with self.session(graph=tf.Graph(), config=CONFIG) as sess:
       net = spt.Net(name, k, m, remat, batched_weight_gradients=True)
-      rng = np.random.RandomState(k * 10 + m)
+      # The inputs depend on M only: the cases of one M (any schedule, K and
+      # remat) compare with one unpipelined model's values, computed once.
+      rng = np.random.RandomState(m)
       x = tf.constant(rng.randn(2 * m, 8))
       targets = tf.constant(rng.randn(2 * m, 8))
-      spt.AssertMatches(self, net, (x,), targets, sess)
+      spt.AssertMatches(self, net, (x,), targets, sess,
+                        reference_key=('uneven', m))
 
   def testMicroBatchBatchNormIsRefusedNamingTheStatistic(self):
     # Its scale's gradient reads each micro-batch's own 1/std: not a sum

@@ -36,6 +36,7 @@ from tests import toy_layers
 from tools.trainer import model_select
 
 graph_rewrites.Off()
+graph_rewrites.XlaWithoutLlvmOptimizations()
 
 K, M = 2, 4
 
