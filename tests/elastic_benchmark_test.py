@@ -43,8 +43,10 @@ class ElasticBenchmarkTest(test_utils.TestCase):
     # The median step in (start, end] and the newest record of a step.
     self.assertEqual(0.5, elastic._StepSecs(records, 1, 3))
     self.assertEqual(0.25, elastic._StepSecs(records, 3, 5))
-    # Traced steps (multiples of 2) left out: only step 3's 0.5 s.
-    self.assertEqual(0.5, elastic._StepSecs(records, 1, 4, skip_every=2))
+    # Traced steps (multiples of 3) and the steps after them left out:
+    # only step 2's 0.5 s and the second step 5's 0.25 s... of (1, 5].
+    self.assertEqual(0.5, elastic._StepSecs(records, 1, 4, skip_every=3))
+    self.assertEqual(0.375, elastic._StepSecs(records, 0, 5, skip_every=3))
     self.assertEqual(9.0, elastic._FirstStepTime(records, 3))
 
   def testTheStartUpIsTheRunsFirstNotAMoves(self):

@@ -301,9 +301,11 @@ def Restart(model, args, workdir):
               kill_to_first_step=first - killed)
 
 
-# The rebalancing run traces every TRACE_EVERY-th step (a traced step costs
-# more); its step times are of the others.
-TRACE_EVERY = 2
+# The rebalancing run traces every TRACE_EVERY-th step. A traced step costs
+# more, and so does the next record's interval: the trainer turns the trace
+# into TensorBoard's timeline image and a trace file after the traced step's
+# record. Its step times are of the other steps.
+TRACE_EVERY = 4
 
 
 def _StepSecs(records, start_step, end_step, skip_every=0):
@@ -313,11 +315,12 @@ def _StepSecs(records, start_step, end_step, skip_every=0):
     records: step-log records (with 'time').
     start_step: steps after this one...
     end_step: ...up to this one count.
-    skip_every: leave out the steps that are multiples of it (traced).
+    skip_every: leave out the steps that are multiples of it (traced) and
+      the steps right after them (the trace's processing).
   """
   secs = [b['time'] - a['time'] for a, b in zip(records, records[1:])
           if b['step'] == a['step'] + 1 and start_step < b['step'] <= end_step
-          and not (skip_every and b['step'] % skip_every == 0)]
+          and not (skip_every and b['step'] % skip_every in (0, 1))]
   return statistics.median(secs) if secs else None
 
 
@@ -463,7 +466,8 @@ def Elastic(args):
                    'predicted ms', 'static old cut ms', 'static new cut ms',
                    'old cut unthrottled ms'], rows), '',
               'Steps of the rebalancing run leave out its traced ones (every '
-              '%d-th); the static runs trace none.' % TRACE_EVERY, '']
+              '%d-th) and the ones after them (the trace is processed '
+              'then); the static runs trace none.' % TRACE_EVERY, '']
   print('\n'.join(lines))
 
   def Plot(plt):
