@@ -470,25 +470,28 @@ def Elastic(args):
               'then); the static runs trace none.' % TRACE_EVERY, '']
   print('\n'.join(lines))
 
-  def Plot(plt):
-    panels = [(r['model'], name, r[name]) for r in results
-              for name in ('loss_and_return', 'throttled') if r.get(name)]
-    fig, axes = plt.subplots(len(panels), 1, figsize=(8, 3 * len(panels)),
-                             squeeze=False)
-    for ax, (model, name, data) in zip(axes[:, 0], panels):
-      t0 = data['rates'][0][0] if data['rates'] else 0
-      ax.plot([t - t0 for t, _ in data['rates']],
-              [r for _, r in data['rates']], '.', markersize=3)
-      marks = (data['marks'] if name == 'loss_and_return'
-               else {'moved': data['moved_at']})
-      for label, when in marks.items():
-        if when:
-          ax.axvline(when - t0, color='gray', linestyle='--')
-          ax.annotate(label, (when - t0, ax.get_ylim()[1]), fontsize=8,
-                      rotation=90, va='top')
-      ax.set_title('%s: %s' % (model, name.replace('_', ' ')))
-      ax.set_xlabel('seconds since the first step')
-      ax.set_ylabel('examples/s')
-    return fig
+  report.Write(args, dict(machine=info, results=results),
+               lambda plt: Plot(results, plt))
 
-  report.Write(args, dict(machine=info, results=results), Plot)
+
+def Plot(results, plt):
+  """examples/s over time with the events marked: one panel per run."""
+  panels = [(r['model'], name, r[name]) for r in results
+            for name in ('loss_and_return', 'throttled') if r.get(name)]
+  fig, axes = plt.subplots(len(panels), 1, figsize=(8, 3 * len(panels)),
+                           squeeze=False)
+  for ax, (model, name, data) in zip(axes[:, 0], panels):
+    t0 = data['rates'][0][0] if data['rates'] else 0
+    ax.plot([t - t0 for t, _ in data['rates']],
+            [r for _, r in data['rates']], '.', markersize=3)
+    marks = (data['marks'] if name == 'loss_and_return'
+             else {'moved': data['moved_at']})
+    for label, when in marks.items():
+      if when:
+        ax.axvline(when - t0, color='gray', linestyle='--')
+        ax.annotate(label, (when - t0, ax.get_ylim()[1]), fontsize=8,
+                    rotation=90, va='top')
+    ax.set_title('%s: %s' % (model, name.replace('_', ' ')))
+    ax.set_xlabel('seconds since the first step')
+    ax.set_ylabel('examples/s')
+  return fig
