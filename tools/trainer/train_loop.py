@@ -51,6 +51,12 @@ _ABANDONED_SESSIONS = []
 # _CloseOrAbandon).
 CLOSE_SECS = 1.0
 
+# Set by the trainer binary (python -m tools.trainer), whose process ends
+# with the run: a session on its local worker processes is then left open at
+# the end instead of closed (see _RunSession). Callers of cli.main in their
+# own process keep the default: their sessions are closed.
+LEAVE_LOCAL_SESSIONS_OPEN = False
+
 # Session runs left running on a lost master task or after a second Ctrl-C
 # (_RunInThread); a new session waits until they end, so that none of their
 # updates lands after its restore.
@@ -293,7 +299,15 @@ class TrainLoop:
       else:
         sess.close()
       raise
-    sess.close()
+    if (LEAVE_LOCAL_SESSIONS_OPEN and self._placement.cluster is not None and
+        not self._placement.elastic):
+      # The process ends with the run and stops its local workers: closing
+      # would only deregister the graphs on each of them (14 s with 16
+      # workers). Left open, the process exits without the interpreter's
+      # cleanup (cli.main), which would close it too.
+      _ABANDONED_SESSIONS.append(sess)
+    else:
+      sess.close()
     if path and self._done_after != path and not self._interrupted:
       self._AfterCheckpoint(path)  # Not after a stop: see cli._Train.
     return step, path
