@@ -713,8 +713,9 @@ class _DeathWatch:
   A step whose worker died usually fails at once with an RPC error, handled
   by the loop. When it does not (it can wait on the lost worker until the
   step timeout), this thread notices the dead process, waits `grace_secs`
-  for the step to fail by itself, then prints the error and exits: every
-  checkpoint, summary and step-log line is already on disk.
+  for the step to fail by itself (not if the worker was the sessions'
+  master, worker 0: then nothing ends the step), then prints the error and
+  exits: every checkpoint, summary and step-log line is already on disk.
   """
 
   def __init__(self, placement, doing, last_ckpt, poll_secs=0.5,
@@ -745,7 +746,10 @@ class _DeathWatch:
       try:
         self._placement.CheckAlive()
       except local_cluster.WorkerDiedError as e:
-        if self._done.wait(self._grace_secs):
+        # Without its master (worker 0) no task is left to end the step:
+        # it cannot fail by itself, so it is not waited for.
+        grace = 0 if e.task == 0 else self._grace_secs
+        if self._done.wait(grace):
           return  # The step returned; the loop reports the dead worker.
         if self._recoverable:
           # Stopping every worker fails the blocked run with an RPC error;
