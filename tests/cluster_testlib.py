@@ -7,12 +7,9 @@ longer children of anything in the test, as on another host.
 """
 
 import json
-import os
-import signal
 import subprocess
 import sys
 
-from tests import polling
 from tests import trainer_testlib
 
 _LAUNCHER = r'''
@@ -74,38 +71,3 @@ def StartDetached(workers, timeout=120):
       raise RuntimeError('worker %s did not serve: %s' % (result, f.read()))
   return result['pids']
 
-
-def Alive(pid):
-  """Whether process `pid` exists and is not a zombie."""
-  try:
-    with open('/proc/%d/stat' % pid) as f:
-      return f.read().split(')')[-1].split()[0] != 'Z'
-  except OSError:
-    return False
-
-
-def WaitGone(pid, why='', timeout=60):
-  """Polls until process `pid` has exited (``polling.WaitUntil``).
-
-  Args:
-    pid: the process.
-    why: why it should exit, for the failure message.
-    timeout: seconds before failing.
-
-  Raises:
-    AssertionError: `pid` still runs after `timeout` seconds.
-  """
-  polling.WaitUntil(lambda: not Alive(pid),
-                    'process %d to exit%s' % (pid, why and ' (%s)' % why),
-                    timeout_secs=timeout, interval_secs=0.1)
-
-
-def Kill(pids):
-  """Kills the given processes (those still running)."""
-  for pid in pids:
-    try:
-      os.kill(pid, signal.SIGKILL)
-    except OSError:
-      pass
-  for pid in pids:
-    WaitGone(pid, timeout=10)

@@ -75,7 +75,7 @@ class ClusterWorkersTest(test_utils.TestCase):
 
   @classmethod
   def tearDownClass(cls):
-    cluster_testlib.Kill(cls.pids)
+    trainer_testlib.Kill(cls.pids)
     shutil.rmtree(cls.tmp, ignore_errors=True)
     super().tearDownClass()
 
@@ -117,7 +117,7 @@ class ClusterWorkersTest(test_utils.TestCase):
     self.assertAllClose(trainer_testlib.Losses(self.ref_dir),
                         trainer_testlib.Losses(logdir), rtol=1e-5)
     # The launcher is gone; the workers serve on.
-    self.assertTrue(all(cluster_testlib.Alive(p) for p in self.pids))
+    self.assertTrue(all(trainer_testlib.Alive(p) for p in self.pids))
 
   def testLocalWorkersWithSeveralDevicesEach(self):
     logdir = self.create_tempdir().full_path
@@ -221,7 +221,7 @@ class ClusterWorkersTest(test_utils.TestCase):
         env=slurm, address='localhost:%d' % port, log=log)])
     # Its parent, the launcher, has exited: so does the worker (the TF_CONFIG
     # workers, started without --exit_with_parent, serve on).
-    cluster_testlib.WaitGone(pid, 'its launcher has exited')
+    trainer_testlib.WaitGone(pid, 'its launcher has exited')
     with open(log) as f:
       self.assertIn('gpipe worker worker:0 serving at grpc://localhost:%d '
                     '(localhost:%d of 1 from Slurm)' % (port, port), f.read())

@@ -83,7 +83,7 @@ class NetnsRecoveryTest(test_utils.TestCase):
     """Waits until a few steps follow a checkpoint; returns its step."""
     netns_testlib.WaitFor(
         proc, self.log_path,
-        lambda: netns_testlib.StepsAfterCheckpoint(self.logdir),
+        lambda: trainer_testlib.StepsAfterCheckpoint(self.logdir),
         'steps after a checkpoint')
     return checkpoints.GlobalStepOf(checkpoints.Newest(self.logdir))
 

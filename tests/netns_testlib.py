@@ -11,7 +11,6 @@ import sys
 from tests import polling
 from tests import trainer_testlib
 from tools.netlab import netns
-from tools.trainer import checkpoints
 
 TOY = trainer_testlib.TOY
 # The one-way delay the tests add to every link.
@@ -66,15 +65,3 @@ def WaitFor(proc, log_path, ready, what, timeout=240):
   """
   return polling.WaitUntil(ready, what, timeout_secs=timeout, process=proc,
                            details=lambda: ReadFile(log_path))
-
-
-def StepsAfterCheckpoint(logdir, low=2, high=5):
-  """Whether the run is low < n <= high steps past its newest checkpoint.
-
-  A worker lost then loses those steps: the trainer must redo them.
-  """
-  newest = checkpoints.Newest(logdir)
-  records = trainer_testlib.StepLog(logdir)
-  if not newest or not records:
-    return False
-  return low < records[-1]['step'] - checkpoints.GlobalStepOf(newest) <= high

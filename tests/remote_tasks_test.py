@@ -3,6 +3,7 @@
 from gpipe.compat import lingvo_import  # pylint: disable=unused-import
 
 import functools
+import time
 
 from gpipe.runtime import local_cluster
 from lingvo import compat as tf
@@ -68,6 +69,28 @@ class RemoteTasksTest(test_utils.TestCase):
         (free, self.addresses[0], free)):
       remote_tasks.RemoteTasks([self.addresses[0], free]).Connect(
           self.cluster.target, wait_secs=1)
+
+  def testConnectDoesNotWaitForATaskKnownToBeGone(self):
+    free = _Free()
+    tasks = remote_tasks.RemoteTasks([self.addresses[0], free])
+    asked = []
+
+    def Gone():
+      asked.append(True)
+      return True
+
+    start = time.monotonic()
+    with self.assertRaisesRegex(
+        remote_tasks.TaskUnreachableError,
+        r'task 1 at %s \(no stage\) does not answer' % free):
+      tasks.Connect(self.cluster.target, wait_secs=600, gone=Gone)
+    # One round of probes, not the 600 s of retries.
+    self.assertLess(time.monotonic() - start, 60)
+    self.assertEqual([True], asked)
+    # Every task answers: gone() is not asked.
+    remote_tasks.RemoteTasks(self.addresses).Connect(
+        self.cluster.target, wait_secs=10, gone=Gone)
+    self.assertEqual([True], asked)
 
   def testWaitFlagsAreChecked(self):
     inspect = functools.partial(settings.Settings, model=trainer_testlib.TOY,

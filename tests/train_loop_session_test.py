@@ -6,6 +6,7 @@ import threading
 import time
 import types
 
+from gpipe.runtime import local_cluster
 from lingvo.core import test_utils
 from tools.trainer import train_loop
 
@@ -89,6 +90,40 @@ class RunSessionEndTest(test_utils.TestCase):
     self.assertFalse(sess.closed.is_set())
     self.assertEqual(1, train_loop.AbandonedSessions())
 
+
+class _DeadWorkerPlacement:
+  """A placement whose worker `task` has exited; records Stop()."""
+
+  def __init__(self, task):
+    self.cluster = object()
+    self.elastic = False
+    self.stopped = threading.Event()
+    self._task = task
+
+  def CheckAlive(self):
+    raise local_cluster.WorkerDiedError(
+        'pipeline worker %d exited with code -9' % self._task, task=self._task)
+
+  def Stop(self):
+    self.stopped.set()
+
+
+class DeathWatchTest(test_utils.TestCase):
+
+  def _StoppedWithin(self, task, secs):
+    """Whether a watch on dead worker `task` stops the workers in `secs`."""
+    placement = _DeadWorkerPlacement(task)
+    with train_loop._DeathWatch(placement, 'during step 3', None,
+                                poll_secs=0.01, grace_secs=1e6,
+                                recoverable=True):
+      return placement.stopped.wait(secs)
+
+  def testALostMasterStopsTheWorkersWithoutTheGrace(self):
+    # Nothing ends a step without its master: the grace is not waited for.
+    self.assertTrue(self._StoppedWithin(0, 30))
+
+  def testAnotherLostWorkerLetsTheStepFailByItselfFirst(self):
+    self.assertFalse(self._StoppedWithin(1, 0.5))
 
 if __name__ == '__main__':
   test_utils.main()

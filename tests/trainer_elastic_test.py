@@ -20,14 +20,12 @@ from lingvo.core import test_utils
 from params import toy
 from tests import cluster_testlib
 from tests import plan_testlib
-from tests import polling
 from tests import trainer_testlib
 from tools.trainer import checkpoints
 from tools.trainer import elastic
 from tools.trainer import planned
 from tools.trainer import summaries
 
-_Log = trainer_testlib.ReadLog
 EVERY = 10
 FLAGS = trainer_testlib.ResumableFlags(EVERY) + [
     '--model_params_override=' + toy.FLOAT64_OVERRIDE, '--elastic',
@@ -62,45 +60,50 @@ class _Helpers:
     self.assertAllClose([l for _, l in reference[:len(got)]],
                         [l for _, l in got], rtol=RTOL, atol=0)
 
-  def _Wait(self, proc, log_path, ready, what, interval_secs=0.05):
-    return polling.WaitUntil(ready, what, process=proc,
-                             interval_secs=interval_secs,
-                             details=lambda: _Log(log_path))
+  def _Trainer(self, logdir, *flags):
+    """The trainer of FLAGS and `flags` on `logdir`, as TrainerProcess."""
+    log_path = os.path.join(self.create_tempdir().full_path, 'trainer.log')
+    return trainer_testlib.TrainerProcess(
+        FLAGS + ['--logdir=' + logdir] + list(flags), log_path)
+
+  def _LoseAfterMoves(self, trainer, logdir, losses, steps=15):
+    """Kills workers one after another, each `steps` steps into a shape.
+
+    Args:
+      trainer: the TrainerProcess.
+      logdir: its run directory.
+      losses: the pids to kill, in order: the first after `steps` steps,
+        each next one `steps` steps after the run's next move.
+      steps: steps to wait for in each shape.
+
+    Returns:
+      The run's losses just before each kill.
+    """
+    before = []
+    for moves, pid in enumerate(losses):
+      trainer.WaitFor(
+          lambda m=moves: trainer.Log().count('elastic: first step in') >= m,
+          'the run to go on after %d move(s)' % moves)
+      start = _Steps(logdir)
+      trainer.WaitFor(lambda s=start: _Steps(logdir) >= s + steps,
+                      '%d steps before killing pid %d' % (steps, pid))
+      before.append(_Losses(logdir))
+      trainer_testlib.KillProcess(pid)
+    return before
 
 
 class TrainerElasticTest(_Helpers, test_utils.TestCase):
 
   def testLostWorkersShrinkTheRunToTheSurvivorsWithTheSameLosses(self):
     logdir = self.create_tempdir().full_path
-    log_path = os.path.join(self.create_tempdir().full_path, 'trainer.log')
     max_steps = 400
-    proc = trainer_testlib.Popen(
-        FLAGS + ['--logdir=' + logdir, '--worker_processes=4',
-                 '--max_steps=%d' % max_steps], log_path)
-    before = []
-    try:
-      pids = self._Wait(
-          proc, log_path, lambda: re.search(r'pids \[([\d, ]+)\]',
-                                            _Log(log_path)), 'workers')
-      pids = [int(p) for p in pids.group(1).split(',')]
+    with self._Trainer(logdir, '--worker_processes=4',
+                       '--max_steps=%d' % max_steps) as trainer:
+      pids = trainer.WorkerPids()
       # Worker 0, the session's master, is lost for good; then worker 2.
-      for lost, at, moves in ((0, 15, 0), (2, 15, 1)):
-        self._Wait(proc, log_path,
-                   lambda m=moves: _Log(log_path).count('elastic: first '
-                                                        'step in') >= m,
-                   'the run to go on after %d move(s)' % moves)
-        start = _Steps(logdir)
-        self._Wait(proc, log_path, lambda s=start: _Steps(logdir) >= s + at,
-                   'steps before losing worker %d' % lost)
-        before.append(_Losses(logdir))
-        os.kill(pids[lost], signal.SIGKILL)
-      proc.wait(timeout=polling.TimeLimit(300)[0])
-    finally:
-      if proc.poll() is None:
-        proc.kill()
-        proc.wait()
-    log = _Log(log_path)
-    self.assertEqual(0, proc.returncode, log)
+      before = self._LoseAfterMoves(trainer, logdir, [pids[0], pids[2]])
+      code, log = trainer.Wait()
+    self.assertEqual(0, code, log)
     self.assertRegex(
         log, r"worker lost: task 0 at localhost:\d+ \(replica 0 stage 0\), "
         r"the session's master, does not answer")
@@ -146,29 +149,17 @@ class TrainerElasticTest(_Helpers, test_utils.TestCase):
 
   def testALossDuringTheMoveIsPartOfIt(self):
     logdir = self.create_tempdir().full_path
-    log_path = os.path.join(self.create_tempdir().full_path, 'trainer.log')
     max_steps = 200
-    proc = trainer_testlib.Popen(
-        FLAGS + ['--logdir=' + logdir, '--worker_processes=4',
-                 '--max_steps=%d' % max_steps], log_path)
-    try:
-      pids = self._Wait(
-          proc, log_path, lambda: re.search(r'pids \[([\d, ]+)\]',
-                                            _Log(log_path)), 'workers')
-      pids = [int(p) for p in pids.group(1).split(',')]
-      self._Wait(proc, log_path, lambda: _Steps(logdir) >= 15, 'steps')
-      os.kill(pids[0], signal.SIGKILL)
+    with self._Trainer(logdir, '--worker_processes=4',
+                       '--max_steps=%d' % max_steps) as trainer:
+      pids = trainer.WorkerPids()
+      self._LoseAfterMoves(trainer, logdir, [pids[0]])
       # Task 1, a survivor, is lost while the run moves to tasks 1 and 2.
-      self._Wait(proc, log_path, lambda: 'elastic: shrinking' in _Log(
-          log_path), 'the move', interval_secs=0.005)
-      os.kill(pids[1], signal.SIGKILL)
-      proc.wait(timeout=polling.TimeLimit(300)[0])
-    finally:
-      if proc.poll() is None:
-        proc.kill()
-        proc.wait()
-    log = _Log(log_path)
-    self.assertEqual(0, proc.returncode, log)
+      trainer.WaitFor(lambda: 'elastic: shrinking' in trainer.Log(),
+                      'the move', interval_secs=0.005)
+      trainer_testlib.KillProcess(pids[1])
+      code, log = trainer.Wait()
+    self.assertEqual(0, code, log)
     self.assertRegex(log, r'elastic: shrinking to 2 device\(s\) of task 2, '
                      r'task 3: R=2 K=2 M=2 gpipe -> R=1 K=2 M=4 gpipe')
     events = elastic.ReadEvents(logdir)
@@ -183,7 +174,6 @@ class TrainerElasticTest(_Helpers, test_utils.TestCase):
 
   def testShapesFromTheRunsProfile(self):
     logdir = self.create_tempdir().full_path
-    log_path = os.path.join(self.create_tempdir().full_path, 'trainer.log')
     # The planner's profile of the run (as --plan=auto leaves it): equal
     # layers. On 3 devices it picks 1F1B with 3 stages, on 2 four stages
     # looped over them, R x M = 4 kept both times.
@@ -191,30 +181,12 @@ class TrainerElasticTest(_Helpers, test_utils.TestCase):
         4, batch=32, model=trainer_testlib.TOY, param_bytes=33280.0),
                      os.path.join(logdir, planned.PROFILE_FILE))
     max_steps = 300
-    proc = trainer_testlib.Popen(
-        FLAGS + ['--logdir=' + logdir, '--worker_processes=4',
-                 '--max_steps=%d' % max_steps], log_path)
-    try:
-      pids = self._Wait(
-          proc, log_path, lambda: re.search(r'pids \[([\d, ]+)\]',
-                                            _Log(log_path)), 'workers')
-      pids = [int(p) for p in pids.group(1).split(',')]
-      for lost, moves in ((3, 0), (1, 1)):
-        self._Wait(proc, log_path,
-                   lambda m=moves: _Log(log_path).count('elastic: first '
-                                                        'step in') >= m,
-                   'the run to go on after %d move(s)' % moves)
-        start = _Steps(logdir)
-        self._Wait(proc, log_path, lambda s=start: _Steps(logdir) >= s + 15,
-                   'steps before losing worker %d' % lost)
-        os.kill(pids[lost], signal.SIGKILL)
-      proc.wait(timeout=polling.TimeLimit(300)[0])
-    finally:
-      if proc.poll() is None:
-        proc.kill()
-        proc.wait()
-    log = _Log(log_path)
-    self.assertEqual(0, proc.returncode, log)
+    with self._Trainer(logdir, '--worker_processes=4',
+                       '--max_steps=%d' % max_steps) as trainer:
+      pids = trainer.WorkerPids()
+      self._LoseAfterMoves(trainer, logdir, [pids[3], pids[1]])
+      code, log = trainer.Wait()
+    self.assertEqual(0, code, log)
     self.assertRegex(
         log, r'elastic: shrinking to 3 device\(s\) of task 0, task 1, task '
         r"2: R=2 K=2 M=2 gpipe -> R=1 K=3 M=4 1f1b \(profile: the planner's "
@@ -230,37 +202,26 @@ class TrainerElasticTest(_Helpers, test_utils.TestCase):
 
   def testARestartFirstThenSurvivorsThatCannotHoldTheModelStop(self):
     logdir = self.create_tempdir().full_path
-    log_path = os.path.join(self.create_tempdir().full_path, 'trainer.log')
     # 13,130 float64 parameters and Adam's two slots: 315,120 bytes, half on
     # each of two workers; one cannot hold them under 200 KiB.
-    proc = trainer_testlib.Popen(
+    log_path = os.path.join(self.create_tempdir().full_path, 'trainer.log')
+    with trainer_testlib.TrainerProcess(
         FLAGS[:-2] + ['--logdir=' + logdir, '--worker_processes=2',
                       '--num_micro_batches=4', '--max_steps=1000000',
                       '--memory_per_device=200KiB',
-                      '--max_worker_restarts=1'], log_path)
-    restarted = r'elastic: task 1 restarted at localhost:\d+ \(pid (\d+)\)'
-    try:
-      pids = self._Wait(proc, log_path,
-                        lambda: re.search(r'pids \[(\d+), (\d+)\]',
-                                          _Log(log_path)), 'workers')
-      self._Wait(proc, log_path, lambda: _Steps(logdir) > EVERY + 2,
-                 'a checkpoint and steps after it')
+                      '--max_worker_restarts=1'], log_path) as trainer:
+      pids = trainer.WorkerPids()
+      trainer.WaitFor(lambda: _Steps(logdir) > EVERY + 2,
+                      'a checkpoint and steps after it')
       # Restarted first, while --max_worker_restarts allows.
-      os.kill(int(pids.group(2)), signal.SIGKILL)
-      fresh = self._Wait(proc, log_path,
-                         lambda: re.search(restarted, _Log(log_path)),
-                         'the restart')
-      self._Wait(proc, log_path,
-                 lambda: 'elastic: first step in' in _Log(log_path),
-                 'the first step after the restart')
-      os.kill(int(fresh.group(1)), signal.SIGKILL)
-      proc.wait(timeout=polling.TimeLimit(120)[0])
-    finally:
-      if proc.poll() is None:
-        proc.kill()
-        proc.wait()
-    log = _Log(log_path)
-    self.assertEqual(1, proc.returncode, log)
+      trainer_testlib.KillProcess(pids[1])
+      fresh = trainer.WorkerPids(
+          r'elastic: task 1 restarted at localhost:\d+ \(pid (\d+)\)')
+      trainer.WaitFor(lambda: 'elastic: first step in' in trainer.Log(),
+                      'the first step after the restart')
+      trainer_testlib.KillProcess(fresh[0])
+      code, log = trainer.Wait(120)
+    self.assertEqual(1, code, log)
     self.assertRegex(
         log, r'trainer: error: elastic: task 1 at localhost:\d+ lost; the 1 '
         r'device\(s\) of R=1 K=1 M=4 gpipe cannot hold the model under '
@@ -293,7 +254,6 @@ class TrainerElasticGrowTest(_Helpers, test_utils.TestCase):
   def testAReplacementGrowsTheRunBackAtACheckpoint(self):
     work = self.create_tempdir().full_path
     logdir = self.create_tempdir().full_path
-    log_path = os.path.join(work, 'trainer.log')
     spec = os.path.join(work, 'cluster.json')
     addresses = ['localhost:%d' % local_cluster.FreePort() for _ in range(4)]
 
@@ -312,33 +272,26 @@ class TrainerElasticGrowTest(_Helpers, test_utils.TestCase):
     Write()
     pids = cluster_testlib.StartDetached([Worker(t) for t in range(4)])
     max_steps = 800
-    proc = trainer_testlib.Popen(
-        FLAGS + ['--logdir=' + logdir, '--cluster_spec=@' + spec,
-                 '--worker_wait_secs=1', '--max_steps=%d' % max_steps],
-        log_path)
     try:
-      self._Wait(proc, log_path, lambda: _Steps(logdir) >= 15, 'steps')
-      os.kill(pids[2], signal.SIGKILL)
-      self._Wait(proc, log_path,
-                 lambda: 'elastic: first step in' in _Log(log_path),
-                 'the run to shrink')
-      # Its supervisor starts task 2 on another port, and says so in the
-      # file; the trainer waits meanwhile, so that it cannot end first.
-      os.kill(proc.pid, signal.SIGSTOP)
-      try:
-        addresses[2] = 'localhost:%d' % local_cluster.FreePort()
-        Write()
-        pids[2:3] = cluster_testlib.StartDetached([Worker(2)])
-      finally:
-        os.kill(proc.pid, signal.SIGCONT)
-      proc.wait(timeout=polling.TimeLimit(240)[0])
+      with self._Trainer(logdir, '--cluster_spec=@' + spec,
+                         '--worker_wait_secs=1',
+                         '--max_steps=%d' % max_steps) as trainer:
+        self._LoseAfterMoves(trainer, logdir, [pids[2]])
+        trainer.WaitFor(lambda: 'elastic: first step in' in trainer.Log(),
+                        'the run to shrink')
+        # Its supervisor starts task 2 on another port, and says so in the
+        # file; the trainer waits meanwhile, so that it cannot end first.
+        os.kill(trainer.proc.pid, signal.SIGSTOP)
+        try:
+          addresses[2] = 'localhost:%d' % local_cluster.FreePort()
+          Write()
+          pids[2:3] = cluster_testlib.StartDetached([Worker(2)])
+        finally:
+          os.kill(trainer.proc.pid, signal.SIGCONT)
+        code, log = trainer.Wait(240)
     finally:
-      if proc.poll() is None:
-        proc.kill()
-        proc.wait()
-      cluster_testlib.Kill(pids)
-    log = _Log(log_path)
-    self.assertEqual(0, proc.returncode, log)
+      trainer_testlib.Kill(pids)
+    self.assertEqual(0, code, log)
     self.assertIn('elastic: waiting up to 1 s (--worker_wait_secs) for task '
                   '2 to serve again', log)
     self.assertIn('elastic: task 2 listed at %s now' % addresses[2], log)

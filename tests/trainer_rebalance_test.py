@@ -11,19 +11,16 @@ checkpoint, and the step gets faster with the same losses.
 from gpipe.compat import lingvo_import  # pylint: disable=unused-import
 
 import os
-import re
 
 from gpipe.runtime import cgroups
 from gpipe.runtime import cpu_quota
 from lingvo import compat as tf
 from lingvo.core import test_utils
 import numpy as np
-from tests import polling
 from tests import trainer_testlib
 from tools.trainer import elastic
 from tools.trainer import summaries
 
-_Log = trainer_testlib.ReadLog
 WIDE = ('task.network.layers[0].output_dim=512; '
         'task.network.layers[1].input_dim=512; '
         'task.network.layers[1].output_dim=512; '
@@ -45,24 +42,16 @@ class TrainerRebalanceTest(test_utils.TestCase):
       self.skipTest(str(e))
     logdir = self.create_tempdir().full_path
     log_path = os.path.join(self.create_tempdir().full_path, 'trainer.log')
-    proc = trainer_testlib.Popen(
+    with trainer_testlib.TrainerProcess(
         trainer_testlib.ResumableFlags(EVERY) + [
             '--model_params_override=' + WIDE, '--logdir=' + logdir,
             '--worker_processes=2', '--elastic', '--max_steps=%d' % STEPS,
-            '--trace_every_n_steps=2'], log_path)
-    try:
-      pids = polling.WaitUntil(
-          lambda: re.search(r'pids \[(\d+), (\d+)\]', _Log(log_path)),
-          'workers', process=proc, details=lambda: _Log(log_path))
+            '--trace_every_n_steps=2'], log_path) as trainer:
+      pids = trainer.WorkerPids()
       with cpu_quota.CpuQuota('gpipe_test_%d' % os.getpid(), 0.3) as quota:
-        quota.Add(int(pids.group(2)))
-        proc.wait(timeout=polling.TimeLimit(240)[0])
-    finally:
-      if proc.poll() is None:
-        proc.kill()
-        proc.wait()
-    log = _Log(log_path)
-    self.assertEqual(0, proc.returncode, log)
+        quota.Add(pids[1])
+        code, log = trainer.Wait(240)
+    self.assertEqual(0, code, log)
     self.assertRegex(
         log, r'elastic: rebalancing after step \d+: stage\(s\) 1 slower than '
         r'their share of the cost \(seconds per unit of cost 1.00, [\d.]+ '

@@ -3,15 +3,12 @@
 from gpipe.compat import lingvo_import  # pylint: disable=unused-import
 
 import os
-import signal
 
 from lingvo import compat as tf
 from lingvo.core import test_utils
-from tests import polling
 from tests import trainer_testlib
 from tools.trainer import checkpoints
 
-_Log = trainer_testlib.ReadLog
 EVERY = 20
 FLAGS = trainer_testlib.ResumableFlags(EVERY)
 
@@ -21,25 +18,13 @@ class TrainerResumeTest(test_utils.TestCase):
   def testResumeAfterSigkillMatchesUninterruptedRun(self):
     logdir = self.create_tempdir().full_path
     log_path = os.path.join(self.create_tempdir().full_path, 'killed.log')
-    proc = trainer_testlib.Popen(
-        FLAGS + ['--logdir=' + logdir, '--max_steps=1000000'], log_path)
-    try:
+    with trainer_testlib.TrainerProcess(
+        FLAGS + ['--logdir=' + logdir, '--max_steps=1000000'],
+        log_path) as trainer:
       # Kill it mid-run: after a checkpoint, with steps done since, and far
       # enough from the next checkpoint that it cannot be written between
-      # this check and the signal.
-      def MidInterval():
-        newest = checkpoints.Newest(logdir)
-        records = trainer_testlib.StepLog(logdir)
-        if not newest or not records:
-          return False
-        return 2 < records[-1]['step'] - checkpoints.GlobalStepOf(
-            newest) <= EVERY // 2
-
-      polling.WaitUntil(MidInterval, 'a checkpoint with steps after it',
-                        process=proc, details=lambda: _Log(log_path))
-    finally:
-      proc.send_signal(signal.SIGKILL)
-      proc.wait()
+      # this check and the signal (leaving the block kills it).
+      trainer.WaitForStepsAfterCheckpoint(logdir, high=EVERY // 2)
     killed = trainer_testlib.Losses(logdir, 'accuracy')
     resume_step = checkpoints.GlobalStepOf(checkpoints.Newest(logdir))
     self.assertEqual(0, resume_step % EVERY)

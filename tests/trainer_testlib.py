@@ -3,6 +3,7 @@
 import contextlib
 import io
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -11,6 +12,7 @@ from gpipe.compat import lingvo_import  # pylint: disable=unused-import
 from absl import flags
 from absl.testing import flagsaver
 from tests import polling
+from tools.trainer import checkpoints
 from tools.trainer import cli
 from tools.trainer import progress
 
@@ -123,12 +125,163 @@ def Environment():
   return env
 
 
-def Popen(args, log_path):
+def Popen(args, log_path, module='tools.trainer'):
   """Starts the trainer with `args`, stdout and stderr into log_path."""
   with open(log_path, 'w') as log:  # The child keeps its own descriptor.
     return subprocess.Popen(
-        TrainerCommand(*args), cwd=ROOT, env=Environment(), stdout=log,
-        stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        TrainerCommand(*args, module=module), cwd=ROOT, env=Environment(),
+        stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+
+
+def StepsAfterCheckpoint(logdir, low=2, high=5):
+  """Whether the run is low < n <= high steps past its newest checkpoint.
+
+  A worker (or the trainer) killed then loses those steps: a resumed run
+  must redo them.
+  """
+  newest = checkpoints.Newest(logdir)
+  records = StepLog(logdir)
+  if not newest or not records:
+    return False
+  return low < records[-1]['step'] - checkpoints.GlobalStepOf(newest) <= high
+
+
+def KillProcess(pid):
+  """SIGKILLs process `pid` (a worker the test loses), without waiting."""
+  os.kill(pid, signal.SIGKILL)
+
+
+def Alive(pid):
+  """Whether process `pid` exists and is not a zombie."""
+  try:
+    with open('/proc/%d/stat' % int(pid)) as f:
+      return f.read().split(')')[-1].split()[0] != 'Z'
+  except OSError:
+    return False
+
+
+def WaitGone(pid, why='', timeout=60):
+  """Polls until process `pid` has exited (``polling.WaitUntil``).
+
+  Args:
+    pid: the process.
+    why: why it should exit, for the failure message.
+    timeout: seconds before failing.
+
+  Raises:
+    AssertionError: `pid` still runs after `timeout` seconds.
+  """
+  polling.WaitUntil(lambda: not Alive(pid),
+                    'process %d to exit%s' % (pid, why and ' (%s)' % why),
+                    timeout_secs=timeout, interval_secs=0.1)
+
+
+def Kill(pids):
+  """Kills the given processes (those still running) and waits for them."""
+  for pid in pids:
+    try:
+      KillProcess(pid)
+    except OSError:
+      pass
+  for pid in pids:
+    WaitGone(pid, timeout=10)
+
+
+class TrainerProcess:
+  """A trainer child process that a test waits on and kills workers of.
+
+  A context manager: on leaving it, a trainer still running is killed and
+  reaped, so a failed test leaves no process behind.
+
+  Attributes:
+    proc: the trainer's subprocess.Popen.
+    log_path: the file holding its stdout and stderr.
+  """
+
+  def __init__(self, args, log_path, module='tools.trainer', proc=None):
+    """Starts the trainer.
+
+    Args:
+      args: the trainer's flags.
+      log_path: where its output goes.
+      module: the binary's module (TrainerCommand).
+      proc: an already started trainer (e.g. in another network
+        namespace) to wrap instead; `args` and `module` are then unused.
+    """
+    self.log_path = log_path
+    self.proc = proc or Popen(args, log_path, module=module)
+
+  def __enter__(self):
+    return self
+
+  def __exit__(self, *unused_exc_info):
+    if self.proc.poll() is None:
+      self.proc.kill()
+      self.proc.wait()
+
+  @property
+  def returncode(self):
+    return self.proc.returncode
+
+  def Log(self):
+    """Its output so far."""
+    return ReadLog(self.log_path)
+
+  def WaitFor(self, ready, what, timeout_secs=240.0, interval_secs=0.05):
+    """Polls `ready()` while the trainer runs (``polling.WaitUntil``).
+
+    Args:
+      ready: a callable polled until it returns a true value.
+      what: what is awaited, for the failure message.
+      timeout_secs: give up after this many seconds.
+      interval_secs: the pause between two polls.
+
+    Returns:
+      The true value `ready()` returned.
+
+    Raises:
+      AssertionError: the trainer exited, or the time ran out, first (the
+        message ends with its output).
+    """
+    return polling.WaitUntil(ready, what, timeout_secs=timeout_secs,
+                             interval_secs=interval_secs, process=self.proc,
+                             details=self.Log)
+
+  def WaitForLog(self, pattern, what):
+    """Waits until the output matches regex `pattern`; returns the match."""
+    return self.WaitFor(lambda: re.search(pattern, self.Log()), what)
+
+  def WorkerPids(self, pattern=r'pids \[([\d, ]+)\]'):
+    """Waits for the pids of the workers it started; returns them.
+
+    Args:
+      pattern: a regex whose first group lists the pids (by default the
+        line of --worker_processes' start).
+
+    Returns:
+      The pids, in task order.
+    """
+    found = self.WaitForLog(pattern, 'the worker processes\' pids')
+    return [int(p) for p in found.group(1).split(',')]
+
+  def WaitForStepsAfterCheckpoint(self, logdir, low=2, high=5):
+    """Waits for StepsAfterCheckpoint; returns the checkpoint's step."""
+    self.WaitFor(lambda: StepsAfterCheckpoint(logdir, low, high),
+                 'a checkpoint and %d to %d steps after it' % (low + 1, high))
+    return checkpoints.GlobalStepOf(checkpoints.Newest(logdir))
+
+  def Wait(self, timeout_secs=300):
+    """Waits for the trainer to exit; returns (exit code, output).
+
+    Args:
+      timeout_secs: seconds to allow (less if Bazel's limit for the test
+        comes sooner, see polling.TimeLimit).
+
+    Raises:
+      subprocess.TimeoutExpired: it still runs after that.
+    """
+    self.proc.wait(timeout=polling.TimeLimit(timeout_secs)[0])
+    return self.proc.returncode, self.Log()
 
 
 def ReadLog(path):

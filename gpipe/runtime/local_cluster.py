@@ -57,7 +57,15 @@ def StageDevice(task, job=JOB, index=0):
 
 
 class WorkerDiedError(RuntimeError):
-  """A worker process of the pipeline exited."""
+  """A worker process of the pipeline exited.
+
+  Attributes:
+    task: the worker's task index (0: the sessions' master), or None.
+  """
+
+  def __init__(self, message, task=None):
+    super().__init__(message)
+    self.task = task
 
 
 class WorkerMemoryCapError(WorkerDiedError):
@@ -272,8 +280,9 @@ class LocalCluster:
             'and activations of its stages do not fit. Cut the model into '
             'more stages on more workers (a larger K), or raise the cap' %
             (where, _MiB(self.memory_cap_bytes),
-             _MiB(self._caps[i].PeakBytes() or self.memory_cap_bytes)))
-      raise WorkerDiedError('%s exited with code %d' % (where, code))
+             _MiB(self._caps[i].PeakBytes() or self.memory_cap_bytes)),
+            task=i)
+      raise WorkerDiedError('%s exited with code %d' % (where, code), task=i)
 
   def Call(self, fn, poll_secs=0.2, grace_secs=2.0):
     """Returns fn() (session work on the workers), failing at once if one dies.

@@ -8,9 +8,18 @@ from absl import app
 from absl import flags
 from tools.trainer import cli
 from tools.trainer import settings
+from tools.trainer import train_loop
 
 # --help lists the trainer's flags (defined from settings.Settings).
 flags.adopt_module_key_flags(settings)
 
+
+def _Main(argv):
+  # This process ends with the run: the session on local workers is left
+  # open, not closed (seconds of RPCs to workers about to be stopped).
+  train_loop.LEAVE_LOCAL_SESSIONS_OPEN = True
+  return cli.main(argv)
+
+
 if __name__ == '__main__':
-  app.run(cli.main)
+  app.run(_Main)

@@ -334,7 +334,7 @@ class Placement:
     that does not answer).
     """
     if self.remote is not None:
-      self.remote.Connect(self.target)
+      self.remote.Connect(self.target, gone=self._LocalWorkerExited)
     return tf.compat.v1.Session(
         self.target, graph=graph, config=self.SessionConfig())
 
@@ -362,6 +362,14 @@ class Placement:
     """Raises local_cluster.WorkerDiedError if a local worker has exited."""
     if self.cluster is not None:
       self.cluster.CheckAlive(self.live_workers)
+
+  def _LocalWorkerExited(self):
+    """Whether a local worker of the run has exited (it cannot answer)."""
+    try:
+      self.CheckAlive()
+    except local_cluster.WorkerDiedError:
+      return True
+    return False
 
   @property
   def elastic(self):

@@ -167,21 +167,27 @@ class RemoteTasks:
       raise
     sess.close()
 
-  def Connect(self, target, wait_secs=10.0, step_timeout_secs=10.0):
+  def Connect(self, target, wait_secs=10.0, step_timeout_secs=10.0,
+              gone=None):
     """Checks that every task reaches every other, retrying for wait_secs.
 
     Args:
       target: the session target (task 0's 'grpc://host:port').
       wait_secs: how long to keep retrying.
       step_timeout_secs: the longest one try may take.
+      gone: an optional function, true once a task is known to be gone for
+        good (a local worker process that exited): a task that does not
+        answer is then not waited for.
 
     Raises:
       TaskUnreachableError: the tasks that do not answer, or the last
-        error of the check, after wait_secs.
+        error of the check, after wait_secs (at once if `gone()`).
     """
     deadline = time.time() + wait_secs
     while True:
       lost = self.Unreachable()
+      if lost and gone is not None and gone():
+        deadline = time.time()
       if not lost:
         try:
           self._MeshStep(target, step_timeout_secs)

@@ -51,6 +51,12 @@ _ABANDONED_SESSIONS = []
 # _CloseOrAbandon).
 CLOSE_SECS = 1.0
 
+# Set by the trainer binary (python -m tools.trainer), whose process ends
+# with the run: a session on its local worker processes is then left open at
+# the end instead of closed (see _RunSession). Callers of cli.main in their
+# own process keep the default: their sessions are closed.
+LEAVE_LOCAL_SESSIONS_OPEN = False
+
 # Session runs left running on a lost master task or after a second Ctrl-C
 # (_RunInThread); a new session waits until they end, so that none of their
 # updates lands after its restore.
@@ -293,7 +299,15 @@ class TrainLoop:
       else:
         sess.close()
       raise
-    sess.close()
+    if (LEAVE_LOCAL_SESSIONS_OPEN and self._placement.cluster is not None and
+        not self._placement.elastic):
+      # The process ends with the run and stops its local workers: closing
+      # would only deregister the graphs on each of them (14 s with 16
+      # workers). Left open, the process exits without the interpreter's
+      # cleanup (cli.main), which would close it too.
+      _ABANDONED_SESSIONS.append(sess)
+    else:
+      sess.close()
     if path and self._done_after != path and not self._interrupted:
       self._AfterCheckpoint(path)  # Not after a stop: see cli._Train.
     return step, path
@@ -699,8 +713,9 @@ class _DeathWatch:
   A step whose worker died usually fails at once with an RPC error, handled
   by the loop. When it does not (it can wait on the lost worker until the
   step timeout), this thread notices the dead process, waits `grace_secs`
-  for the step to fail by itself, then prints the error and exits: every
-  checkpoint, summary and step-log line is already on disk.
+  for the step to fail by itself (not if the worker was the sessions'
+  master, worker 0: then nothing ends the step), then prints the error and
+  exits: every checkpoint, summary and step-log line is already on disk.
   """
 
   def __init__(self, placement, doing, last_ckpt, poll_secs=0.5,
@@ -731,7 +746,10 @@ class _DeathWatch:
       try:
         self._placement.CheckAlive()
       except local_cluster.WorkerDiedError as e:
-        if self._done.wait(self._grace_secs):
+        # Without its master (worker 0) no task is left to end the step:
+        # it cannot fail by itself, so it is not waited for.
+        grace = 0 if e.task == 0 else self._grace_secs
+        if self._done.wait(grace):
           return  # The step returned; the loop reports the dead worker.
         if self._recoverable:
           # Stopping every worker fails the blocked run with an RPC error;
