@@ -14,12 +14,14 @@ import threading
 import time
 import types
 
+from gpipe.runtime import local_cluster
 from lingvo import compat as tf
 from lingvo.core import test_utils
 from tests import trainer_testlib
 from tools.trainer import elastic
 from tools.trainer import members as members_lib
 from tools.trainer import model_select
+from tools.trainer import remote_tasks
 from tools.trainer import reshape
 from tools.trainer import settings
 from tools.trainer import train_loop
@@ -116,6 +118,17 @@ class ElasticAfterLossTest(test_utils.TestCase):
     self.assertIn('spare tasks serve: R=1 K=2 M=4 gpipe -> R=1 K=3 M=4 gpipe '
                   'on 3 device(s)', e._move)
 
+  def testAMoveNoStepFollowedIsWrittenBySettle(self):
+    e = self._Elastic(down=(1,))
+    e.AfterLoss(_Lost(), _Loop())
+    e.Settle()
+    events = elastic.ReadEvents(e._start_run.logdir)
+    self.assertEqual([('shrink', None)],
+                     [(x['kind'], x['first_step']) for x in events])
+    self.assertGreaterEqual(events[0]['secs'], 0.0)
+    e.Settle()  # Nothing pending: nothing more written.
+    self.assertLen(elastic.ReadEvents(e._start_run.logdir), 1)
+
   def testTheRecoveryCountsFromWhenTheFailedStepReturned(self):
     # The trainer's checks after a failed step (probing every task, a wait
     # for a local worker's exit) take seconds: they are part of the
@@ -196,8 +209,13 @@ class EvaluationTest(test_utils.TestCase):
   """elastic.Evaluation: a task lost while evaluating is a loss."""
 
   def _Driver(self, lost):
-    driver = types.SimpleNamespace(run='run in R=2', moves=[])
+    driver = types.SimpleNamespace(run='run in R=2', moves=[], settled=0)
     driver.LostTasks = lambda: lost
+
+    def Settle():
+      driver.settled += 1
+
+    driver.Settle = Settle
 
     def AfterLoss(error, loop):
       driver.moves.append((error.summary, loop))
@@ -206,14 +224,14 @@ class EvaluationTest(test_utils.TestCase):
     driver.AfterLoss = AfterLoss
     return driver
 
-  def _Evaluate(self, failures):
+  def _Evaluate(self, failures, error=None):
     """evaler.Evaluate that fails `failures` times, then gives its run."""
     calls = []
 
     def Evaluate(run, path, echo):
       calls.append(run)
       if len(calls) <= failures:
-        raise tf.errors.UnavailableError(None, None, 'Socket closed')
+        raise error or tf.errors.UnavailableError(None, None, 'Socket closed')
       return path, {'accuracy': 0.5, 'run': run}
     return Evaluate, calls
 
@@ -229,6 +247,17 @@ class EvaluationTest(test_utils.TestCase):
         [('a task was lost while evaluating /logs/ckpt-20 (UnavailableError): '
           'task 1 at localhost:2 does not answer (down)', 'the last loop')],
         driver.moves)
+    # The move no step followed is written once the evaluation is done.
+    self.assertEqual(1, driver.settled)
+
+  def testADeadLocalWorkerOrAnUnreachableTaskIsALossToo(self):
+    for error in (local_cluster.WorkerDiedError('worker 1 exited'),
+                  remote_tasks.TaskUnreachableError('task 1 does not answer')):
+      driver = self._Driver('task 1 at localhost:2 does not answer (down)')
+      evaluate, calls = self._Evaluate(1, error)
+      elastic.Evaluation(driver, evaluate=evaluate).Final('/logs/ckpt-20')
+      self.assertLen(driver.moves, 1, error)
+      self.assertLen(calls, 2)
 
   def testInTheLoopALossEndsTheLoop(self):
     driver = self._Driver('task 1 at localhost:2 does not answer (down)')

@@ -230,6 +230,11 @@ def _TrainElastic(run, echo):
       if not loop.moved:
         break
       driver.Move(loop)
+    # A move no step followed (the last checkpoint's evaluation lost a
+    # task) is written as done; no move is made after training: the watch
+    # stops (a loss during the final evaluation still moves the run).
+    driver.Settle()
+    driver.Close()
     return _Finish(driver.run, loop, step, path, evaluation.Final, echo)
   finally:
     driver.Close()

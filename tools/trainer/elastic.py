@@ -47,6 +47,7 @@ from gpipe.measure import timeline
 from gpipe.plan import profile as profile_lib
 from gpipe.plan import search
 from gpipe.runtime import cluster_spec as cluster_spec_lib
+from gpipe.runtime import local_cluster
 from gpipe.runtime import session_cluster as session_cluster_lib
 import numpy as np
 from lingvo import compat as tf
@@ -57,6 +58,7 @@ from tools.trainer import model_graph
 from tools.trainer import model_select
 from tools.trainer import planned
 from tools.trainer import rebalance
+from tools.trainer import remote_tasks
 from tools.trainer import reshape
 from tools.trainer import train_loop
 
@@ -197,6 +199,21 @@ class Elastic:
   def Close(self):
     """Stops the watching thread."""
     self._stop.set()
+
+  def Settle(self):
+    """Writes a move no step followed (the final evaluation's) as done.
+
+    Its record has first_step None and the seconds up to now.
+    """
+    event, self._pending = self._pending, None
+    if event is None:
+      return
+    event['first_step'] = None
+    event['secs'] = time.time() - event.pop('since')
+    self._echo('elastic: %s in %s, no step after it: %.1f s from the loss '
+               'to its end' % (event['kind'], event['new'], event['secs']))
+    with open(os.path.join(self._start_run.logdir, EVENTS_FILE), 'a') as f:
+      f.write(json.dumps(event, sort_keys=True) + '\n')
 
   def LostTasks(self):
     """The tasks in use that do not serve now, with why ('' if none)."""
@@ -651,15 +668,24 @@ class Evaluation:
   def _Evaluate(self, path, retry):
     while True:
       try:
-        return self._evaluate(self._driver.run, path=path, echo=self._echo)
-      except tf.errors.OpError as e:
+        result = self._evaluate(self._driver.run, path=path, echo=self._echo)
+        if retry:
+          self._driver.Settle()
+        return result
+      except (tf.errors.OpError, local_cluster.WorkerDiedError,
+              remote_tasks.TaskUnreachableError) as e:
+        noticed = time.time()
         lost = self._driver.LostTasks()
+        if not lost and isinstance(e, tf.errors.DeadlineExceededError):
+          # As in training: a task that answers probes but not the step.
+          lost = 'a task is stuck (the step timeout ran out)'
         if not lost:
           raise  # Not a lost task: the error is the evaluation's own.
         summary = 'a task was lost while evaluating %s (%s): %s' % (
             path, type(e).__name__, lost)
         error = train_loop.WorkerLostError(
-            '%s. The checkpoints are intact.' % summary, summary=summary)
+            '%s. The checkpoints are intact.' % summary, summary=summary,
+            noticed=noticed)
         if not retry:
           raise error from e
         self._driver.AfterLoss(error, self.loop)

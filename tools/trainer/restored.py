@@ -36,10 +36,21 @@ def RestoredModel(run, cfg, mode, path=None):
     saver = checkpoints.Checkpointer(run.logdir, for_eval=True)
     init = tf.group(tf.compat.v1.local_variables_initializer(),
                     tf.compat.v1.tables_initializer())
-  with built.graph.as_default(), run.placement.NewSession(
-      built.graph) as sess:
-    sess.run(init)
-    saver.RestoreFrom(sess, path)
-    step = int(sess.run(built.global_step))
-    yield py_utils.NestedMap(sess=sess, built=built, task=built.task,
-                             step=step, path=path)
+  with built.graph.as_default():
+    sess = run.placement.NewSession(built.graph)
+    try:
+      sess.run(init)
+      saver.RestoreFrom(sess, path)
+      step = int(sess.run(built.global_step))
+      yield py_utils.NestedMap(sess=sess, built=built, task=built.task,
+                               step=step, path=path)
+    except BaseException:
+      if getattr(run.placement, 'elastic', False):
+        # A task may be lost: closing would wait for it (--elastic goes on
+        # without it), so the close runs beside the recovery.
+        from tools.trainer import train_loop  # pylint: disable=g-import-not-at-top
+        train_loop._CloseOrAbandon(sess)  # pylint: disable=protected-access
+      else:
+        sess.close()
+      raise
+    sess.close()
