@@ -35,6 +35,9 @@ class ElasticBenchmarkTest(test_utils.TestCase):
                         (4, 9.25), (5, 9.5)])
     self.assertEqual([(0.5, 64.0), (1.0, 64.0), (2.0, 32.0), (9.25, 128.0),
                       (9.5, 128.0)], elastic._Rates(records, 32))
+    # A move's first step (its interval holds the move) has no rate.
+    self.assertEqual([(0.5, 64.0), (2.0, 32.0), (9.25, 128.0), (9.5, 128.0)],
+                     elastic._Rates(records, 32, first_steps={3}))
     # Medians of a window of time, [start, end).
     rates = elastic._Rates(records, 32)
     self.assertEqual(64.0, elastic._Median(rates, 0, 2.0))

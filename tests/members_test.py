@@ -88,9 +88,15 @@ class MembersFlappingTest(test_utils.TestCase):
     # The third loss was not waited for, and said why.
     self.assertEqual(members_lib.MAX_LOSSES - 1, sum(
         'waiting up to' in line for line in lines))
-    self.assertIn('elastic: task 2 at localhost:3 was lost 3 times: it is '
-                  'not taken back at this address', '\n'.join(lines))
+    self.assertIn('elastic: task 2 at localhost:3 was lost 3 times in 30 min: '
+                  'it is not taken back at this address', '\n'.join(lines))
     self.assertEqual(members_lib.LOST, slot.state)
+    # Losses older than the window are forgotten.
+    slot.loss_times[0] -= members_lib.FLAP_WINDOW_SECS
+    self.assertEqual(2, slot.losses)
+    self.assertEqual([slot], members.Join([slot]))
+    slot.state = members_lib.LOST
+    slot.loss_times.append(slot.loss_times[-1])
     # A replacement at another address is taken.
     with open(path, 'w') as f:
       f.write('worker=localhost:1,localhost:2,localhost:7')
@@ -107,6 +113,7 @@ class MembersLoseTest(test_utils.TestCase):
     cluster = object.__new__(local_cluster.LocalCluster)
     cluster._procs = [subprocess.Popen(['sleep', '60']) for _ in range(3)]
     cluster.cluster_def = {'worker': list(_ADDRESSES)}
+    cluster._caps = []
     try:
       placement = _Placement(_ADDRESSES)
       placement.cluster = cluster

@@ -74,12 +74,12 @@ class BackgroundCall:
     return self._value
 
 
-def _CallersCluster():
-  """The caller's Lingvo cluster (or a default one); None without Lingvo."""
+def _DefaultCluster():
+  """A default Lingvo cluster; None if Lingvo was not imported."""
   factory = sys.modules.get('lingvo.core.cluster_factory')
   if factory is None:
     return None
-  return factory.Cluster.Top() or factory.Current()
+  return factory.Cluster(factory.Cluster.Params())
 
 
 def RunIsolated(fn):
@@ -91,13 +91,14 @@ def RunIsolated(fn):
   thread, whose stack is empty. The thread is not a daemon: the work always
   finishes.
 
-  Lingvo's stack of clusters is thread-local too: the thread runs within the
-  caller's cluster (a default one if it has none). Without one, each layer
-  built would make a default cluster of its own, a deep copy of its params
-  each time (an AmoebaNet-D's parameter count spent 8 of its 11 s there).
-  Lingvo is used only if the caller imported it.
+  Lingvo's stack of clusters is thread-local too, and the thread's is empty
+  as before (a scratch build does not depend on the caller's cluster, e.g.
+  its eval mode), but with one default cluster on it: without it, each
+  layer built would make a default cluster of its own, a deep copy of its
+  params each time (an AmoebaNet-D's parameter count spent 8 of its 11 s
+  there). Lingvo is used only if the caller imported it.
   """
-  cluster = _CallersCluster()
+  cluster = _DefaultCluster()
   if cluster is None:
     return BackgroundCall(fn, daemon=False).Result()
 

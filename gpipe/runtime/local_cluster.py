@@ -370,7 +370,12 @@ class LocalCluster:
     if proc.poll() is not None:
       return False
     proc.kill()
-    proc.wait()
+    try:
+      proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+      pass  # In uninterruptible sleep: it goes when the kernel lets it.
+    if self._caps:
+      self._caps[i].Remove()
     return True
 
   def _Kill(self):

@@ -163,16 +163,19 @@ class _Servers:
         proc.wait()
 
 
-def _Rates(records, batch):
+def _Rates(records, batch, first_steps=()):
   """[(time, examples/s)] of each step after the first of its run.
 
   A step's rate is the batch over the seconds since the previous record;
   a record whose step does not follow the previous one's starts a new run
-  (a restart or move redoes steps from a checkpoint) and has no rate.
+  (a restart or move redoes steps from a checkpoint) and has no rate, nor
+  has a run's first step after a move that redid none (`first_steps`: its
+  interval holds the move).
   """
   rates = []
   for a, b in zip(records, records[1:]):
-    if b['step'] == a['step'] + 1 and b['time'] > a['time']:
+    if (b['step'] == a['step'] + 1 and b['time'] > a['time'] and
+        b['step'] not in first_steps):
       rates.append((b['time'], batch / (b['time'] - a['time'])))
   return rates
 
@@ -245,8 +248,8 @@ def LossAndReturn(model, args, workdir):
     raise ElasticBenchmarkError('expected a shrink then a grow, got %s:\n%s'
                                 % (kinds, _Read(log_path)[-3000:]))
   records = _Steps(logdir)
-  rates = _Rates(records, _Batch(model))
   shrink, grow = events
+  rates = _Rates(records, _Batch(model), {grow['first_step']})
   shrunk_at = _FirstStepTime(records, shrink['first_step'])
   grown_at = _FirstStepTime(records, grow['first_step'])
   return dict(
@@ -275,8 +278,7 @@ def Restart(model, args, workdir):
   logdir = os.path.join(workdir, 'restart')
   log_path = logdir + '.log'
   proc = _Trainer(_CommonFlags(model, logdir, args) + list(SHAPE_FLAGS) + [
-      '--worker_processes=4', '--max_worker_restarts=1', '--elastic',
-      '--max_steps=%d' % (args.loss_step + 2 * args.checkpoint_every)],
+      '--worker_processes=4', '--max_worker_restarts=1', '--elastic'],
                   log_path)
   try:
     pids = _WaitFor('the workers', lambda: _WorkerPids(log_path, 4), proc,
@@ -389,7 +391,8 @@ def Throttled(model, args, workdir):
                          if before and move.get('predicted_gain') else None),
               static_old=static['old'], static_new=static['new'],
               unthrottled=static['unthrottled'],
-              move_secs=move['secs'], rates=_Rates(records, _Batch(model)),
+              move_secs=move['secs'],
+              rates=_Rates(records, _Batch(model), {move['first_step']}),
               moved_at=_FirstStepTime(records, move['first_step']))
 
 
@@ -478,6 +481,8 @@ def Plot(results, plt):
   """examples/s over time with the events marked: one panel per run."""
   panels = [(r['model'], name, r[name]) for r in results
             for name in ('loss_and_return', 'throttled') if r.get(name)]
+  if not panels:
+    return None  # The restart run alone: nothing over time to draw.
   fig, axes = plt.subplots(len(panels), 1, figsize=(8, 3 * len(panels)),
                            squeeze=False)
   for ax, (model, name, data) in zip(axes[:, 0], panels):

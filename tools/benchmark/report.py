@@ -70,6 +70,8 @@ def Write(args, result, plot_fn):
     matplotlib.use('Agg')
     from matplotlib import pyplot as plt  # pylint: disable=g-import-not-at-top
     fig = plot_fn(plt)
+    if fig is None:
+      return
     fig.tight_layout()
     fig.savefig(args.plot, dpi=90)
     plt.close(fig)

@@ -36,10 +36,12 @@ from lingvo import compat as tf
 
 # A task's states: running stages, serving but not used, not answering.
 USED, SPARE, LOST = 'used', 'spare', 'lost'
-# A server lost this many times at one address is not taken back (a
-# flapping host: each return would cost the run a move, each loss a
-# recovery); a replacement at another address starts afresh.
+# A server lost this many times at one address within FLAP_WINDOW_SECS is
+# not taken back (a flapping host: each return would cost the run a move,
+# each loss a recovery); older losses are forgotten, and a replacement at
+# another address starts afresh.
 MAX_LOSSES = 3
+FLAP_WINDOW_SECS = 1800.0
 # How long one probe of a task may take.
 PROBE_SECS = 3.0
 
@@ -54,13 +56,19 @@ class Slot:
     devices: its devices as it names them (full device strings), the type
       and count the run uses; None until it was asked.
     state: USED, SPARE or LOST.
-    losses: how many times it was lost at this address.
+    loss_times: when it was lost at this address (time.time()).
   """
   index: int
   address: str
   devices: list
   state: str = USED
-  losses: int = 0
+  loss_times: list = dataclasses.field(default_factory=list)
+
+  @property
+  def losses(self):
+    """Its losses at this address within the last FLAP_WINDOW_SECS."""
+    now = time.time()
+    return sum(now - t < FLAP_WINDOW_SECS for t in self.loss_times)
 
   @property
   def name(self):
@@ -228,7 +236,7 @@ class Members:
                        (slot.name, address, slot.address, self._spec_file))
             # Never USED without devices: counted as lost until asked.
             slot.address, slot.devices, slot.state = address, None, LOST
-            slot.losses = 0
+            slot.loss_times = []
         else:
           self._echo('elastic: task %d at %s added in %s' %
                      (i, address, self._spec_file))
@@ -287,15 +295,16 @@ class Members:
     """Waits for lost servers (or replacements in the file); still lost.
 
     Each call counts a loss of each slot at its address; one lost
-    MAX_LOSSES times there (a flapping host) is not waited for, nor taken
-    back later (Join).
+    MAX_LOSSES times there within FLAP_WINDOW_SECS (a flapping host) is not
+    waited for, nor taken back later (Join) until its losses age out.
     """
     for slot in lost:
-      slot.losses += 1
+      slot.loss_times.append(time.time())
       if slot.losses == MAX_LOSSES:
-        self._echo('elastic: %s was lost %d times: it is not taken back at '
-                   'this address (a replacement at another one is)' %
-                   (slot.Describe(), slot.losses))
+        self._echo('elastic: %s was lost %d times in %.0f min: it is not '
+                   'taken back at this address for now (a replacement at '
+                   'another one is)' % (slot.Describe(), slot.losses,
+                                        FLAP_WINDOW_SECS / 60))
     flapping = [s for s in lost if s.losses >= MAX_LOSSES]
     lost = [s for s in lost if s.losses < MAX_LOSSES]
     if not lost:
