@@ -22,19 +22,21 @@ def _Placement(addresses):
       device_type='CPU')
 
 
+def _Members(test):
+  """Members of a cluster file of _ADDRESSES: (members, path, its lines)."""
+  path = os.path.join(test.create_tempdir().full_path, 'cluster')
+  with open(path, 'w') as f:
+    f.write('worker=' + ','.join(_ADDRESSES))
+  lines = []
+  members = members_lib.Members(_Placement(_ADDRESSES), echo=lines.append,
+                                spec_file=path)
+  return members, path, lines
+
+
 class MembersRereadTest(test_utils.TestCase):
 
-  def _Members(self):
-    path = os.path.join(self.create_tempdir().full_path, 'cluster')
-    with open(path, 'w') as f:
-      f.write('worker=' + ','.join(_ADDRESSES))
-    lines = []
-    members = members_lib.Members(_Placement(_ADDRESSES), echo=lines.append,
-                                  spec_file=path)
-    return members, path, lines
-
   def testATaskInUseListedAtANewAddressIsLostAndStaysInUse(self):
-    members, path, lines = self._Members()
+    members, path, lines = _Members(self)
     members.Use(members.slots[:2], members.slots)
     with open(path, 'w') as f:
       f.write('worker=localhost:1,localhost:9,localhost:3')
@@ -51,7 +53,7 @@ class MembersRereadTest(test_utils.TestCase):
     self.assertIn('task 1 listed at localhost:9 now', '\n'.join(lines))
 
   def testASpareListedAtANewAddressIsLostAndNotInUse(self):
-    members, path, _ = self._Members()
+    members, path, _ = _Members(self)
     members.Use(members.slots[:2], members.slots)
     with open(path, 'w') as f:
       f.write('worker=localhost:1,localhost:2,localhost:8')
@@ -64,12 +66,7 @@ class MembersRereadTest(test_utils.TestCase):
 class MembersFlappingTest(test_utils.TestCase):
 
   def testAServerLostThreeTimesIsNotTakenBackUntilReplaced(self):
-    path = os.path.join(self.create_tempdir().full_path, 'cluster')
-    with open(path, 'w') as f:
-      f.write('worker=' + ','.join(_ADDRESSES))
-    lines = []
-    members = members_lib.Members(_Placement(_ADDRESSES), echo=lines.append,
-                                  spec_file=path)
+    members, path, lines = _Members(self)
     down = set()
     members.Reason = lambda slot: 'down' if slot.index in down else None
     members._Discover = lambda slot: ['/job:worker/replica:0/task:2/'

@@ -52,6 +52,14 @@ def _Parser():
                    help='raise worker priority by N (Linux autogroup '
                    'niceness -N, needs root); 0 leaves it alone')
 
+  def TrainerRuns(p, models):
+    """The flags of a subcommand that runs the trainer on registered models."""
+    p.add_argument('--models', default='',
+                   help='comma-separated registered models (default: %s)' %
+                   ','.join(models))
+    p.add_argument('--timeout_secs', type=int, default=1800,
+                   help='stop a trainer run that takes longer than this')
+
   p = sub.add_parser('throughput', help=throughput.Throughput.__doc__)
   Common(p)
   p.add_argument('--models', default='',
@@ -260,9 +268,7 @@ def _Parser():
                  'trainer runs\' logging period, 4)')
   p = sub.add_parser('xla_trainer', help=xla_trainer.XlaTrainer.__doc__)
   Common(p)
-  p.add_argument('--models', default='',
-                 help='comma-separated registered models (default: %s)' %
-                 ','.join(xla_trainer.MODELS))
+  TrainerRuns(p, xla_trainer.MODELS)
   p.add_argument('--schedules', default='',
                  help='comma-separated schedules (default: all of the '
                  'registry)')
@@ -270,13 +276,9 @@ def _Parser():
                  help='training steps of each run')
   p.add_argument('--warmup', type=int, default=2,
                  help='leading steps left out of the step time')
-  p.add_argument('--timeout_secs', type=int, default=1800,
-                 help='stop a trainer run that takes longer than this')
   p = sub.add_parser('elastic', help=elastic.Elastic.__doc__)
   Common(p)
-  p.add_argument('--models', default='',
-                 help='comma-separated registered models (default: %s)' %
-                 ','.join(elastic.MODELS))
+  TrainerRuns(p, elastic.MODELS)
   p.add_argument('--scenarios', default=_ELASTIC_SCENARIOS,
                  help='comma-separated subset of loss_and_return, restart, '
                  'throttled')
@@ -292,8 +294,6 @@ def _Parser():
                  help='how long the trainer waits for a lost worker')
   p.add_argument('--throttle_cores', type=float, default=0.5,
                  help='the CPU quota of the slow worker, in cores')
-  p.add_argument('--timeout_secs', type=int, default=1800,
-                 help='stop a trainer run that takes longer than this')
   p = sub.add_parser('startup', help=startup.Startup.__doc__)
   Common(p)
   p.add_argument('--before',
