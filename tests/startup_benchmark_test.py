@@ -40,6 +40,10 @@ UNTIMED_FRACTION = 0.1
 BOOT_TIME_SECONDS = 1.0
 
 
+# How much lower a process's VmHWM may read later (the kernel's per-CPU
+# resident-page counts; 64 pages).
+PEAK_SLACK_BYTES = 64 * 4096
+
 class _Clock:
   """A stand-in for the time module: time() is what the test sets."""
 
@@ -102,11 +106,16 @@ class StartupBenchmarkTest(test_utils.TestCase):
       self.assertGreater(phases['step 1']['seconds'],
                          phases['step 2']['seconds'])
       # A high-water mark only grows: from phase to phase, and to what is
-      # read from outside once step 1 is done.
+      # read from outside once step 1 is done; up to PEAK_SLACK_BYTES, as
+      # Linux counts a process's resident pages per CPU and folds them in
+      # lazily, so VmHWM can read a few pages lower later (seen: 4 KiB on
+      # the toy model).
       peaks = [phases[name]['peak_bytes'] for name in TOP_LEVEL]
-      self.assertEqual(peaks, sorted(peaks))
+      for name, before, after in zip(TOP_LEVEL[1:], peaks, peaks[1:]):
+        self.assertGreaterEqual(after, before - PEAK_SLACK_BYTES, name)
       self.assertGreaterEqual(run['trainer_peak_bytes'],
-                              phases['step 1']['peak_bytes'])
+                              phases['step 1']['peak_bytes'] -
+                              PEAK_SLACK_BYTES)
       self.assertLen(run['worker_peak_bytes'], 2)
       self.assertGreater(run['trainer_peak_bytes'], 0)
       self.assertGreater(run['startup']['graph_ops'], 0)
