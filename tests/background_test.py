@@ -1,6 +1,9 @@
 """BackgroundCall and RunIsolated (gpipe.runtime.background), memory.FormatMiB."""
 
+import functools
+import gc
 import threading
+import weakref
 
 from absl.testing import absltest
 from gpipe.measure import memory
@@ -44,6 +47,34 @@ class BackgroundCallTest(absltest.TestCase):
     release.set()
     self.assertTrue(call.Wait())
     self.assertTrue(call.Result())
+
+
+  def testAFinishedCallDoesNotKeepWhatItsFunctionHolds(self):
+    # A session's close keeps the session (and its graph) referenced only
+    # while it runs.
+    class Held:
+      pass
+
+    held = Held()
+    ref = weakref.ref(held)
+    call = background.BackgroundCall(functools.partial(id, held))
+    del held
+    call.Result()
+    gc.collect()
+    self.assertIsNone(ref())
+
+  def testRunIsolatedBuildsInADefaultLingvoClusterOfItsOwn(self):
+    from lingvo.core import cluster_factory  # pylint: disable=g-import-not-at-top
+    caller = cluster_factory.ForTestingWorker(mode='sync', job='evaler',
+                                              do_eval=True)
+    with caller:
+      tops = background.RunIsolated(
+          lambda: (cluster_factory.Cluster.Top(), cluster_factory.Current()))
+    # One cluster for the whole scratch build, not the caller's eval one.
+    self.assertIsNotNone(tops[0])
+    self.assertIs(tops[0], tops[1])
+    self.assertIsNot(caller, tops[0])
+    self.assertFalse(tops[0].do_eval)
 
 
 class RunIsolatedTest(absltest.TestCase):

@@ -51,6 +51,9 @@ class BackgroundCall:
     except BaseException as e:  # pylint: disable=broad-except
       self._error = e
     finally:
+      # What fn holds (e.g. a closed session and its graph) is not kept
+      # alive by a finished call that is still referenced.
+      self._fn = None
       self._done.set()
 
   def Wait(self, timeout=None):

@@ -85,7 +85,8 @@ def AbandonedSessions():
   The trainer exits without the interpreter's cleanup while there are any:
   that cleanup would wait for the lost workers forever.
   """
-  return len(_ABANDONED_SESSIONS) + sum(not call.done for call in _CLOSING)
+  _CLOSING[:] = [call for call in _CLOSING if not call.done]
+  return len(_ABANDONED_SESSIONS) + len(_CLOSING)
 
 
 # Closes of ended sessions, each in its own daemon thread (_CloseOrAbandon).
