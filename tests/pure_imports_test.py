@@ -39,6 +39,7 @@ PURE_MODULES = (
     'gpipe.plan.search',
     'gpipe.plan.choice',
     'gpipe.plan.traced',
+    'gpipe.plan.trainer_fit',
 )
 
 FORBIDDEN = ('tensorflow', 'lingvo')

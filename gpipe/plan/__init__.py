@@ -12,10 +12,15 @@
 * ``calibrate``: a profile calibrated against the executor's own stage calls
   (a layer timed on its own is not the same work as inside a stage);
 * ``choice``: the chosen plan (one configuration with its prediction) as
-  JSON, and applying it to a model's params.
+  JSON, and applying it to a model's params;
+* ``traced``: a traced step's stage tasks (times, hand-over delays), read
+  from its timeline;
+* ``trainer_fit``: the profile's absolute times fitted to the trainer's
+  own traced and untraced reference steps (``tools/plan/trainer_step.py``).
 
-``profile``, ``simulator``, ``search``, ``choice`` and ``traced`` are pure
-Python: they import no TensorFlow (``tests/pure_imports_test.py``).
+``profile``, ``simulator``, ``search``, ``choice``, ``traced`` and
+``trainer_fit`` are pure Python: they import no TensorFlow
+(``tests/pure_imports_test.py``).
 
 ``python -m tools.plan`` is the command line; the trainer takes
 ``--plan=auto`` or ``--plan=FILE``.
