@@ -8,6 +8,7 @@ import types
 
 from gpipe.runtime import local_cluster
 from lingvo.core import test_utils
+from tools.trainer import sessions
 from tools.trainer import train_loop
 
 
@@ -45,14 +46,14 @@ class RunSessionEndTest(test_utils.TestCase):
 
   def setUp(self):
     super().setUp()
-    self._abandoned = list(train_loop._ABANDONED_SESSIONS)
-    self._closing = list(train_loop._CLOSING)
-    del train_loop._ABANDONED_SESSIONS[:]
-    del train_loop._CLOSING[:]
+    self._abandoned = list(sessions.ABANDONED)
+    self._closing = list(sessions.CLOSING)
+    del sessions.ABANDONED[:]
+    del sessions.CLOSING[:]
 
   def tearDown(self):
-    train_loop._ABANDONED_SESSIONS[:] = self._abandoned
-    train_loop._CLOSING[:] = self._closing
+    sessions.ABANDONED[:] = self._abandoned
+    sessions.CLOSING[:] = self._closing
     super().tearDown()
 
   def _Run(self, loop, sess):
@@ -63,7 +64,7 @@ class RunSessionEndTest(test_utils.TestCase):
     sess = _Session()
     self._Run(_Loop(elastic=True), sess)
     self.assertTrue(sess.closed.is_set())
-    self.assertEqual(0, train_loop.AbandonedSessions())
+    self.assertEqual(0, sessions.AbandonedSessions())
 
   def testAnElasticRunGoesOnWhileASessionsCloseHangs(self):
     # Closing waits for the lost task: the recovery does not (it waited
@@ -73,22 +74,22 @@ class RunSessionEndTest(test_utils.TestCase):
     try:
       began = time.time()
       self._Run(_Loop(elastic=True), sess)
-      self.assertLess(time.time() - began, train_loop.CLOSE_SECS + 1.0)
+      self.assertLess(time.time() - began, sessions.CLOSE_SECS + 1.0)
       self.assertFalse(sess.closed.is_set())
-      self.assertEqual(1, train_loop.AbandonedSessions())
+      self.assertEqual(1, sessions.AbandonedSessions())
     finally:
       sess.release.set()
     # The close returns later, in its thread: nothing is left open.
     self.assertTrue(sess.closed.wait(5))
-    for call in train_loop._CLOSING:
+    for call in sessions.CLOSING:
       call.Wait(5)
-    self.assertEqual(0, train_loop.AbandonedSessions())
+    self.assertEqual(0, sessions.AbandonedSessions())
 
   def testADistributedRunLeavesItOpen(self):
     sess = _Session()
     self._Run(_Loop(elastic=False), sess)
     self.assertFalse(sess.closed.is_set())
-    self.assertEqual(1, train_loop.AbandonedSessions())
+    self.assertEqual(1, sessions.AbandonedSessions())
 
 
 class _DeadWorkerPlacement:

@@ -60,6 +60,7 @@ from tools.trainer import placement as placement_lib
 from tools.trainer import remote_tasks
 from tools.trainer import planned
 from tools.trainer import run_config
+from tools.trainer import sessions
 from tools.trainer import settings as settings_lib
 from tools.trainer import train_loop
 # pylint: enable=g-import-not-at-top,wrong-import-position
@@ -281,7 +282,7 @@ def main(argv):
   echo = functools.partial(print, flush=True)
   try:
     code = Main(SettleFromFlags(), echo)
-    if train_loop.AbandonedSessions() or remote_tasks.AbandonedSessions():
+    if sessions.AbandonedSessions() or remote_tasks.AbandonedSessions():
       # A session of workers lost before a restart cannot be closed (it
       # would wait for them forever): skip the interpreter's cleanup.
       sys.stdout.flush()
@@ -305,7 +306,7 @@ def main(argv):
     # the shell's status for SIGINT.
     print('trainer: stopped by Ctrl-C', file=sys.stderr, flush=True)
     sys.stdout.flush()
-    if train_loop.AbandonedSessions() or remote_tasks.AbandonedSessions():
+    if sessions.AbandonedSessions() or remote_tasks.AbandonedSessions():
       os._exit(_SIGINT_EXIT)  # pylint: disable=protected-access
     return _SIGINT_EXIT
 

@@ -13,6 +13,7 @@ from lingvo import compat as tf
 from lingvo.core import py_utils
 from tools.trainer import checkpoints
 from tools.trainer import model_graph
+from tools.trainer import sessions
 
 
 @contextlib.contextmanager
@@ -48,8 +49,7 @@ def RestoredModel(run, cfg, mode, path=None):
       if getattr(run.placement, 'elastic', False):
         # A task may be lost: closing would wait for it (--elastic goes on
         # without it), so the close runs beside the recovery.
-        from tools.trainer import train_loop  # pylint: disable=g-import-not-at-top
-        train_loop._CloseOrAbandon(sess)  # pylint: disable=protected-access
+        sessions.CloseOrAbandon(sess)
       else:
         sess.close()
       raise

@@ -39,17 +39,11 @@ from lingvo import compat as tf
 from tools.trainer import checkpoints
 from tools.trainer import model_graph
 from tools.trainer import progress
+from tools.trainer import sessions
 from tools.trainer import startup
 from tools.trainer import step_trace
 from tools.trainer import summaries
 
-
-# Sessions whose workers died: closing them would block (see _RunSession).
-_ABANDONED_SESSIONS = []
-# How long the trainer waits for an ended session of a session cluster
-# (--elastic) to close before it goes on while the close runs on (see
-# _CloseOrAbandon).
-CLOSE_SECS = 1.0
 
 # Set by the trainer binary (python -m tools.trainer), whose process ends
 # with the run: a session on its local worker processes is then left open at
@@ -77,42 +71,6 @@ _WAIT_SLICE_SECS = 0.2
 # Steps timed as start-up phases (the first one optimizes, partitions and
 # instantiates; the second shows a step without that).
 STARTUP_STEPS = 2
-
-
-def AbandonedSessions():
-  """Sessions of lost workers left open or still closing (see _RunSession).
-
-  The trainer exits without the interpreter's cleanup while there are any:
-  that cleanup would wait for the lost workers forever.
-  """
-  _CLOSING[:] = [call for call in _CLOSING if not call.done]
-  return len(_ABANDONED_SESSIONS) + len(_CLOSING)
-
-
-# Closes of ended sessions, each in its own daemon thread (_CloseOrAbandon).
-_CLOSING = []
-
-
-def _CloseOrAbandon(sess, timeout_secs=None):
-  """Closes `sess` in a daemon thread, waiting for it a moment at most.
-
-  With --elastic each session's state is its own (isolate_session_state):
-  the tasks that serve on after a loss free the ended session's variables
-  only when it is closed. Closing can wait for a lost task (seconds, or for
-  ever), so it runs in a thread of its own; the recovery goes on after
-  `timeout_secs` while the close finishes (or not) beside it.
-
-  Args:
-    sess: the tf.compat.v1.Session that a run ended in.
-    timeout_secs: how long to wait for the close (None: CLOSE_SECS).
-
-  Returns:
-    True if the close returned in that time (with or without an error);
-    False if it runs on: AbandonedSessions() counts it until it returns.
-  """
-  call = background.BackgroundCall(sess.close, name='closing a session')
-  _CLOSING[:] = [c for c in _CLOSING if not c.done] + [call]
-  return call.Wait(CLOSE_SECS if timeout_secs is None else timeout_secs)
 
 
 def TracePath(logdir, step):
@@ -291,12 +249,12 @@ class TrainLoop:
       if self._placement.elastic:
         # The run goes on over the tasks that serve, which keep this
         # session's variables until it is closed.
-        _CloseOrAbandon(sess)
+        sessions.CloseOrAbandon(sess)
       elif self._placement.distributed:
         # Closing a distributed session waits for every worker, forever if
         # one died: leave it open (on a lost worker the caller exits the
         # process without closing it).
-        _ABANDONED_SESSIONS.append(sess)
+        sessions.Abandon(sess)
       else:
         sess.close()
       raise
@@ -306,7 +264,7 @@ class TrainLoop:
       # would only deregister the graphs on each of them (14 s with 16
       # workers). Left open, the process exits without the interpreter's
       # cleanup (cli.main), which would close it too.
-      _ABANDONED_SESSIONS.append(sess)
+      sessions.Abandon(sess)
     else:
       sess.close()
     if path and self._done_after != path and not self._interrupted:
