@@ -3,7 +3,9 @@
 * ``cluster_spec``: the worker tasks of a cluster, from ``worker=h:p,...``,
   a JSON cluster dict, ``TF_CONFIG`` or Slurm;
 * ``worker``: the worker binary (``python -m gpipe.worker``);
-* ``local_cluster``: K worker processes on this host (``LocalCluster``);
+* ``local_cluster``: K worker processes on this host (``LocalCluster``),
+  forks of one fork server that imported TensorFlow once
+  (``forked_workers``; ``worker_preload`` is what that server imports);
 * ``liveness``: whether the TensorFlow server at an address answers (the
   one liveness check of the library, the trainer and the tests);
 * ``devices``: asking a running cluster for its devices;

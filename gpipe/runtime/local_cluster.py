@@ -4,10 +4,11 @@ Virtual CPU devices in one process share one thread pool, so they cannot run
 stages at the same time. Separate worker processes (each optionally pinned to
 its own core with ``taskset``) can: this is how a CPU machine, or several
 hosts, run a real pipeline. ``LocalCluster`` starts K ``gpipe.worker``
-processes on free localhost ports, waits until they serve, gives the device
-strings of their devices and the session target, checks that they are alive,
-and stops them (also at interpreter exit). Its workers exit with the process
-that started them.
+processes on free localhost ports (forks of one process that imported
+TensorFlow once, ``gpipe.runtime.forked_workers``), waits until they serve,
+gives the device strings of their devices and the session target, checks
+that they are alive, and stops them (also at interpreter exit). Its workers
+exit with the process that started them.
 
 With ``memory_cap_bytes`` each worker runs under that memory cap (its own
 cgroup, ``gpipe.runtime.memory_cap``): a stand-in for a device's memory. A
@@ -29,6 +30,7 @@ import time
 
 from gpipe.runtime import background
 from gpipe.runtime import cluster_spec
+from gpipe.runtime import forked_workers
 from gpipe.runtime import liveness
 from gpipe.runtime import memory_cap as memory_cap_lib
 
@@ -42,6 +44,13 @@ _PROBE_SECS = 5.0
 def _MiB(num_bytes):
   """'512 MiB' (as gpipe.measure.memory.FormatMiB, which sits a layer up)."""
   return '%.0f MiB' % (num_bytes / 2.0**20)
+
+
+class _LogName:
+  """A forked worker's log: its path (`name`), nothing to close here."""
+
+  def __init__(self, path):
+    self.name = path
 
 
 def FreePort():
@@ -130,7 +139,12 @@ class LocalCluster:
     self._AwaitServing(list(range(num_workers)), start_timeout)
 
   def _Start(self, i, log_name):
-    """Starts the process of worker `i`; (Popen, log file, memory cap)."""
+    """Starts the process of worker `i`; (process, log file, memory cap).
+
+    The process is a fork of the workers' fork server (a ForkedWorker, see
+    gpipe.runtime.forked_workers), or a `python -m gpipe.runtime.worker`
+    command (a subprocess.Popen) under a memory cap or with forking off.
+    """
     opts = self._options
     taskset = shutil.which('taskset') if opts['pin_cores'] else None
     ncores = os.cpu_count() or 1
@@ -140,13 +154,25 @@ class LocalCluster:
     env['PYTHONPATH'] = os.pathsep.join(
         [root] + [p for p in env.get('PYTHONPATH', '').split(os.pathsep) if p])
     env.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
-    cmd = [
-        sys.executable, '-m', 'gpipe.runtime.worker', '--cluster',
-        json.dumps(self.cluster_def), '--task', str(i), '--exit_with_parent',
+    flags = [
+        '--cluster', json.dumps(self.cluster_def), '--task', str(i),
+        '--exit_with_parent',
         '--intra_op_threads', str(opts['intra_op_threads']),
         '--inter_op_threads', str(opts['inter_op_threads']),
         '--cpu_devices', str(opts['cpu_devices'])
     ]
+    log_path = (os.path.join(opts['log_dir'], log_name)
+                if opts['log_dir'] else None)
+    if log_path:
+      os.makedirs(opts['log_dir'], exist_ok=True)
+    if not self.memory_cap_bytes and forked_workers.Enabled():
+      # A fork of the process that imported TensorFlow once (a memory cap
+      # needs a fresh process: see gpipe.runtime.forked_workers).
+      proc = forked_workers.Start(
+          flags, log_path=log_path,
+          core=i % ncores if opts['pin_cores'] else None)
+      return proc, _LogName(log_path) if log_path else subprocess.DEVNULL, None
+    cmd = [sys.executable, '-m', 'gpipe.runtime.worker'] + flags
     if taskset:
       cmd = [taskset, '-c', str(i % ncores)] + cmd
     cap = None
@@ -156,9 +182,8 @@ class LocalCluster:
                                         self._replaced.get(i, 0)),
           self.memory_cap_bytes)
       cmd = cap.Command(cmd)
-    if opts['log_dir']:
-      os.makedirs(opts['log_dir'], exist_ok=True)
-      log = open(os.path.join(opts['log_dir'], log_name), 'w')
+    if log_path:
+      log = open(log_path, 'w')
     else:
       log = subprocess.DEVNULL
     # Each worker in its own session: with Linux's autogroup scheduling a

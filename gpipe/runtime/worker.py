@@ -30,6 +30,7 @@ ssh, nohup or a batch system keeps serving on its own.
 import argparse
 import json
 import os
+import select
 import sys
 import threading
 import time
@@ -53,6 +54,26 @@ def _ExitWhenOrphaned(parent_pid):
     if os.getppid() != parent_pid:
       os._exit(0)  # pylint: disable=protected-access
     time.sleep(0.5)
+
+
+def _ExitWhenGone(pid):
+  """Exits when process `pid` has ended (a forked worker's launcher)."""
+  try:
+    watch = os.pidfd_open(pid)
+  except ProcessLookupError:
+    os._exit(0)  # pylint: disable=protected-access
+  except (AttributeError, OSError):
+    watch = None  # No pidfd here: poll.
+  while watch is None:
+    try:
+      os.kill(pid, 0)
+    except ProcessLookupError:
+      os._exit(0)  # pylint: disable=protected-access
+    except PermissionError:
+      pass
+    time.sleep(0.5)
+  select.select([watch], [], [])  # Readable once the process has ended.
+  os._exit(0)  # pylint: disable=protected-access
 
 
 def _Parser():
@@ -130,11 +151,14 @@ def LocalDeviceNames(config):
   return names
 
 
-def main(argv=None):
+def main(argv=None, launcher_pid=None):
   """Serves the worker task the flags or the environment describe.
 
   Args:
     argv: the flags (default: sys.argv[1:]).
+    launcher_pid: with --exit_with_parent, the process whose end it
+      follows (default: its parent; a forked worker's parent is the fork
+      server, so it names its launcher, gpipe.runtime.forked_workers).
 
   Returns:
     2 for a cluster description that cannot be used, 1 when the server
@@ -147,8 +171,13 @@ def main(argv=None):
     print('gpipe.worker: error: %s' % e, file=sys.stderr, flush=True)
     return 2
   if args.exit_with_parent:
-    threading.Thread(
-        target=_ExitWhenOrphaned, args=(_PARENT_PID,), daemon=True).start()
+    if launcher_pid:
+      watch = threading.Thread(target=_ExitWhenGone, args=(launcher_pid,),
+                               daemon=True)
+    else:
+      watch = threading.Thread(target=_ExitWhenOrphaned, args=(_PARENT_PID,),
+                               daemon=True)
+    watch.start()
   config = tf.compat.v1.ConfigProto(
       intra_op_parallelism_threads=args.intra_op_threads,
       inter_op_parallelism_threads=args.inter_op_threads,

@@ -1,0 +1,122 @@
+"""Local workers forked from one fork server (gpipe.runtime.forked_workers).
+
+Every worker of a LocalCluster is a fork of one process that imported
+TensorFlow once, not a child of the launcher: it serves, runs the session's
+ops on its own devices, is pinned to its core, writes its log, is reported
+with its exit code when killed, is replaced by another fork, and exits with
+its launcher. With GPIPE_FORK_WORKERS=0 the workers are commands again.
+"""
+
+from gpipe.compat import lingvo_import  # pylint: disable=unused-import
+
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import textwrap
+from unittest import mock
+
+from gpipe.runtime import forked_workers
+from gpipe.runtime import liveness
+from gpipe.runtime import local_cluster
+from lingvo import compat as tf
+from lingvo.core import test_utils
+from tests import polling
+from tests import trainer_testlib
+
+
+def _Parent(pid):
+  with open('/proc/%d/stat' % pid) as f:
+    return int(f.read().split(')')[-1].split()[1])
+
+
+def _CommandLine(pid):
+  with open('/proc/%d/cmdline' % pid, 'rb') as f:
+    return f.read().replace(b'\0', b' ').decode()
+
+
+class ForkedWorkersTest(test_utils.TestCase):
+
+  def _TaskValues(self, cluster):
+    """Each worker adds 1 on its own device; the values and devices."""
+    with tf.Graph().as_default() as graph:
+      outs = []
+      for i, device in enumerate(cluster.devices):
+        with tf.device(device):
+          outs.append(tf.constant(float(i)) + 1.0)
+      with tf.Session(cluster.target, graph=graph) as sess:
+        return sess.run(outs)
+
+  def testWorkersAreForksOfOneServerThatServeAndLog(self):
+    self.assertTrue(forked_workers.Enabled())
+    logs = tempfile.mkdtemp()
+    with local_cluster.LocalCluster(2, log_dir=logs) as cluster:
+      parents = [_Parent(pid) for pid in cluster.pids]
+      self.assertEqual(parents[0], parents[1])
+      self.assertNotEqual(parents[0], os.getpid())
+      self.assertEqual(_Parent(parents[0]), os.getpid())
+      self.assertIn('forkserver', _CommandLine(parents[0]))
+      self.assertEqual([1.0, 2.0], self._TaskValues(cluster))
+      with open(os.path.join(logs, 'worker_1.log')) as f:
+        self.assertIn('gpipe worker worker:1 serving at grpc://localhost:%d' %
+                      cluster.ports[1], f.read())
+      # Its own session, as a worker started by command.
+      self.assertEqual(os.getsid(cluster.pids[1]), cluster.pids[1])
+
+      # A killed worker is named with its exit code, and a replacement is
+      # another fork of the same server that serves in its place.
+      os.kill(cluster.pids[1], signal.SIGKILL)
+      with self.assertRaisesRegex(local_cluster.WorkerDiedError,
+                                  r'pipeline worker 1 \(pid %d, .*\) exited '
+                                  r'with code -9' % cluster.pids[1]):
+        polling.WaitUntil(lambda: cluster.CheckAlive() and False,
+                          'worker 1 to be reported', timeout_secs=20)
+      cluster.ReplaceWorker(1)
+      self.assertEqual(parents[0], _Parent(cluster.pids[1]))
+      self.assertIsNone(liveness.Probe(cluster.cluster_def['worker'][1], 5.0))
+      with open(os.path.join(logs, 'worker_1.replaced_1.log')) as f:
+        self.assertIn('serving at grpc://localhost:%d' % cluster.ports[1],
+                      f.read())
+      pids = cluster.pids
+    for pid in pids:
+      trainer_testlib.WaitGone(pid, 'its cluster stopped', timeout=20)
+
+  def testPinnedWorkersRunOnTheirCores(self):
+    cores = os.cpu_count()
+    with local_cluster.LocalCluster(2, pin_cores=True) as cluster:
+      self.assertEqual([{i % cores} for i in range(2)],
+                       [os.sched_getaffinity(pid) for pid in cluster.pids])
+
+  def testWorkersExitWithTheirLauncher(self):
+    launcher = subprocess.Popen(
+        [sys.executable, '-c', textwrap.dedent('''
+            import time
+            from gpipe.runtime import local_cluster
+            cluster = local_cluster.LocalCluster(2)
+            print(' '.join(map(str, cluster.pids)), flush=True)
+            time.sleep(600)
+            ''')], stdout=subprocess.PIPE, text=True,
+        env=dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path)))
+    try:
+      pids = [int(p) for p in launcher.stdout.readline().split()]
+      self.assertLen(pids, 2)
+      self.assertTrue(all(trainer_testlib.Alive(p) for p in pids))
+    finally:
+      launcher.kill()
+      launcher.wait()
+    for pid in pids:
+      trainer_testlib.WaitGone(pid, 'its launcher was killed', timeout=30)
+
+  def testWithForkingOffWorkersAreCommands(self):
+    with mock.patch.dict(os.environ, {forked_workers.ENV: '0'}):
+      self.assertFalse(forked_workers.Enabled())
+      with local_cluster.LocalCluster(1) as cluster:
+        pid, = cluster.pids
+        self.assertEqual(os.getpid(), _Parent(pid))
+        self.assertIn('-m gpipe.runtime.worker', _CommandLine(pid))
+        self.assertEqual([1.0], self._TaskValues(cluster))
+
+
+if __name__ == '__main__':
+  tf.test.main()
