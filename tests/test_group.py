@@ -1,0 +1,67 @@
+"""Runs several test files in one process: the main of a grouped target.
+
+Each test process pays for TensorFlow's and Lingvo's import and Bazel's
+set-up, about 5 s of a core, before its first test; three dozen test files
+whose own tests take a few seconds spent more on that than on testing. The
+``gpipe_py_test_group`` macro (tests/defs.bzl) runs such files in one target
+with this main: every file's tests, their ids unchanged
+(``tests.dense_test.DenseLayerTest.testX``), their module fixtures kept.
+Each file also keeps a target of its own, tagged manual, for
+``./test.sh //tests:dense_test``.
+
+Files share a group only where their process-wide settings agree (Grappler
+on or off, virtual CPU devices, eager mode), so a group runs each file's
+tests as its own target would.
+
+Flags (given by the macro, removed before the tests' flags are parsed):
+  --test_group=a_test,b_test: the files, tests/<name>.py.
+  --test_group_main=tf|lingvo|absl: whose main runs them (tf.test.main,
+    Lingvo's test_utils.main, which turns eager execution off, or absltest's).
+"""
+
+import importlib
+import sys
+import unittest
+
+
+def _TakeFlag(name, default=None):
+  """The value of --name=value in sys.argv, which loses it."""
+  prefix = '--%s=' % name
+  value = default
+  for arg in list(sys.argv[1:]):
+    if arg.startswith(prefix):
+      value = arg[len(prefix):]
+      sys.argv.remove(arg)
+  return value
+
+
+def main():
+  names = [n for n in (_TakeFlag('test_group') or '').split(',') if n]
+  kind = _TakeFlag('test_group_main', 'tf')
+  if not names:
+    sys.exit('tests/test_group.py: give --test_group=a_test,b_test')
+  modules = [importlib.import_module('tests.' + n) for n in names]
+
+  def load_tests(loader, unused_tests, unused_pattern):
+    suite = unittest.TestSuite()
+    for module in modules:
+      suite.addTests(loader.loadTestsFromModule(module))
+    return suite
+
+  sys.modules['__main__'].load_tests = load_tests
+  if kind == 'lingvo':
+    from lingvo.core import test_utils  # pylint: disable=g-import-not-at-top
+    test_utils.main()
+  elif kind == 'tf':
+    from lingvo import compat as tf  # pylint: disable=g-import-not-at-top
+    tf.test.main()
+  elif kind == 'absl':
+    from absl.testing import absltest  # pylint: disable=g-import-not-at-top
+    absltest.main()
+  else:
+    sys.exit('tests/test_group.py: --test_group_main is tf, lingvo or absl, '
+             'not %r' % kind)
+
+
+if __name__ == '__main__':
+  main()
