@@ -461,9 +461,13 @@ def CheckPaths(doc, text):
         problems.append(Problem(doc, number, '//%s: no BUILD file' % package))
         continue
       with open(build) as f:
-        if not re.search(r'name\s*=\s*"%s"' % re.escape(name), f.read()):
-          problems.append(Problem(doc, number, '//%s:%s: no such target in '
-                                  '%s/BUILD' % (package, name, package)))
+        text = f.read()
+      # A target by name, or a test file of a gpipe_py_test_group (its
+      # `tests` list: each file is a manual target of its own).
+      if not (re.search(r'name\s*=\s*"%s"' % re.escape(name), text) or
+              re.search(r'tests\s*=\s*\[[^\]]*"%s"' % re.escape(name), text)):
+        problems.append(Problem(doc, number, '//%s:%s: no such target in '
+                                '%s/BUILD' % (package, name, package)))
   return problems
 
 
