@@ -3,8 +3,11 @@
 Every worker of a LocalCluster is a fork of one process that imported
 TensorFlow once, not a child of the launcher: it serves, runs the session's
 ops on its own devices, is pinned to its core, writes its log, is reported
-with its exit code when killed, is replaced by another fork, and exits with
-its launcher. With GPIPE_FORK_WORKERS=0 the workers are commands again.
+with its exit code when killed (also to threads asking at once), is
+replaced by another fork, and exits with its launcher. A fork server killed
+by a signal to the launcher's group leaves its workers known and killable.
+A launcher script without a main guard is not run again in its workers.
+With GPIPE_FORK_WORKERS=0 the workers are commands again.
 """
 
 from gpipe.compat import lingvo_import  # pylint: disable=unused-import
@@ -15,6 +18,7 @@ import subprocess
 import sys
 import tempfile
 import textwrap
+import threading
 from unittest import mock
 
 from gpipe.runtime import forked_workers
@@ -48,21 +52,27 @@ class ForkedWorkersTest(test_utils.TestCase):
       with tf.Session(cluster.target, graph=graph) as sess:
         return sess.run(outs)
 
+  def setUp(self):
+    super().setUp()
+    if not forked_workers.Enabled():
+      self.skipTest('workers are not forked here (%s=0, or no pidfd)' %
+                    forked_workers.ENV)
+
   def testWorkersAreForksOfOneServerThatServeAndLog(self):
-    self.assertTrue(forked_workers.Enabled())
     logs = tempfile.mkdtemp()
     with local_cluster.LocalCluster(2, log_dir=logs) as cluster:
-      parents = [_Parent(pid) for pid in cluster.pids]
-      self.assertEqual(parents[0], parents[1])
-      self.assertNotEqual(parents[0], os.getpid())
-      self.assertEqual(_Parent(parents[0]), os.getpid())
-      self.assertIn('forkserver', _CommandLine(parents[0]))
+      server = _Parent(cluster.pids[0])
+      self.assertEqual(server, _Parent(cluster.pids[1]))
+      self.assertEqual(os.getpid(), _Parent(server))
+      self.assertIn('-m gpipe.runtime.fork_server', _CommandLine(server))
+      # The server and each worker in a session of its own: a signal to the
+      # launcher's process group reaches neither.
+      self.assertEqual(server, os.getsid(server))
+      self.assertEqual(cluster.pids[1], os.getsid(cluster.pids[1]))
       self.assertEqual([1.0, 2.0], self._TaskValues(cluster))
       with open(os.path.join(logs, 'worker_1.log')) as f:
         self.assertIn('gpipe worker worker:1 serving at grpc://localhost:%d' %
                       cluster.ports[1], f.read())
-      # Its own session, as a worker started by command.
-      self.assertEqual(os.getsid(cluster.pids[1]), cluster.pids[1])
 
       # A killed worker is named with its exit code, and a replacement is
       # another fork of the same server that serves in its place.
@@ -73,7 +83,7 @@ class ForkedWorkersTest(test_utils.TestCase):
         polling.WaitUntil(lambda: cluster.CheckAlive() and False,
                           'worker 1 to be reported', timeout_secs=20)
       cluster.ReplaceWorker(1)
-      self.assertEqual(parents[0], _Parent(cluster.pids[1]))
+      self.assertEqual(server, _Parent(cluster.pids[1]))
       self.assertIsNone(liveness.Probe(cluster.cluster_def['worker'][1], 5.0))
       with open(os.path.join(logs, 'worker_1.replaced_1.log')) as f:
         self.assertIn('serving at grpc://localhost:%d' % cluster.ports[1],
@@ -81,6 +91,64 @@ class ForkedWorkersTest(test_utils.TestCase):
       pids = cluster.pids
     for pid in pids:
       trainer_testlib.WaitGone(pid, 'its cluster stopped', timeout=20)
+
+  def testThreadsAskingAtOnceAllGetTheExitCode(self):
+    # The trainer asks from its watch thread and its main thread at once.
+    for _ in range(5):
+      worker = forked_workers.Start(
+          ['--cluster', '{"worker": ["localhost:%d"]}' %
+           local_cluster.FreePort(), '--task', '0'])
+      codes = []
+
+      def Poll(w=worker, c=codes):
+        while w.poll() is None:
+          pass
+        c.append(w.poll())
+
+      threads = [threading.Thread(target=Poll) for _ in range(4)]
+      for t in threads:
+        t.start()
+      worker.kill()
+      for t in threads:
+        t.join(30)
+      self.assertEqual([-signal.SIGKILL] * 4, codes)
+      self.assertEqual(-signal.SIGKILL, worker.wait(timeout=5))
+
+  def testWorkersOfAKilledForkServerStayKnownAndKillable(self):
+    with local_cluster.LocalCluster(2) as cluster:
+      server = _Parent(cluster.pids[0])
+      os.kill(server, signal.SIGTERM)
+      trainer_testlib.WaitGone(server, 'it was sent SIGTERM', timeout=20)
+      # Its workers serve on, and are reported as running.
+      cluster.CheckAlive()
+      self.assertEqual([1.0, 2.0], self._TaskValues(cluster))
+      pids = cluster.pids
+    # Stopped by their pidfds; how they ended only the server knew.
+    for pid in pids:
+      trainer_testlib.WaitGone(pid, 'its cluster stopped', timeout=20)
+    self.assertEqual([255, 255], [p.returncode for p in cluster._procs])  # pylint: disable=protected-access
+
+  def testALauncherScriptWithoutMainGuardIsNotRunInItsWorkers(self):
+    work = tempfile.mkdtemp()
+    marks = os.path.join(work, 'marks')
+    script = os.path.join(work, 'launch.py')
+    with open(script, 'w') as f:
+      f.write(textwrap.dedent('''
+          import os
+          with open(%r, 'a') as f:
+            f.write('imported in %%d\\n' %% os.getpid())
+          from gpipe.runtime import local_cluster
+          cluster = local_cluster.LocalCluster(2)
+          print(' '.join(map(str, cluster.pids)), flush=True)
+          cluster.Stop()
+          ''' % marks))
+    result = subprocess.run(
+        [sys.executable, script], capture_output=True, text=True, timeout=240,
+        env=dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path)))
+    self.assertEqual(0, result.returncode, result.stderr[-3000:])
+    self.assertLen(result.stdout.split(), 2)
+    with open(marks) as f:
+      self.assertLen(f.read().splitlines(), 1)
 
   def testPinnedWorkersRunOnTheirCores(self):
     cores = os.cpu_count()
@@ -102,10 +170,12 @@ class ForkedWorkersTest(test_utils.TestCase):
       pids = [int(p) for p in launcher.stdout.readline().split()]
       self.assertLen(pids, 2)
       self.assertTrue(all(trainer_testlib.Alive(p) for p in pids))
+      server = _Parent(pids[0])
     finally:
       launcher.kill()
       launcher.wait()
-    for pid in pids:
+      launcher.stdout.close()
+    for pid in pids + [server]:
       trainer_testlib.WaitGone(pid, 'its launcher was killed', timeout=30)
 
   def testWithForkingOffWorkersAreCommands(self):

@@ -5,7 +5,7 @@
 * ``worker``: the worker binary (``python -m gpipe.worker``);
 * ``local_cluster``: K worker processes on this host (``LocalCluster``),
   forks of one fork server that imported TensorFlow once
-  (``forked_workers``; ``worker_preload`` is what that server imports);
+  (``forked_workers``; ``fork_server`` is that server);
 * ``liveness``: whether the TensorFlow server at an address answers (the
   one liveness check of the library, the trainer and the tests);
 * ``devices``: asking a running cluster for its devices;

@@ -3,80 +3,134 @@
 A worker started as a fresh interpreter imports TensorFlow and Lingvo's ops
 before it can serve: about 3 CPU-seconds each. Sixteen local workers spent
 50 CPU-seconds of a 2-core machine before the pipeline's first step, and a
-worker restarted after a loss paid it again. Here one fork server (Python's
-``multiprocessing`` 'forkserver' start method) imports them once, the first
-time a worker is started; every worker is a fork of it and serves within a
-fraction of a second::
+worker restarted after a loss paid it again. Here one fork server
+(``gpipe.runtime.fork_server``, a fresh interpreter in a session of its own)
+imports them once, the first time a worker is started; every worker is a
+fork of it and serves within a fraction of a second::
 
-    trainer ──starts──> fork server (imports TensorFlow, Lingvo's ops once)
-                          ├─fork─> worker 0  (setsid, its core, its log)
-                          ├─fork─> worker 1
-                          └─fork─> worker 1' (a restart: no import again)
+    launcher ──pipe──> fork server (imports TensorFlow, Lingvo's ops once)
+                         ├─fork─> worker 0  (setsid, its core, its log)
+                         ├─fork─> worker 1
+                         └─fork─> worker 1' (a restart: no import again)
 
 The fork server holds no TensorFlow runtime (no session, no server, no
 device): each worker builds its own after the fork, as a fresh process
-would. A worker forked this way behaves as one started by command line:
-its own session (``setsid``), its own core with ``pin_cores``, its log file,
-the launcher's environment of the moment, the same flags; it exits when the
-launcher dies (it watches the launcher's process, not its parent; the fork
-server exits once its last worker has). ``LocalCluster`` starts workers with a memory cap as commands (a
-cgroup charges pages to whoever touched them first: the fork server's
-imported pages would not count against a forked worker's cap), and every
-worker as a command when ``GPIPE_FORK_WORKERS=0`` is set.
+would. A forked worker behaves as one started by command line: its own
+session, its own core with ``pin_cores``, its log file, the launcher's
+environment of the moment, the same flags; it exits when the launcher dies
+(it watches the launcher's process; the fork server exits when its request
+pipe closes). The launcher holds a pidfd of each worker: it kills the
+worker it started even if the fork server is gone, and a worker's exit code
+comes from the fork server, which reaps a worker only when asked (so its
+process id cannot be reused meanwhile).
+
+Variables that TensorFlow reads at import (``TF_*``, ``OMP_*``, ``MKL_*``,
+``KMP_*``, ``PYTHONPATH``) are those of the launcher when its fork server
+started: a later start with other values gets a fork server of its own.
+``LocalCluster`` starts workers with a memory cap as commands (a cgroup
+charges pages to whoever touched them first: the fork server's imported
+pages would not count against a forked worker's cap), and every worker as
+a command when ``GPIPE_FORK_WORKERS=0`` is set or the fork server cannot
+start (it says why, once).
 """
 
-import multiprocessing
+import json
 import os
+import select
+import signal
 import subprocess
 import sys
+import threading
+import time
 
 # The environment variable that turns forking off (0: every worker is a
 # fresh interpreter, the command line `python -m gpipe.worker`).
 ENV = 'GPIPE_FORK_WORKERS'
-_PRELOAD = 'gpipe.runtime.worker_preload'
-_context = None
+# How long the fork server may take to import TensorFlow and Lingvo.
+START_SECS = 180.0
+_IMPORT_TIME_PREFIXES = ('TF_', 'OMP_', 'MKL_', 'KMP_', 'PYTHON')
+_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__))))
+
+_lock = threading.Lock()
+_servers = {}  # Import-time environment -> _Server.
+_failed = []  # Why the fork server could not start, said once.
+
+
+class ForkServerError(RuntimeError):
+  """The fork server could not start or answer."""
 
 
 def Enabled():
-  """Whether workers are forked here (Linux's fork server, not turned off)."""
+  """Whether workers are forked here (Linux pidfds, not turned off)."""
   if os.environ.get(ENV, '1').strip().lower() in ('0', 'false', 'no', 'off'):
     return False
-  return 'forkserver' in multiprocessing.get_all_start_methods()
+  return (hasattr(os, 'pidfd_open') and hasattr(signal, 'pidfd_send_signal')
+          and not _failed)
 
 
-def _Context():
-  global _context
-  if _context is None:
-    context = multiprocessing.get_context('forkserver')
-    # The fork server's own start: the first worker waits for this import.
-    context.set_forkserver_preload([_PRELOAD])
-    _context = context
-  return _context
+def _ServerEnvironment():
+  env = dict(os.environ)
+  env['PYTHONPATH'] = os.pathsep.join(
+      [_ROOT] + [p for p in env.get('PYTHONPATH', '').split(os.pathsep) if p])
+  env.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
+  return env
 
 
-def _Serve(argv, log_path, core, environ, launcher_pid):
-  """The forked worker: detaches, redirects its output, then serves."""
-  os.setsid()
-  os.environ.clear()
-  os.environ.update(environ)
-  out = os.open(log_path or os.devnull,
-                os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-  null = os.open(os.devnull, os.O_RDONLY)
-  sys.stdout.flush()
-  sys.stderr.flush()
-  os.dup2(null, 0)
-  os.dup2(out, 1)
-  os.dup2(out, 2)
-  os.close(out)
-  os.close(null)
-  if core is not None:
-    os.sched_setaffinity(0, {core})
-  from gpipe.runtime import worker  # pylint: disable=g-import-not-at-top
-  # Its parent is the fork server: it follows its launcher's end instead.
-  code = worker.main(argv, launcher_pid=launcher_pid)
-  sys.stdout.flush()
-  sys.stderr.flush()
-  sys.exit(code or 0)
+def _ImportTimeKey(env):
+  return tuple(sorted((k, v) for k, v in env.items()
+                      if k.startswith(_IMPORT_TIME_PREFIXES)))
+
+
+class _Server:
+  """One fork server: its process and its request pipe, one at a time."""
+
+  def __init__(self, env):
+    self._lock = threading.Lock()
+    self.proc = subprocess.Popen(
+        [sys.executable, '-m', 'gpipe.runtime.fork_server'],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL, env=env, cwd=_ROOT, text=True, bufsize=1,
+        start_new_session=True)
+    ready = select.select([self.proc.stdout], [], [], START_SECS)[0]
+    reply = self._Read() if ready else {'error': 'no answer in %.0f s' %
+                                        START_SECS}
+    if not reply.get('ready'):
+      self.proc.kill()
+      self.proc.wait()
+      raise ForkServerError('the workers\' fork server did not start: %s' %
+                            reply.get('error', reply))
+
+  def _Read(self):
+    line = self.proc.stdout.readline()
+    if not line:
+      return {'error': 'it exited with code %s' % self.proc.poll()}
+    return json.loads(line)
+
+  def Ask(self, **request):
+    """The fork server's answer to `request`; ForkServerError if gone."""
+    with self._lock:
+      try:
+        self.proc.stdin.write(json.dumps(request) + '\n')
+        self.proc.stdin.flush()
+        reply = self._Read()
+      except (OSError, ValueError) as e:
+        raise ForkServerError('the workers\' fork server is gone (%s)' %
+                              e) from None
+    if 'error' in reply:
+      raise ForkServerError('the workers\' fork server: %s' % reply['error'])
+    return reply
+
+
+def _ServerFor():
+  """The fork server for this environment, started on first use."""
+  env = _ServerEnvironment()
+  key = _ImportTimeKey(env)
+  with _lock:
+    server = _servers.get(key)
+    if server is None or server.proc.poll() is not None:
+      server = _servers[key] = _Server(env)
+    return server
 
 
 class ForkedWorker:
@@ -85,54 +139,94 @@ class ForkedWorker:
   Attributes:
     pid: the worker's process id.
     returncode: None while it runs, then its exit code (-N: killed by
-      signal N), as subprocess.Popen's.
+      signal N), as subprocess.Popen's; 255 when its fork server died
+      before saying.
+    args: its flags.
   """
 
   def __init__(self, argv, log_path=None, core=None):
-    """Forks a worker of the fork server and returns once it runs.
+    """Forks a worker of the fork server.
 
     Args:
       argv: the worker's flags (`python -m gpipe.worker`'s).
       log_path: its stdout and stderr (default: discarded).
       core: the CPU core to pin it to (default: not pinned).
+
+    Raises:
+      ForkServerError: the fork server could not start or fork.
     """
-    self._process = _Context().Process(
-        target=_Serve,
-        args=(list(argv), log_path, core, dict(os.environ), os.getpid()),
-        name='gpipe-worker', daemon=True)
-    self._process.start()
-    self.pid = self._process.pid
-    self.returncode = None
     self.args = list(argv)
+    self.returncode = None
+    self._lock = threading.Lock()
+    self._server = _ServerFor()
+    self.pid = self._server.Ask(
+        op='start', argv=self.args,
+        log=os.path.abspath(log_path) if log_path else None, core=core,
+        env=dict(os.environ), launcher=os.getpid())['pid']
+    # Not reaped before a poll asks: the pid is still this worker's.
+    self._pidfd = os.pidfd_open(self.pid)
+
+  def __del__(self):
+    if getattr(self, 'returncode', 0) is None:
+      try:
+        os.close(self._pidfd)
+      except (AttributeError, OSError):
+        pass
+
+  def _Ended(self, timeout=0.0):
+    return bool(select.select([self._pidfd], [], [], timeout)[0])
 
   def poll(self):
-    if self.returncode is None:
-      self.returncode = self._process.exitcode
-    return self.returncode
+    with self._lock:
+      if self.returncode is None and self._Ended():
+        try:
+          code = self._server.Ask(op='poll', pid=self.pid)['code']
+        except ForkServerError:
+          code = 255  # Ended; how, only its reaped fork server knew.
+        if code is not None:
+          self.returncode = code
+          os.close(self._pidfd)
+      return self.returncode
 
   def wait(self, timeout=None):
     """Its exit code; subprocess.TimeoutExpired if it runs past `timeout`."""
-    self._process.join(timeout)
-    if self.poll() is None:
-      raise subprocess.TimeoutExpired(self.args, timeout)
+    deadline = None if timeout is None else time.time() + timeout
+    while self.poll() is None:
+      left = None if deadline is None else deadline - time.time()
+      if left is not None and left <= 0:
+        raise subprocess.TimeoutExpired(self.args, timeout)
+      with self._lock:
+        if self.returncode is None:
+          self._Ended(0.2 if left is None else min(left, 0.2))
     return self.returncode
 
+  def send_signal(self, sig):
+    with self._lock:
+      if self.returncode is None:
+        try:
+          signal.pidfd_send_signal(self._pidfd, sig)
+        except ProcessLookupError:
+          pass  # Ended, not yet asked about.
+
   def kill(self):
-    if self.poll() is None:
-      try:
-        self._process.kill()
-      except (OSError, ValueError):
-        pass  # Gone in between.
+    self.send_signal(signal.SIGKILL)
 
   def terminate(self):
-    if self.poll() is None:
-      try:
-        self._process.terminate()
-      except (OSError, ValueError):
-        pass
+    self.send_signal(signal.SIGTERM)
 
 
 def Start(argv, log_path=None, core=None):
-  """A ForkedWorker serving `argv` (see ForkedWorker)."""
-  return ForkedWorker(argv, log_path=log_path, core=core)
+  """A ForkedWorker serving `argv` (see ForkedWorker).
 
+  Raises:
+    ForkServerError: no fork server here; Enabled() is False from now on,
+      and the error says why (the caller starts a command instead).
+  """
+  try:
+    return ForkedWorker(argv, log_path=log_path, core=core)
+  except ForkServerError as e:
+    if not _failed:
+      _failed.append(str(e))
+      print('gpipe: %s; local workers start as commands instead' % e,
+            file=sys.stderr, flush=True)
+    raise

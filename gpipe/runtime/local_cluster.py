@@ -168,10 +168,14 @@ class LocalCluster:
     if not self.memory_cap_bytes and forked_workers.Enabled():
       # A fork of the process that imported TensorFlow once (a memory cap
       # needs a fresh process: see gpipe.runtime.forked_workers).
-      proc = forked_workers.Start(
-          flags, log_path=log_path,
-          core=i % ncores if opts['pin_cores'] else None)
-      return proc, _LogName(log_path) if log_path else subprocess.DEVNULL, None
+      try:
+        proc = forked_workers.Start(
+            flags, log_path=log_path,
+            core=i % ncores if opts['pin_cores'] else None)
+        return (proc, _LogName(log_path) if log_path else subprocess.DEVNULL,
+                None)
+      except forked_workers.ForkServerError:
+        pass  # It said why: a command instead.
     cmd = [sys.executable, '-m', 'gpipe.runtime.worker'] + flags
     if taskset:
       cmd = [taskset, '-c', str(i % ncores)] + cmd
