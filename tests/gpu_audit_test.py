@@ -216,8 +216,8 @@ def _HasSource(cls):
   """Whether Transformer model class `cls` has a source (an encoder).
 
   Read from its small variant's layers (``_Small``: one layer per stack, the
-  same layer types): building the full layer list of a 64-layer model took
-  seconds in each of the test's shards.
+  same layer types): building the full layer list of a 64-layer model takes
+  seconds.
   """
   return _Small(cls)().Layers()[0].has_source
 
