@@ -32,7 +32,8 @@ public names are imported on first use).
   1  runtime/     where stages run: cluster_spec.py (a cluster's workers),
                   worker.py (the worker binary), local_cluster.py (K worker
                   processes here; forked_workers.py and fork_server.py: forks
-                  of one process that imported TensorFlow), liveness.py (does the server at an
+                  of one process that imported TensorFlow; child_env.py),
+                  liveness.py (does the server at an
                   address answer), devices.py, layout.py (R x K stages on
                   the devices), memory_cap.py and cpu_quota.py (a
                   worker's memory cap and CPU quota; cgroups.py),

@@ -5,7 +5,8 @@
 * ``worker``: the worker binary (``python -m gpipe.worker``);
 * ``local_cluster``: K worker processes on this host (``LocalCluster``),
   forks of one fork server that imported TensorFlow once
-  (``forked_workers``; ``fork_server`` is that server);
+  (``forked_workers``; ``fork_server`` is that server; ``child_env``: the
+  environment of a child process that imports this repository);
 * ``liveness``: whether the TensorFlow server at an address answers (the
   one liveness check of the library, the trainer and the tests);
 * ``devices``: asking a running cluster for its devices;

@@ -43,14 +43,14 @@ import sys
 import threading
 import time
 
+from gpipe.runtime import child_env
+
 # The environment variable that turns forking off (0: every worker is a
 # fresh interpreter, the command line `python -m gpipe.worker`).
 ENV = 'GPIPE_FORK_WORKERS'
 # How long the fork server may take to import TensorFlow and Lingvo.
 START_SECS = 180.0
 _IMPORT_TIME_PREFIXES = ('TF_', 'OMP_', 'MKL_', 'KMP_', 'PYTHON')
-_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(
-    os.path.abspath(__file__))))
 
 _lock = threading.Lock()
 _servers = {}  # Import-time environment -> _Server.
@@ -69,14 +69,6 @@ def Enabled():
           and not _failed)
 
 
-def _ServerEnvironment():
-  env = dict(os.environ)
-  env['PYTHONPATH'] = os.pathsep.join(
-      [_ROOT] + [p for p in env.get('PYTHONPATH', '').split(os.pathsep) if p])
-  env.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
-  return env
-
-
 def _ImportTimeKey(env):
   return tuple(sorted((k, v) for k, v in env.items()
                       if k.startswith(_IMPORT_TIME_PREFIXES)))
@@ -90,7 +82,7 @@ class _Server:
     self.proc = subprocess.Popen(
         [sys.executable, '-m', 'gpipe.runtime.fork_server'],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL, env=env, cwd=_ROOT, text=True, bufsize=1,
+        stderr=subprocess.DEVNULL, env=env, cwd=child_env.ROOT, text=True, bufsize=1,
         start_new_session=True)
     ready = select.select([self.proc.stdout], [], [], START_SECS)[0]
     reply = self._Read() if ready else {'error': 'no answer in %.0f s' %
@@ -124,7 +116,7 @@ class _Server:
 
 def _ServerFor():
   """The fork server for this environment, started on first use."""
-  env = _ServerEnvironment()
+  env = child_env.Environment()
   key = _ImportTimeKey(env)
   with _lock:
     server = _servers.get(key)

@@ -29,6 +29,7 @@ import threading
 import time
 
 from gpipe.runtime import background
+from gpipe.runtime import child_env
 from gpipe.runtime import cluster_spec
 from gpipe.runtime import forked_workers
 from gpipe.runtime import liveness
@@ -148,12 +149,7 @@ class LocalCluster:
     opts = self._options
     taskset = shutil.which('taskset') if opts['pin_cores'] else None
     ncores = os.cpu_count() or 1
-    env = dict(os.environ)
-    root = os.path.dirname(
-        os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    env['PYTHONPATH'] = os.pathsep.join(
-        [root] + [p for p in env.get('PYTHONPATH', '').split(os.pathsep) if p])
-    env.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
+    env = child_env.Environment()
     flags = [
         '--cluster', json.dumps(self.cluster_def), '--task', str(i),
         '--exit_with_parent',

@@ -65,6 +65,7 @@ import tempfile
 import threading
 import time
 
+from gpipe.runtime import child_env
 from gpipe.runtime import liveness
 
 PREFIX = 'gpnl'
@@ -76,8 +77,7 @@ FIRST_RELAY = 100
 MAX_HOSTS = FIRST_RELAY - FIRST_HOST
 DEFAULT_PORT = 2222
 LOCK_DIR = '/run/gpipe-netlab'
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(
-    os.path.abspath(__file__))))
+ROOT = child_env.ROOT
 _CLONE_NEWNET = 0x40000000
 _NAME = re.compile(r'^(%s\d+x[0-9a-f]+)-' % PREFIX)
 _unavailable = []
@@ -232,12 +232,10 @@ def ChildEnvironment():
   gRPC would send connections to lab addresses through an HTTP proxy named
   in the environment; the lab has no route to one.
   """
-  env = {k: v for k, v in os.environ.items()
-         if k.lower() not in ('http_proxy', 'https_proxy', 'grpc_proxy',
-                              'all_proxy')}
-  env['PYTHONPATH'] = os.pathsep.join(
-      [ROOT] + [p for p in env.get('PYTHONPATH', '').split(os.pathsep) if p])
-  env.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
+  env = child_env.Environment({
+      k: v for k, v in os.environ.items()
+      if k.lower() not in ('http_proxy', 'https_proxy', 'grpc_proxy',
+                           'all_proxy')})
   env['PYTHONUNBUFFERED'] = '1'
   return env
 

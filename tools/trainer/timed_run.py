@@ -13,6 +13,7 @@ import subprocess
 import sys
 
 from gpipe.measure import timeline
+from gpipe.runtime import child_env
 from tools.trainer import progress
 
 # Steps between progress lines: each line's examples/s gives its interval's
@@ -20,17 +21,12 @@ from tools.trainer import progress
 LOG_EVERY = 4
 
 # The repository: the children's working directory and path.
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(
-    os.path.abspath(__file__))))
+ROOT = child_env.ROOT
 
 
 def Environment():
   """This process's environment with the repository on PYTHONPATH."""
-  env = dict(os.environ)
-  env['PYTHONPATH'] = os.pathsep.join(
-      [ROOT] + [p for p in env.get('PYTHONPATH', '').split(os.pathsep) if p])
-  env.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
-  return env
+  return child_env.Environment()
 
 
 class TimedRunError(RuntimeError):
