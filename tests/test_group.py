@@ -11,7 +11,8 @@ Each file also keeps a target of its own, tagged manual, for
 
 Files share a group only where their process-wide settings agree (Grappler
 on or off, virtual CPU devices, eager mode), so a group runs each file's
-tests as its own target would.
+tests as its own target would. A sharded group shards by file (file i in
+shard i mod N; order the files so that the shards take about as long).
 
 Flags (given by the macro, removed before the tests' flags are parsed):
   --test_group=a_test,b_test: the files, tests/<name>.py.
@@ -20,6 +21,7 @@ Flags (given by the macro, removed before the tests' flags are parsed):
 """
 
 import importlib
+import os
 import sys
 import unittest
 
@@ -35,11 +37,29 @@ def _TakeFlag(name, default=None):
   return value
 
 
+def _ThisShardsFiles(names):
+  """The files of this Bazel shard: whole files, in turn (file i to i % N).
+
+  Bazel's sharding by test method would run every file's class set-up in
+  every shard; sharded by file, each file runs once, in one shard. The
+  environment's sharding variables are then taken away, so the tests of
+  this shard's files all run.
+  """
+  total = int(os.environ.pop('TEST_TOTAL_SHARDS', '1') or 1)
+  index = int(os.environ.pop('TEST_SHARD_INDEX', '0') or 0)
+  status = os.environ.pop('TEST_SHARD_STATUS_FILE', None)
+  if status:
+    with open(status, 'w'):
+      pass  # Tells Bazel that this test shards.
+  return [n for i, n in enumerate(names) if i % total == index]
+
+
 def main():
   names = [n for n in (_TakeFlag('test_group') or '').split(',') if n]
   kind = _TakeFlag('test_group_main', 'tf')
   if not names:
     sys.exit('tests/test_group.py: give --test_group=a_test,b_test')
+  names = _ThisShardsFiles(names)
   modules = [importlib.import_module('tests.' + n) for n in names]
 
   def load_tests(loader, unused_tests, unused_pattern):

@@ -1,0 +1,135 @@
+"""--elastic across network-namespace hosts: a host lost for good, a new one.
+
+Five hosts (network namespaces of a tools.netlab.netns.Lab); hosts 0-3 each
+serve one task of a cluster file (``--cluster_spec=@cluster.json``), the
+trainer runs in the lab's client. The toy model in float64 starts as R=2
+replicas x K=2 stages with M=2 micro-batches. Host 2's worker is lost for
+good: the run shrinks to the survivors (R=1 K=2 M=4, host 3 a spare) and
+goes on. The supervisor starts task 2 on host 4, another address, and
+rewrites the file: the run grows back to 4 devices at a checkpoint, losing
+no step. R x M stays 4 throughout, so every loss equals an uninterrupted
+run's to 1e-10, and the last checkpoint holds the last step.
+"""
+
+from gpipe.compat import lingvo_import  # pylint: disable=unused-import
+
+import json
+import os
+import re
+import signal
+import sys
+import tempfile
+
+from lingvo import compat as tf
+from lingvo.core import test_utils
+from params import toy
+from tests import netns_testlib
+from tests import trainer_testlib
+from tools.netlab import netns
+from tools.trainer import checkpoints
+from tools.trainer import elastic
+from tools.trainer import summaries
+
+EVERY = 10
+MAX_STEPS = 600
+PORT = netns.DEFAULT_PORT
+FLAGS = trainer_testlib.ResumableFlags(EVERY) + [
+    '--model_params_override=' + toy.FLOAT64_OVERRIDE, '--elastic',
+    '--data_parallel=2', '--num_micro_batches=2', '--worker_wait_secs=1',
+    '--max_steps=%d' % MAX_STEPS]
+
+
+class NetnsElasticTest(test_utils.TestCase):
+
+  def setUp(self):
+    super().setUp()
+    netns_testlib.SkipUnlessNamespaces(self)
+
+  def testAHostLostForGoodShrinksTheRunAndANewHostGrowsItBack(self):
+    work = tempfile.mkdtemp()
+    logdir = os.path.join(work, 'run')
+    log_path = os.path.join(work, 'trainer.log')
+    spec = os.path.join(work, 'cluster.json')
+    with netns.Lab(5) as lab:
+      addresses = ['%s:%d' % (lab.host_addresses[i], PORT) for i in range(4)]
+
+      def Write():
+        with open(spec + '.new', 'w') as f:
+          json.dump({'worker': addresses}, f)
+        os.replace(spec + '.new', spec)
+
+      def Serve(task, host):
+        worker_log = os.path.join(work, 'worker_%d_host_%d.log' % (task, host))
+        proc = lab.Popen(
+            lab.hosts[host],
+            [sys.executable, '-m', 'gpipe.worker', '--cluster_spec=@' + spec,
+             '--task=%d' % task],
+            log_path=worker_log, start_new_session=True)
+        netns_testlib.WaitFor(proc, worker_log,
+                              lambda: lab.Serving(host, PORT),
+                              'task %d to serve on host %d' % (task, host))
+        return proc
+
+      Write()
+      workers = [Serve(t, t) for t in range(4)]
+      trainer = netns_testlib.PopenTrainer(
+          lab, FLAGS + ['--logdir=' + logdir, '--cluster_spec=@' + spec],
+          log_path)
+      log = lambda: netns_testlib.ReadFile(log_path)
+      netns_testlib.WaitFor(
+          trainer, log_path,
+          lambda: len(trainer_testlib.StepLog(logdir)) >= 15, '15 steps')
+      netns.StopProcess(workers[2])  # Host 2 is gone for good.
+      netns_testlib.WaitFor(trainer, log_path,
+                            lambda: 'elastic: first step in' in log(),
+                            'the run to shrink')
+      # The supervisor brings task 2 up on host 4 and says so in the file;
+      # the trainer waits meanwhile, so that it cannot end first.
+      os.kill(trainer.pid, signal.SIGSTOP)
+      try:
+        addresses[2] = '%s:%d' % (lab.host_addresses[4], PORT)
+        Write()
+        workers.append(Serve(2, 4))
+      finally:
+        os.kill(trainer.pid, signal.SIGCONT)
+      trainer.wait(timeout=300)
+      out = log()
+      for proc in workers:
+        netns.StopProcess(proc)
+    self.assertEqual(0, trainer.returncode, out[-5000:])
+    old = re.escape('%s:%d' % (lab.host_addresses[2], PORT))
+    self.assertRegex(out, r'worker lost: .*: task 2 at %s \(replica 1 stage 0\) '
+                     r'does not answer' % old)
+    self.assertRegex(
+        out, r'elastic: shrinking to 2 device\(s\) of task 0, task 1 \(spare: '
+        r'task 3\): R=2 K=2 M=2 gpipe -> R=1 K=2 M=4 gpipe')
+    self.assertIn('elastic: task 2 listed at %s now' % addresses[2], out)
+    self.assertRegex(
+        out, r'elastic: growing to 4 device\(s\) of task 0, task 1, task 2, '
+        r'task 3: R=1 K=2 M=4 gpipe -> R=2 K=2 M=2 gpipe .*no step redone')
+    events = elastic.ReadEvents(logdir)
+    self.assertEqual(['shrink', 'grow'], [e['kind'] for e in events])
+    self.assertEqual(0, events[1]['steps_redone'])
+    self.assertEqual(
+        [(1, 4.0), (events[0]['first_step'], 2.0),
+         (events[1]['first_step'], 4.0)],
+        summaries.Read(logdir)['trainer/devices'])
+    # Nothing written is lost, and the math is the uninterrupted run's.
+    losses = trainer_testlib.Losses(logdir)
+    self.assertEqual(list(range(1, MAX_STEPS + 1)), [s for s, _ in losses])
+    self.assertEqual(MAX_STEPS,
+                     checkpoints.GlobalStepOf(checkpoints.Newest(logdir)))
+    reference_dir = os.path.join(work, 'reference')
+    code, _, err = trainer_testlib.RunInProcess(
+        logdir=reference_dir, max_steps=MAX_STEPS, num_micro_batches=4,
+        model_params_override=toy.FLOAT64_OVERRIDE,
+        **trainer_testlib.ResumableSettings(100000))
+    self.assertEqual(0, code, err)
+    reference = trainer_testlib.Losses(reference_dir)
+    self.assertEqual([s for s, _ in reference], [s for s, _ in losses])
+    self.assertAllClose([l for _, l in reference], [l for _, l in losses],
+                        rtol=1e-10, atol=0)
+
+
+if __name__ == '__main__':
+  tf.test.main()
