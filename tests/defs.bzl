@@ -40,6 +40,9 @@ def gpipe_py_test_group(name, tests, main = "tf", size = "large", deps = [], dat
       data: data files of every file.
       **kwargs: passed to the group's py_test.
     """
+    if kwargs.get("shard_count", 1) > len(tests):
+        fail("%s: %d shards of %d files: a shard would run nothing" %
+             (name, kwargs["shard_count"], len(tests)))
     for test in tests:
         gpipe_py_test(name = test, size = size, deps = deps, data = data,
                       tags = ["manual"])

@@ -13,6 +13,7 @@ With GPIPE_FORK_WORKERS=0 the workers are commands again.
 from gpipe.compat import lingvo_import  # pylint: disable=unused-import
 
 import os
+import resource
 import signal
 import subprocess
 import sys
@@ -54,9 +55,11 @@ class ForkedWorkersTest(test_utils.TestCase):
 
   def setUp(self):
     super().setUp()
-    if not forked_workers.Enabled():
+    if not forked_workers.Supported():
       self.skipTest('workers are not forked here (%s=0, or no pidfd)' %
                     forked_workers.ENV)
+    # A fork server that failed earlier in this process fails the test.
+    self.assertTrue(forked_workers.Enabled(), forked_workers._failed)  # pylint: disable=protected-access
 
   def testWorkersAreForksOfOneServerThatServeAndLog(self):
     logs = tempfile.mkdtemp()
@@ -150,10 +153,86 @@ class ForkedWorkersTest(test_utils.TestCase):
     with open(marks) as f:
       self.assertLen(f.read().splitlines(), 1)
 
+  def testWorkersWithPidfdsAbove1023AreWatched(self):
+    # A long trainer holds many descriptors: select() stops at 1023.
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < 2048:
+      self.skipTest('RLIMIT_NOFILE %d' % hard)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (2048, hard))
+    self.addCleanup(resource.setrlimit, resource.RLIMIT_NOFILE, (soft, hard))
+    held = [os.open(os.devnull, os.O_RDONLY) for _ in range(1100)]
+    try:
+      worker = forked_workers.Start(
+          ['--cluster', '{"worker": ["localhost:%d"]}' %
+           local_cluster.FreePort(), '--task', '0'])
+      self.assertGreater(worker._pidfd, 1023)  # pylint: disable=protected-access
+      self.assertIsNone(worker.poll())
+      worker.kill()
+      self.assertEqual(-signal.SIGKILL, worker.wait(timeout=20))
+    finally:
+      for fd in held:
+        os.close(fd)
+
+  def testAnInterruptedRequestEndsItsServerAndTheNextStartsAnother(self):
+    worker = forked_workers.Start(
+        ['--cluster', '{"worker": ["localhost:%d"]}' %
+         local_cluster.FreePort(), '--task', '0'])
+    server = worker._server  # pylint: disable=protected-access
+
+    def Interrupted(unused_timeout):
+      raise KeyboardInterrupt()
+
+    with mock.patch.object(server, '_Read', Interrupted):
+      with self.assertRaises(KeyboardInterrupt):
+        forked_workers.Start(['--task', '0'])
+    # Its answer would have gone to the next request: the server is ended.
+    self.assertTrue(server.broken)
+    trainer_testlib.WaitGone(server.proc.pid, 'it was interrupted', timeout=20)
+    other = forked_workers.Start(
+        ['--cluster', '{"worker": ["localhost:%d"]}' %
+         local_cluster.FreePort(), '--task', '0'])
+    self.assertNotEqual(server.proc.pid, _Parent(other.pid))
+    self.assertIsNone(other.poll())
+    for w in (worker, other):
+      w.kill()
+      self.assertIsNotNone(w.wait(timeout=20))
+    self.assertTrue(forked_workers.Enabled())
+
+  def testWithoutPidfdsTheClusterStartsCommands(self):
+    self.addCleanup(forked_workers._failed.clear)  # pylint: disable=protected-access
+    real_open = os.pidfd_open
+    forked = []
+
+    def Refused(pid):
+      if pid == os.getpid():  # The check that pidfds work here passes.
+        return real_open(pid)
+      forked.append(pid)
+      raise PermissionError(1, 'pidfd_open refused')
+
+    with mock.patch.object(os, 'pidfd_open', Refused):
+      with local_cluster.LocalCluster(1) as cluster:
+        pid, = cluster.pids
+        self.assertEqual(os.getpid(), _Parent(pid))
+        self.assertIn('-m gpipe.runtime.worker', _CommandLine(pid))
+    self.assertLen(forked, 1)
+    # The fork it could not watch was killed, not left serving.
+    trainer_testlib.WaitGone(forked[0], 'it was killed', timeout=20)
+    self.assertIn('no pidfd for worker %d' % forked[0],
+                  forked_workers._failed[0])  # pylint: disable=protected-access
+
+  def testAStartTimeoutNamesTheWorkersLog(self):
+    # A command worker takes seconds to import TensorFlow: past 0.5 s.
+    logs = tempfile.mkdtemp()
+    with mock.patch.dict(os.environ, {forked_workers.ENV: '0'}):
+      with self.assertRaisesRegex(
+          RuntimeError, r'worker 0 did not start serving at localhost:\d+ '
+          r'within 0 s .*; its log: .*worker_0.log'):
+        local_cluster.LocalCluster(1, log_dir=logs, start_timeout=0.5)
+
   def testPinnedWorkersRunOnTheirCores(self):
-    cores = os.cpu_count()
+    cores = sorted(os.sched_getaffinity(0))
     with local_cluster.LocalCluster(2, pin_cores=True) as cluster:
-      self.assertEqual([{i % cores} for i in range(2)],
+      self.assertEqual([{cores[i % len(cores)]} for i in range(2)],
                        [os.sched_getaffinity(pid) for pid in cluster.pids])
 
   def testWorkersExitWithTheirLauncher(self):

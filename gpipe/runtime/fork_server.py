@@ -30,16 +30,18 @@ def _Reply(out, **message):
   out.flush()
 
 
-def _Worker(request):
+def _Worker(request, replies):
   """In the forked child: becomes the worker; never returns."""
   code = 1
   try:
+    os.close(replies.fileno())  # The server's reply pipe.
     os.setsid()
+    os.chdir(request.get('cwd') or '/')
     log = request.get('log') or os.devnull
     out = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     null = os.open(os.devnull, os.O_RDONLY)
     os.dup2(null, 0)  # Also closes the server's request pipe here.
-    os.dup2(out, 1)  # And its reply pipe.
+    os.dup2(out, 1)
     os.dup2(out, 2)
     os.close(out)
     os.close(null)
@@ -56,7 +58,7 @@ def _Worker(request):
     code = worker.main(request['argv'],
                        launcher_pid=request.get('launcher')) or 0
   except SystemExit as e:
-    code = e.code if isinstance(e.code, int) else 1
+    code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
   except BaseException:  # pylint: disable=broad-except
     traceback.print_exc()
     code = 1
@@ -76,32 +78,33 @@ def _ExitCode(status):
 
 def Serve(requests, replies):
   """Answers requests until `requests` ends."""
-  codes = {}
   for line in iter(requests.readline, ''):
-    request = json.loads(line)
-    if request['op'] == 'start':
-      pid = os.fork()
-      if pid == 0:
-        _Worker(request)
-      _Reply(replies, pid=pid)
-    elif request['op'] == 'poll':
-      pid = int(request['pid'])
-      if pid not in codes:
+    try:
+      request = json.loads(line)
+      if request['op'] == 'start':
+        pid = os.fork()
+        if pid == 0:
+          _Worker(request, replies)
+        _Reply(replies, pid=pid)
+      elif request['op'] == 'poll':
+        # Asked once, when the worker has ended (its launcher keeps the
+        # code): reaped only now, so its pid was not reused before.
         try:
-          done, status = os.waitpid(pid, os.WNOHANG)
+          done, status = os.waitpid(int(request['pid']), os.WNOHANG)
         except ChildProcessError:
-          done, status = pid, 255 << 8  # Not ours, or reaped before.
-        if done:
-          codes[pid] = _ExitCode(status)
-      _Reply(replies, code=codes.get(pid))
-    else:
-      _Reply(replies, error='unknown op %r' % request['op'])
+          done, status = 1, 255 << 8  # Not ours, or reaped before.
+        _Reply(replies, code=_ExitCode(status) if done else None)
+      else:
+        _Reply(replies, error='unknown op %r' % request['op'])
+    except (OSError, ValueError, KeyError, TypeError) as e:
+      _Reply(replies, error='%s: %s' % (type(e).__name__, e))
 
 
 def main():
-  replies = sys.stdout
-  # Nothing else may write to the reply pipe: TensorFlow's output goes to
-  # stderr, and print()s of imported modules with it.
+  # Nothing else may write to the reply pipe: descriptor 1 (C++ code's
+  # output too) and sys.stdout go to stderr from here on.
+  replies = os.fdopen(os.dup(1), 'w')
+  os.dup2(2, 1)
   sys.stdout = sys.stderr
   try:
     # pylint: disable=g-import-not-at-top,unused-import

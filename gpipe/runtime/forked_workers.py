@@ -50,7 +50,10 @@ from gpipe.runtime import child_env
 ENV = 'GPIPE_FORK_WORKERS'
 # How long the fork server may take to import TensorFlow and Lingvo.
 START_SECS = 180.0
-_IMPORT_TIME_PREFIXES = ('TF_', 'OMP_', 'MKL_', 'KMP_', 'PYTHON')
+# How long one answer of a started fork server may take.
+ANSWER_SECS = 60.0
+_IMPORT_TIME_PREFIXES = ('TF_', 'OMP_', 'MKL_', 'KMP_', 'PYTHON', 'LD_',
+                         'MALLOC_', 'GLIBC_')
 
 _lock = threading.Lock()
 _servers = {}  # Import-time environment -> _Server.
@@ -61,12 +64,38 @@ class ForkServerError(RuntimeError):
   """The fork server could not start or answer."""
 
 
-def Enabled():
-  """Whether workers are forked here (Linux pidfds, not turned off)."""
+def _PidfdsWork():
+  try:
+    os.close(os.pidfd_open(os.getpid()))
+    return hasattr(signal, 'pidfd_send_signal')
+  except (AttributeError, OSError):  # Old kernel, or a seccomp profile.
+    return False
+
+
+def Supported():
+  """Whether workers can be forked here (not turned off; Linux pidfds)."""
   if os.environ.get(ENV, '1').strip().lower() in ('0', 'false', 'no', 'off'):
     return False
-  return (hasattr(os, 'pidfd_open') and hasattr(signal, 'pidfd_send_signal')
-          and not _failed)
+  return _PidfdsWork()
+
+
+def Enabled():
+  """Whether workers are forked here: Supported() and no failed server."""
+  return not _failed and Supported()
+
+
+def _Readable(fd, timeout):
+  """Whether `fd` is readable within `timeout` seconds (None: no limit)."""
+  poller = select.poll()  # Not select(): descriptors above 1023 too.
+  poller.register(fd, select.POLLIN)
+  return bool(poller.poll(None if timeout is None else int(timeout * 1000)))
+
+
+def _ForgetServers():
+  """In a forked child of a launcher: its servers are the parent's."""
+  global _lock
+  _lock = threading.Lock()
+  _servers.clear()
 
 
 def _ImportTimeKey(env):
@@ -79,36 +108,68 @@ class _Server:
 
   def __init__(self, env):
     self._lock = threading.Lock()
-    self.proc = subprocess.Popen(
-        [sys.executable, '-m', 'gpipe.runtime.fork_server'],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL, env=env, cwd=child_env.ROOT, text=True, bufsize=1,
-        start_new_session=True)
-    ready = select.select([self.proc.stdout], [], [], START_SECS)[0]
-    reply = self._Read() if ready else {'error': 'no answer in %.0f s' %
-                                        START_SECS}
+    self.broken = None
+    try:
+      self.proc = subprocess.Popen(
+          [sys.executable, '-m', 'gpipe.runtime.fork_server'],
+          stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+          stderr=subprocess.DEVNULL, env=env, cwd=child_env.ROOT, text=True,
+          bufsize=1, start_new_session=True)
+    except OSError as e:
+      raise ForkServerError('the workers\' fork server did not start: %s' %
+                            e) from None
+    reply = self._Read(START_SECS)
     if not reply.get('ready'):
-      self.proc.kill()
-      self.proc.wait()
+      self._Break()
       raise ForkServerError('the workers\' fork server did not start: %s' %
                             reply.get('error', reply))
 
-  def _Read(self):
+  def _Read(self, timeout):
+    """Its next answer (a dict); {'error': why} if there is none."""
+    if not _Readable(self.proc.stdout.fileno(), timeout):
+      return {'error': 'no answer in %.0f s' % timeout, 'here': True}
     line = self.proc.stdout.readline()
     if not line:
-      return {'error': 'it exited with code %s' % self.proc.poll()}
-    return json.loads(line)
+      return {'error': 'it exited with code %s' % self.proc.poll(),
+              'here': True}
+    try:
+      reply = json.loads(line)
+    except ValueError:
+      reply = None
+    return reply if isinstance(reply, dict) else {
+        'error': 'it answered %r' % line[:200], 'here': True}
+
+  def _Break(self):
+    """Ends this server (its answers can no longer be matched to requests)."""
+    self.broken = self.broken or 'stopped'
+    try:
+      self.proc.kill()
+      self.proc.wait(timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+      pass
 
   def Ask(self, **request):
-    """The fork server's answer to `request`; ForkServerError if gone."""
+    """The fork server's answer to `request`; ForkServerError if none."""
     with self._lock:
+      if self.broken:
+        raise ForkServerError('the workers\' fork server is gone (%s)' %
+                              self.broken)
       try:
         self.proc.stdin.write(json.dumps(request) + '\n')
         self.proc.stdin.flush()
-        reply = self._Read()
+        reply = self._Read(ANSWER_SECS)
       except (OSError, ValueError) as e:
-        raise ForkServerError('the workers\' fork server is gone (%s)' %
-                              e) from None
+        reply = {'error': str(e), 'here': True}
+      except BaseException:
+        # Interrupted between request and answer: a later request would
+        # read this one's answer.
+        self.broken = 'interrupted while it answered'
+        self._Break()
+        raise
+      # A failure here, or of anything but a fork, ends the server.
+      if 'error' in reply and (reply.get('here') or request['op'] != 'start'):
+        self.broken = reply['error']
+        self._Break()
     if 'error' in reply:
       raise ForkServerError('the workers\' fork server: %s' % reply['error'])
     return reply
@@ -120,7 +181,7 @@ def _ServerFor():
   key = _ImportTimeKey(env)
   with _lock:
     server = _servers.get(key)
-    if server is None or server.proc.poll() is not None:
+    if server is None or server.broken or server.proc.poll() is not None:
       server = _servers[key] = _Server(env)
     return server
 
@@ -151,12 +212,20 @@ class ForkedWorker:
     self.returncode = None
     self._lock = threading.Lock()
     self._server = _ServerFor()
-    self.pid = self._server.Ask(
+    reply = self._server.Ask(
         op='start', argv=self.args,
         log=os.path.abspath(log_path) if log_path else None, core=core,
-        env=dict(os.environ), launcher=os.getpid())['pid']
-    # Not reaped before a poll asks: the pid is still this worker's.
-    self._pidfd = os.pidfd_open(self.pid)
+        env=child_env.Environment(), cwd=os.getcwd(), launcher=os.getpid())
+    if not isinstance(reply.get('pid'), int):
+      raise ForkServerError('the workers\' fork server answered %r' % reply)
+    self.pid = reply['pid']
+    try:
+      # Not reaped before a poll asks: the pid is still this worker's.
+      self._pidfd = os.pidfd_open(self.pid)
+    except OSError as e:
+      os.kill(self.pid, signal.SIGKILL)
+      raise ForkServerError('no pidfd for worker %d: %s' %
+                            (self.pid, e)) from None
 
   def __del__(self):
     if getattr(self, 'returncode', 0) is None:
@@ -166,7 +235,7 @@ class ForkedWorker:
         pass
 
   def _Ended(self, timeout=0.0):
-    return bool(select.select([self._pidfd], [], [], timeout)[0])
+    return _Readable(self._pidfd, timeout)
 
   def poll(self):
     with self._lock:
@@ -222,3 +291,7 @@ def Start(argv, log_path=None, core=None):
       print('gpipe: %s; local workers start as commands instead' % e,
             file=sys.stderr, flush=True)
     raise
+
+
+if hasattr(os, 'register_at_fork'):
+  os.register_at_fork(after_in_child=_ForgetServers)

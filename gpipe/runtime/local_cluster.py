@@ -92,7 +92,8 @@ class LocalCluster:
 
     Args:
       num_workers: K, one worker (one stage) each.
-      pin_cores: pin worker i to core i % num_cores with `taskset`, so each
+      pin_cores: pin worker i to core i % num_cores (of the cores this
+        process may use) with `taskset`, so each
         stage is one core (what a one-core "device" means on a CPU box).
       intra_op_threads: threads per op in each worker.
       inter_op_threads: ops run concurrently in each worker.
@@ -148,7 +149,9 @@ class LocalCluster:
     """
     opts = self._options
     taskset = shutil.which('taskset') if opts['pin_cores'] else None
-    ncores = os.cpu_count() or 1
+    # The cores this process may use (a container's cpuset), in order.
+    cores = sorted(os.sched_getaffinity(0)) or [0]
+    core = cores[i % len(cores)]
     env = child_env.Environment()
     flags = [
         '--cluster', json.dumps(self.cluster_def), '--task', str(i),
@@ -167,14 +170,14 @@ class LocalCluster:
       try:
         proc = forked_workers.Start(
             flags, log_path=log_path,
-            core=i % ncores if opts['pin_cores'] else None)
+            core=core if opts['pin_cores'] else None)
         return (proc, _LogName(log_path) if log_path else subprocess.DEVNULL,
                 None)
       except forked_workers.ForkServerError:
         pass  # It said why: a command instead.
     cmd = [sys.executable, '-m', 'gpipe.runtime.worker'] + flags
     if taskset:
-      cmd = [taskset, '-c', str(i % ncores)] + cmd
+      cmd = [taskset, '-c', str(core)] + cmd
     cap = None
     if self.memory_cap_bytes:
       cap = memory_cap_lib.MemoryCap(
@@ -217,12 +220,13 @@ class LocalCluster:
           on_failure()
           raise
         if time.time() > deadline:
+          # Named before on_failure (Stop forgets the logs).
+          log = getattr(self._logs[i], 'name', None)
           on_failure()
           raise RuntimeError('worker %d did not start serving at %s within '
                              '%.0f s (%s)%s' % (
                                  i, address, start_timeout, reason,
-                                 '; its log: %s' % self._logs[i].name
-                                 if hasattr(self._logs[i], 'name') else ''))
+                                 '; its log: %s' % log if log else ''))
         time.sleep(0.2)
 
   def ReplaceWorker(self, i, start_timeout=None):

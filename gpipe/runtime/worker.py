@@ -72,7 +72,9 @@ def _ExitWhenGone(pid):
     except PermissionError:
       pass
     time.sleep(0.5)
-  select.select([watch], [], [])  # Readable once the process has ended.
+  poller = select.poll()  # Not select(): descriptors above 1023 too.
+  poller.register(watch, select.POLLIN)
+  poller.poll()  # Readable once the process has ended.
   os._exit(0)  # pylint: disable=protected-access
 
 
