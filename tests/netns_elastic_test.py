@@ -119,13 +119,8 @@ class NetnsElasticTest(test_utils.TestCase):
     self.assertEqual(list(range(1, MAX_STEPS + 1)), [s for s, _ in losses])
     self.assertEqual(MAX_STEPS,
                      checkpoints.GlobalStepOf(checkpoints.Newest(logdir)))
-    reference_dir = os.path.join(work, 'reference')
-    code, _, err = trainer_testlib.RunInProcess(
-        logdir=reference_dir, max_steps=MAX_STEPS, num_micro_batches=4,
-        model_params_override=toy.FLOAT64_OVERRIDE,
-        **trainer_testlib.ResumableSettings(100000))
-    self.assertEqual(0, code, err)
-    reference = trainer_testlib.Losses(reference_dir)
+    reference = trainer_testlib.OnePipelineFloat64Losses(
+        os.path.join(work, 'reference'), MAX_STEPS)
     self.assertEqual([s for s, _ in reference], [s for s, _ in losses])
     self.assertAllClose([l for _, l in reference], [l for _, l in losses],
                         rtol=1e-10, atol=0)

@@ -47,12 +47,7 @@ class _Helpers:
   def _Reference(self, steps):
     """Losses of one pipeline of 4 micro-batches, uninterrupted, here."""
     logdir = self.create_tempdir().full_path
-    code, _, err = trainer_testlib.RunInProcess(
-        logdir=logdir, max_steps=steps, num_micro_batches=4,
-        model_params_override=toy.FLOAT64_OVERRIDE,
-        **trainer_testlib.ResumableSettings(100000))
-    self.assertEqual(0, code, err)
-    return _Losses(logdir), logdir
+    return trainer_testlib.OnePipelineFloat64Losses(logdir, steps), logdir
 
   def _AssertLossesOf(self, reference, got):
     self.assertEqual([s for s, _ in reference[:len(got)]],

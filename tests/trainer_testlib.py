@@ -103,6 +103,33 @@ def UninterruptedLosses(logdir, max_steps, checkpoint_every_n_steps):
   return Losses(logdir, 'accuracy')
 
 
+def OnePipelineFloat64Losses(logdir, max_steps):
+  """The elastic runs' reference: one pipeline of 4 micro-batches, here.
+
+  The toy model in float64 (params/toy.py FLOAT64_OVERRIDE), uninterrupted:
+  every shape an --elastic run of R x M = 4 moves to has these losses, up
+  to the order of floating-point sums.
+
+  Args:
+    logdir: a fresh run directory.
+    max_steps: the last step.
+
+  Returns:
+    Losses(logdir): [(step, loss)] of every step.
+
+  Raises:
+    AssertionError: the run failed (with its stderr).
+  """
+  from params import toy  # pylint: disable=g-import-not-at-top
+  code, _, err = RunInProcess(
+      logdir=logdir, max_steps=max_steps, num_micro_batches=4,
+      model_params_override=toy.FLOAT64_OVERRIDE,
+      **ResumableSettings(100000))
+  if code:
+    raise AssertionError('the reference run failed (%d): %s' % (code, err))
+  return Losses(logdir)
+
+
 def TrainerCommand(*args, module='tools.trainer'):
   """The command line of the trainer binary with `args`.
 

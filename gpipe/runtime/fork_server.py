@@ -5,14 +5,19 @@ imports TensorFlow, Lingvo's custom ops and the worker binary once, says so
 on stdout, then answers one JSON request per line on stdin:
 
 * ``{"op": "start", "argv": [...], "log": path or null, "core": int or null,
-  "env": {...}, "launcher": pid}``: forks a worker, ``{"pid": N}``;
+  "env": {...}, "cwd": path, "launcher": pid}``: forks a worker,
+  ``{"pid": N}``;
 * ``{"op": "poll", "pid": N}``: ``{"code": null}`` while it runs, else its
   exit code (-N: killed by signal N). A worker is reaped only here, so its
   process id stays its own until its launcher has read how it ended.
 
+A request it cannot serve (a failed fork) gets ``{"error": why}``. Its
+environment (TensorFlow's log level among it) is the launcher's
+(``gpipe.runtime.child_env``).
+
 It exits when its stdin closes (its launcher has exited). A forked worker
-detaches (``setsid``), takes the launcher's environment of the moment, its
-core and its log file, and serves ``gpipe.runtime.worker.main`` until it is
+detaches (``setsid``), takes the launcher's environment and working
+directory of the moment, its core and its log file, and serves ``gpipe.runtime.worker.main`` until it is
 killed or its launcher exits.
 """
 
@@ -20,9 +25,6 @@ import json
 import os
 import sys
 import traceback
-
-# TensorFlow's C++ log level, as LocalCluster sets it for a command worker.
-os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
 
 
 def _Reply(out, **message):

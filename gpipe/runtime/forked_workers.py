@@ -24,9 +24,9 @@ worker it started even if the fork server is gone, and a worker's exit code
 comes from the fork server, which reaps a worker only when asked (so its
 process id cannot be reused meanwhile).
 
-Variables that TensorFlow reads at import (``TF_*``, ``OMP_*``, ``MKL_*``,
-``KMP_*``, ``PYTHONPATH``) are those of the launcher when its fork server
-started: a later start with other values gets a fork server of its own.
+Variables read at import or load time (``TF_*``, ``OMP_*``, ``MKL_*``,
+``KMP_*``, ``PYTHON*``, ``LD_*``, ``MALLOC_*``, ``GLIBC_*``) are those of the
+launcher when its fork server started: a later start with other values gets a fork server of its own.
 ``LocalCluster`` starts workers with a memory cap as commands (a cgroup
 charges pages to whoever touched them first: the fork server's imported
 pages would not count against a forked worker's cap), and every worker as
