@@ -7,11 +7,16 @@ with its exit code when killed (also to threads asking at once), is
 replaced by another fork, and exits with its launcher. A fork server killed
 by a signal to the launcher's group leaves its workers known and killable.
 A launcher script without a main guard is not run again in its workers.
-With GPIPE_FORK_WORKERS=0 the workers are commands again.
+With GPIPE_FORK_WORKERS=0 the workers are commands again. A program (the
+trainer in the tests) forked from a fork server that imported it runs as
+its command would: its flags, directory, environment, outputs, exit code,
+threads and exit functions; its workers are forks of a fork server of its
+own, itself a fork.
 """
 
 from gpipe.compat import lingvo_import  # pylint: disable=unused-import
 
+import json
 import os
 import resource
 import signal
@@ -22,6 +27,7 @@ import textwrap
 import threading
 from unittest import mock
 
+from gpipe.runtime import child_env
 from gpipe.runtime import forked_workers
 from gpipe.runtime import liveness
 from gpipe.runtime import local_cluster
@@ -265,6 +271,84 @@ class ForkedWorkersTest(test_utils.TestCase):
         self.assertEqual(os.getpid(), _Parent(pid))
         self.assertIn('-m gpipe.runtime.worker', _CommandLine(pid))
         self.assertEqual([1.0], self._TaskValues(cluster))
+
+
+class ForkedProgramsTest(test_utils.TestCase):
+
+  PROBE = 'tests.forked_program_probe'
+  # A module the probe's fork server imports: its command line names it.
+  PRELOAD = ('tests.polling',)
+
+  def setUp(self):
+    super().setUp()
+    if not forked_workers.Supported():
+      self.skipTest('nothing is forked here')
+
+  def _Run(self, code, *actions, **kwargs):
+    """Forks the probe; (its exit code, what it saw, stdout, stderr, dir)."""
+    work = self.create_tempdir().full_path
+    out, err = os.path.join(work, 'out'), os.path.join(work, 'err')
+    proc = forked_workers.StartProgram(
+        self.PROBE, [work, str(code)] + list(actions), out, err_path=err,
+        preload=self.PRELOAD, **kwargs)
+    # There at once, as a Popen's would be.
+    self.assertTrue(os.path.exists(out) and os.path.exists(err))
+    returncode = proc.wait(timeout=120)
+    seen = {}
+    if os.path.exists(os.path.join(work, 'seen.json')):
+      with open(os.path.join(work, 'seen.json')) as f:
+        seen = json.load(f)
+    with open(out) as f, open(err) as g:
+      return returncode, seen, f.read(), g.read(), work
+
+  def testAProgramRunsAsItsCommandWould(self):
+    cwd = self.create_tempdir().full_path
+    env = dict(child_env.Environment(), PROBE_VALUE='seen')
+    code, seen, out, err, work = self._Run(3, 'thread', 'atexit', env=env,
+                                           cwd=cwd)
+    self.assertEqual((3, 'out\n', 'err\n'), (code, out, err))
+    self.assertEqual([work, '3', 'thread', 'atexit'], seen['argv'])
+    self.assertEqual((cwd, 'seen'), (seen['cwd'], seen['value']))
+    # Its non-daemon thread ended, then its exit functions ran.
+    for name in ('thread', 'atexit'):
+      self.assertTrue(os.path.exists(os.path.join(work, name)), name)
+    # A fork of the server that imported the probe, not a command.
+    self.assertIn('-m gpipe.runtime.fork_server ' + self.PRELOAD[0],
+                  _CommandLine(seen['parent']))
+    # Each fork draws other random numbers, as fresh interpreters would.
+    self.assertNotEqual(seen['random'], self._Run(0)[1]['random'])
+
+  def testAnInterruptedProgramEndsBySigint(self):
+    code, _, _, err, _ = self._Run(0, 'interrupt')
+    self.assertEqual(-signal.SIGINT, code)
+    self.assertIn('KeyboardInterrupt', err)
+
+  def testAProgramsWorkersAreForksOfItsOwnForkServer(self):
+    code, seen, _, err, _ = self._Run(0, 'cluster')
+    self.assertEqual(0, code, err)
+    server, other = seen['worker_parents']
+    self.assertEqual(server, other)
+    # Forked from the program's server (its command line), not started
+    # (a new server's command line names no module to preload).
+    self.assertIn('-m gpipe.runtime.fork_server ' + self.PRELOAD[0],
+                  seen['worker_parent_commands'][0])
+    self.assertNotEqual(seen['parent'], server)
+
+    code, seen, _, err, _ = self._Run(0, 'cluster', own_server=False)
+    self.assertEqual(0, code, err)
+    self.assertNotIn(self.PRELOAD[0], seen['worker_parent_commands'][0])
+
+  def testATrainerForkedFromAServerCountsItsStartFromTheFork(self):
+    import tools.trainer  # pylint: disable=g-import-not-at-top
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+      os.write(write, repr(tools.trainer.STARTED).encode())
+      os._exit(0)  # pylint: disable=protected-access
+    os.close(write)
+    os.waitpid(pid, 0)
+    with os.fdopen(read) as f:
+      self.assertGreater(float(f.read()), tools.trainer.STARTED)
 
 
 if __name__ == '__main__':

@@ -7,10 +7,12 @@ import re
 import signal
 import subprocess
 import sys
+import tempfile
 
 from gpipe.compat import lingvo_import  # pylint: disable=unused-import
 from absl import flags
 from absl.testing import flagsaver
+from gpipe.runtime import forked_workers
 from tests import polling
 from tools.trainer import checkpoints
 from tools.trainer import cli
@@ -152,12 +154,48 @@ def Environment():
   return env
 
 
-def Popen(args, log_path, module='tools.trainer'):
-  """Starts the trainer with `args`, stdout and stderr into log_path."""
-  with open(log_path, 'w') as log:  # The child keeps its own descriptor.
+# What a forked trainer's fork server imports once (TensorFlow, Lingvo, the
+# trainer and every registered model): a trainer as a command spends about
+# 6 CPU-seconds importing them, and its local workers' fork server 3 more.
+_PRELOAD = ('tools.trainer.cli', 'params.image', 'params.mt', 'params.toy')
+
+
+def _Start(args, log_path, err_path, module):
+  """The trainer's process: a fork of a fork server, else a command.
+
+  A forked trainer (gpipe.runtime.forked_workers.StartProgram) runs as
+  `python -m module args` would, from a process that imported the trainer
+  once; its workers are forks too. GPIPE_FORK_WORKERS=0 makes it a command.
+
+  Args:
+    args: the trainer's flags.
+    log_path: its stdout (and stderr unless err_path).
+    err_path: its stderr, or None.
+    module: the binary's module (TrainerCommand).
+
+  Returns:
+    A subprocess.Popen, or a forked_workers.ForkedProcess (the same calls).
+  """
+  if forked_workers.Supported():
+    try:
+      return forked_workers.StartProgram(
+          module, list(args), log_path, err_path=err_path, env=Environment(),
+          cwd=ROOT, preload=_PRELOAD)
+    except forked_workers.ForkServerError as e:
+      print('trainer_testlib: %s; the trainer starts as a command' % e,
+            file=sys.stderr)
+  with contextlib.ExitStack() as files:
+    out = files.enter_context(open(log_path, 'w'))
+    err = files.enter_context(open(err_path, 'w')) if err_path else None
     return subprocess.Popen(
         TrainerCommand(*args, module=module), cwd=ROOT, env=Environment(),
-        stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        stdout=out, stderr=err or subprocess.STDOUT,
+        stdin=subprocess.DEVNULL)
+
+
+def Popen(args, log_path, module='tools.trainer'):
+  """Starts the trainer with `args`, stdout and stderr into log_path."""
+  return _Start(args, log_path, None, module)
 
 
 def StepsAfterCheckpoint(logdir, low=2, high=5):
@@ -335,24 +373,24 @@ def Run(args, timeout=300, module='tools.trainer'):
       output and its threads' stacks.
   """
   limit, reason = polling.TimeLimit(timeout)
-  proc = subprocess.Popen(
-      TrainerCommand(*args, module=module), cwd=ROOT, env=Environment(),
-      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-      stdin=subprocess.DEVNULL)
-  try:
-    stdout, stderr = proc.communicate(timeout=limit)
-  except subprocess.TimeoutExpired:
-    # The trainer prints every thread's stack on SIGUSR1 (faulthandler).
-    proc.send_signal(signal.SIGUSR1)
+  with tempfile.TemporaryDirectory() as outputs:
+    out, err = (os.path.join(outputs, n) for n in ('stdout', 'stderr'))
+    proc = _Start(args, out, err, module)
     try:
-      proc.communicate(timeout=5)
+      proc.wait(timeout=limit)
     except subprocess.TimeoutExpired:
-      pass
-    proc.kill()
-    stdout, stderr = proc.communicate()
-    raise AssertionError(
-        'the trainer (%s) was still running after %.0f s (%s); its last '
-        'output:\n%s' % (' '.join(args), limit, reason,
-                         (stdout + stderr)[-6000:])) from None
-  return subprocess.CompletedProcess(proc.args, proc.returncode, stdout,
-                                     stderr)
+      # The trainer prints every thread's stack on SIGUSR1 (faulthandler).
+      proc.send_signal(signal.SIGUSR1)
+      try:
+        proc.wait(timeout=5)
+      except subprocess.TimeoutExpired:
+        pass
+      proc.kill()
+      proc.wait()
+      raise AssertionError(
+          'the trainer (%s) was still running after %.0f s (%s); its last '
+          'output:\n%s' % (' '.join(args), limit, reason,
+                           (ReadLog(out) + ReadLog(err))[-6000:])) from None
+    return subprocess.CompletedProcess(
+        TrainerCommand(*args, module=module), proc.returncode, ReadLog(out),
+        ReadLog(err))

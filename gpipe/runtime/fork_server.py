@@ -1,56 +1,104 @@
-"""The workers' fork server (``python -m gpipe.runtime.fork_server``).
+"""The fork server (``python -m gpipe.runtime.fork_server [MODULE ...]``).
 
 Started by ``gpipe.runtime.forked_workers`` in a session of its own. It
-imports TensorFlow, Lingvo's custom ops and the worker binary once, says so
-on stdout, then answers one JSON request per line on stdin:
+imports TensorFlow, Lingvo's custom ops and the worker binary once (and the
+modules named on its command line, e.g. the trainer's), says so on stdout,
+then answers one JSON request per line on stdin:
 
 * ``{"op": "start", "argv": [...], "log": path or null, "core": int or null,
   "env": {...}, "cwd": path, "launcher": pid}``: forks a worker,
-  ``{"pid": N}``;
+  ``{"pid": N}``. With ``"main": "MODULE"`` the fork runs that module as
+  ``python -m MODULE argv...`` would (a program, e.g. the trainer) instead
+  of a worker, ``"err"`` its stderr if not ``log``; with ``"server": true``
+  the program also gets a fork server of its own, forked from this one
+  (its local workers then start without importing anything either);
 * ``{"op": "poll", "pid": N}``: ``{"code": null}`` while it runs, else its
-  exit code (-N: killed by signal N). A worker is reaped only here, so its
+  exit code (-N: killed by signal N). A fork is reaped only here, so its
   process id stays its own until its launcher has read how it ended.
 
 A request it cannot serve (a failed fork) gets ``{"error": why}``. Its
 environment (TensorFlow's log level among it) is the launcher's
 (``gpipe.runtime.child_env``).
 
-It exits when its stdin closes (its launcher has exited). A forked worker
-detaches (``setsid``), takes the launcher's environment and working
-directory of the moment, its core and its log file, and serves ``gpipe.runtime.worker.main`` until it is
-killed or its launcher exits.
+It exits when its stdin closes (its launcher has exited). A fork detaches
+(``setsid``), takes the launcher's environment and working directory of the
+moment, its core and its log file; a worker serves
+``gpipe.runtime.worker.main`` until it is killed or its launcher exits, a
+program runs to its end and exits as the interpreter would (non-daemon
+threads joined, exit functions run, its exit code; a KeyboardInterrupt
+ends it by SIGINT).
 """
 
+import importlib
+import io
 import json
 import os
+import runpy
+import signal
 import sys
+import threading
 import traceback
-
 
 def _Reply(out, **message):
   out.write(json.dumps(message) + '\n')
   out.flush()
 
 
-def _Worker(request, replies):
+def _StandardStreams(env):
+  """New sys.stdout and sys.stderr on descriptors 1 and 2, as at start-up."""
+  unbuffered = bool(env.get('PYTHONUNBUFFERED'))
+
+  def Stream(fd, errors, write_through):
+    raw = io.FileIO(fd, 'w', closefd=False)
+    buffered = raw if unbuffered else io.BufferedWriter(raw)
+    return io.TextIOWrapper(buffered, encoding='utf-8', errors=errors,
+                            line_buffering=False,
+                            write_through=write_through or unbuffered)
+
+  sys.stdout = sys.__stdout__ = Stream(1, 'strict', False)
+  sys.stderr = sys.__stderr__ = Stream(2, 'backslashreplace', True)
+
+
+def _Detach(request, requests, replies):
+  """In a fork: its own session, directory, descriptors and environment."""
+  os.close(replies.fileno())  # The server's pipes.
+  if requests.fileno() != 0:
+    os.close(requests.fileno())
+  os.setsid()
+  os.chdir(request.get('cwd') or '/')
+  log = request.get('log') or os.devnull
+  out = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+  err = out
+  if request.get('err') and request['err'] != log:
+    err = os.open(request['err'], os.O_WRONLY | os.O_CREAT | os.O_TRUNC,
+                  0o644)
+  null = os.open(os.devnull, os.O_RDONLY)
+  os.dup2(null, 0)  # Also closes a request pipe on descriptor 0.
+  os.dup2(out, 1)
+  os.dup2(err, 2)
+  for fd in {out, err, null}:
+    os.close(fd)
+  os.environ.clear()
+  os.environ.update(request.get('env') or {})
+  if request.get('core') is not None:
+    os.sched_setaffinity(0, {int(request['core'])})
+
+
+def _ExitStatus(e):
+  """The exit code of SystemExit `e`, printing a message code as Python."""
+  if e.code is None:
+    return 0
+  if isinstance(e.code, int):
+    return e.code
+  print(e.code, file=sys.stderr)
+  return 1
+
+
+def _Worker(request, requests, replies):
   """In the forked child: becomes the worker; never returns."""
   code = 1
   try:
-    os.close(replies.fileno())  # The server's reply pipe.
-    os.setsid()
-    os.chdir(request.get('cwd') or '/')
-    log = request.get('log') or os.devnull
-    out = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    null = os.open(os.devnull, os.O_RDONLY)
-    os.dup2(null, 0)  # Also closes the server's request pipe here.
-    os.dup2(out, 1)
-    os.dup2(out, 2)
-    os.close(out)
-    os.close(null)
-    os.environ.clear()
-    os.environ.update(request.get('env') or {})
-    if request.get('core') is not None:
-      os.sched_setaffinity(0, {int(request['core'])})
+    _Detach(request, requests, replies)
     try:
       with open('/proc/self/comm', 'w') as f:
         f.write('gpipe-worker')
@@ -72,6 +120,87 @@ def _Worker(request, replies):
       os._exit(code)  # pylint: disable=protected-access
 
 
+def _Program(request, requests, replies, own_server):
+  """In the forked child: runs `python -m main argv...`; never returns.
+
+  Args:
+    request: the start request.
+    requests: the server's request pipe (closed here).
+    replies: the server's reply pipe (closed here).
+    own_server: None, or the descriptors (answers, requests) of the fork
+      server forked for this program's workers.
+  """
+  code = 1
+  interrupted = False
+  try:
+    _Detach(request, requests, replies)
+    if own_server:
+      from gpipe.runtime import forked_workers  # pylint: disable=g-import-not-at-top
+      forked_workers.InheritServer(own_server[0], own_server[1], _KEY)
+    _StandardStreams(os.environ)
+    numpy = sys.modules.get('numpy')
+    if numpy is not None:  # A fresh interpreter's state differs each time.
+      numpy.random.seed()
+    sys.argv = [request['main']] + list(request.get('argv') or [])
+    try:
+      runpy.run_module(request['main'], run_name='__main__', alter_sys=True)
+      code = 0
+    except SystemExit as e:
+      code = _ExitStatus(e)
+    except KeyboardInterrupt:
+      traceback.print_exc()
+      interrupted = True
+    except BaseException:  # pylint: disable=broad-except
+      traceback.print_exc()
+    # As the interpreter's exit: non-daemon threads, then exit functions.
+    threading._shutdown()  # pylint: disable=protected-access
+    import atexit  # pylint: disable=g-import-not-at-top
+    atexit._run_exitfuncs()  # pylint: disable=protected-access
+  except BaseException:  # pylint: disable=broad-except
+    traceback.print_exc()
+  finally:
+    try:
+      sys.stdout.flush()
+      sys.stderr.flush()
+    except BaseException:  # pylint: disable=broad-except
+      pass
+    if interrupted:
+      signal.signal(signal.SIGINT, signal.SIG_DFL)
+      os.kill(os.getpid(), signal.SIGINT)
+    os._exit(code)  # pylint: disable=protected-access
+
+
+def _ForkSubServer(requests, replies):
+  """Forks a detached fork server for a program to be forked next.
+
+  Returns:
+    The program's ends of its pipes (answers, requests): the caller closes
+    them after forking the program.
+  """
+  requests_r, requests_w = os.pipe()
+  answers_r, answers_w = os.pipe()
+  pid = os.fork()
+  if pid == 0:
+    try:
+      if os.fork() == 0:  # Detached: nobody has to reap it.
+        os.close(replies.fileno())
+        if requests.fileno() != 0:
+          os.close(requests.fileno())
+        os.close(requests_w)
+        os.close(answers_r)
+        os.setsid()
+        null = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(null, 0)  # The parent server's requests.
+        os.close(null)
+        Serve(os.fdopen(requests_r, 'r'), os.fdopen(answers_w, 'w'))
+    finally:
+      os._exit(0)  # pylint: disable=protected-access
+  os.waitpid(pid, 0)
+  os.close(requests_r)
+  os.close(answers_w)
+  return answers_r, requests_w
+
+
 def _ExitCode(status):
   if os.WIFSIGNALED(status):
     return -os.WTERMSIG(status)
@@ -84,12 +213,21 @@ def Serve(requests, replies):
     try:
       request = json.loads(line)
       if request['op'] == 'start':
-        pid = os.fork()
-        if pid == 0:
-          _Worker(request, replies)
+        own_server = None
+        if request.get('main') and request.get('server'):
+          own_server = _ForkSubServer(requests, replies)
+        try:
+          pid = os.fork()
+          if pid == 0:
+            if request.get('main'):
+              _Program(request, requests, replies, own_server)
+            _Worker(request, requests, replies)
+        finally:
+          for fd in own_server or ():
+            os.close(fd)
         _Reply(replies, pid=pid)
       elif request['op'] == 'poll':
-        # Asked once, when the worker has ended (its launcher keeps the
+        # Asked once, when the fork has ended (its launcher keeps the
         # code): reaped only now, so its pid was not reused before.
         try:
           done, status = os.waitpid(int(request['pid']), os.WNOHANG)
@@ -102,7 +240,13 @@ def Serve(requests, replies):
       _Reply(replies, error='%s: %s' % (type(e).__name__, e))
 
 
-def main():
+# The key of the environment this server imported with (forked_workers
+# compares it with a program's before its workers use the inherited server).
+_KEY = ''
+
+
+def main(argv=None):
+  global _KEY
   # Nothing else may write to the reply pipe: descriptor 1 (C++ code's
   # output too) and sys.stdout go to stderr from here on.
   replies = os.fdopen(os.dup(1), 'w')
@@ -110,7 +254,11 @@ def main():
   sys.stdout = sys.stderr
   try:
     # pylint: disable=g-import-not-at-top,unused-import
+    from gpipe.runtime import forked_workers
     from gpipe.runtime import worker
+    for name in (sys.argv[1:] if argv is None else argv):
+      importlib.import_module(name)
+    _KEY = forked_workers.ImportTimeKeyText(os.environ)
   except BaseException as e:  # pylint: disable=broad-except
     _Reply(replies, error='%s: %s' % (type(e).__name__, e))
     return 1

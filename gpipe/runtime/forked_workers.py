@@ -53,11 +53,13 @@ START_SECS = 180.0
 # How long one answer of a started fork server may take.
 ANSWER_SECS = 60.0
 _IMPORT_TIME_PREFIXES = ('TF_', 'OMP_', 'MKL_', 'KMP_', 'PYTHON', 'LD_',
-                         'MALLOC_', 'GLIBC_')
+                         'MALLOC_', 'GLIBC_', 'GPIPE_')
 
 _lock = threading.Lock()
-_servers = {}  # Import-time environment -> _Server.
+# (import-time environment's key, preloaded modules) -> _Server.
+_servers = {}
 _failed = []  # Why the fork server could not start, said once.
+_failed_programs = {}  # Server key -> why its server could not start.
 
 
 class ForkServerError(RuntimeError):
@@ -96,42 +98,84 @@ def _ForgetServers():
   global _lock
   _lock = threading.Lock()
   _servers.clear()
+  _failed_programs.clear()
 
 
-def _ImportTimeKey(env):
-  return tuple(sorted((k, v) for k, v in env.items()
-                      if k.startswith(_IMPORT_TIME_PREFIXES)))
+def ImportTimeKeyText(env):
+  """The variables of `env` read at import time, as one text."""
+  return json.dumps(sorted((k, v) for k, v in env.items()
+                           if k.startswith(_IMPORT_TIME_PREFIXES)))
+
+
+def InheritServer(answers_fd, requests_fd, key):
+  """Makes a fork server's pipes this process's for workers (see StartProgram).
+
+  Called by the fork server in a program it forked with a fork server of its
+  own: the program's workers are then forks of that one.
+
+  Args:
+    answers_fd: the descriptor its answers come on.
+    requests_fd: the descriptor to write requests to.
+    key: ImportTimeKeyText of the environment the server imported with.
+  """
+  _servers[(key, ())] = _Server(pipes=(answers_fd, requests_fd))
 
 
 class _Server:
-  """One fork server: its process and its request pipe, one at a time."""
+  """One fork server: its process and its request pipe, one at a time.
 
-  def __init__(self, env):
+  Attributes:
+    proc: its subprocess.Popen; None for a server inherited from the fork
+      server that forked this process (InheritServer).
+    broken: why it can no longer be asked, or None.
+  """
+
+  def __init__(self, env=None, preload=(), pipes=None):
+    """Starts a fork server, or wraps an inherited one's pipes.
+
+    Args:
+      env: its environment (a new server).
+      preload: modules it imports besides the worker's (a new server).
+      pipes: (answers, requests) descriptors of an inherited server.
+
+    Raises:
+      ForkServerError: a new server did not start.
+    """
     self._lock = threading.Lock()
     self.broken = None
+    if pipes:
+      self.proc = None
+      self._answers = os.fdopen(pipes[0], 'r')
+      self._requests = os.fdopen(pipes[1], 'w')
+      return
     try:
       self.proc = subprocess.Popen(
-          [sys.executable, '-m', 'gpipe.runtime.fork_server'],
+          [sys.executable, '-m', 'gpipe.runtime.fork_server'] + list(preload),
           stdin=subprocess.PIPE, stdout=subprocess.PIPE,
           stderr=subprocess.DEVNULL, env=env, cwd=child_env.ROOT, text=True,
           bufsize=1, start_new_session=True)
     except OSError as e:
       raise ForkServerError('the workers\' fork server did not start: %s' %
                             e) from None
+    self._answers, self._requests = self.proc.stdout, self.proc.stdin
     reply = self._Read(START_SECS)
     if not reply.get('ready'):
       self._Break()
       raise ForkServerError('the workers\' fork server did not start: %s' %
                             reply.get('error', reply))
 
+  def Serving(self):
+    """Whether it can still be asked."""
+    return not self.broken and (self.proc is None or self.proc.poll() is None)
+
   def _Read(self, timeout):
     """Its next answer (a dict); {'error': why} if there is none."""
-    if not _Readable(self.proc.stdout.fileno(), timeout):
+    if not _Readable(self._answers.fileno(), timeout):
       return {'error': 'no answer in %.0f s' % timeout, 'here': True}
-    line = self.proc.stdout.readline()
+    line = self._answers.readline()
     if not line:
-      return {'error': 'it exited with code %s' % self.proc.poll(),
-              'here': True}
+      return {'error': 'it exited with code %s' % (
+          self.proc.poll() if self.proc else 'unknown'), 'here': True}
     try:
       reply = json.loads(line)
     except ValueError:
@@ -142,6 +186,13 @@ class _Server:
   def _Break(self):
     """Ends this server (its answers can no longer be matched to requests)."""
     self.broken = self.broken or 'stopped'
+    if self.proc is None:  # Inherited: it exits when its requests end.
+      for f in (self._requests, self._answers):
+        try:
+          f.close()
+        except OSError:
+          pass
+      return
     try:
       self.proc.kill()
       self.proc.wait(timeout=10)
@@ -155,8 +206,8 @@ class _Server:
         raise ForkServerError('the workers\' fork server is gone (%s)' %
                               self.broken)
       try:
-        self.proc.stdin.write(json.dumps(request) + '\n')
-        self.proc.stdin.flush()
+        self._requests.write(json.dumps(request) + '\n')
+        self._requests.flush()
         reply = self._Read(ANSWER_SECS)
       except (OSError, ValueError) as e:
         reply = {'error': str(e), 'here': True}
@@ -175,35 +226,52 @@ class _Server:
     return reply
 
 
-def _ServerFor():
-  """The fork server for this environment, started on first use."""
-  env = child_env.Environment()
-  key = _ImportTimeKey(env)
+def _ServerFor(env, preload=()):
+  """The fork server for `env` and `preload`, started on first use."""
+  key = (ImportTimeKeyText(env), tuple(preload))
   with _lock:
     server = _servers.get(key)
-    if server is None or server.broken or server.proc.poll() is not None:
-      server = _servers[key] = _Server(env)
+    if server is None or not server.Serving():
+      if key in _failed_programs:
+        raise ForkServerError(_failed_programs[key])
+      try:
+        server = _servers[key] = _Server(env, preload)
+      except ForkServerError as e:
+        if preload:  # Not tried again for every program.
+          _failed_programs[key] = str(e)
+        raise
     return server
 
 
-class ForkedWorker:
-  """A forked worker process, with the subprocess.Popen calls it needs.
+class ForkedProcess:
+  """A forked worker or program, with the subprocess.Popen calls it needs.
 
   Attributes:
-    pid: the worker's process id.
+    pid: its process id.
     returncode: None while it runs, then its exit code (-N: killed by
       signal N), as subprocess.Popen's; 255 when its fork server died
       before saying.
     args: its flags.
   """
 
-  def __init__(self, argv, log_path=None, core=None):
-    """Forks a worker of the fork server.
+  def __init__(self, argv, log_path=None, core=None, main=None,
+               err_path=None, env=None, cwd=None, preload=(),
+               own_server=False):
+    """Forks a worker, or a program, of the fork server.
 
     Args:
-      argv: the worker's flags (`python -m gpipe.worker`'s).
-      log_path: its stdout and stderr (default: discarded).
+      argv: the worker's flags (`python -m gpipe.worker`'s), or the
+        program's.
+      log_path: its stdout, and stderr unless `err_path` (default:
+        discarded).
       core: the CPU core to pin it to (default: not pinned).
+      main: None for a worker, else the module the fork runs as
+        `python -m main argv...` would.
+      err_path: its stderr, if not `log_path`'s file.
+      env: its environment (default: child_env.Environment()).
+      cwd: its working directory (default: this process's).
+      preload: modules its fork server imports before forking.
+      own_server: a program gets a fork server of its own for its workers.
 
     Raises:
       ForkServerError: the fork server could not start or fork.
@@ -211,11 +279,21 @@ class ForkedWorker:
     self.args = list(argv)
     self.returncode = None
     self._lock = threading.Lock()
-    self._server = _ServerFor()
-    reply = self._server.Ask(
+    env = child_env.Environment() if env is None else dict(env)
+    self._server = _ServerFor(env, preload)
+    request = dict(
         op='start', argv=self.args,
         log=os.path.abspath(log_path) if log_path else None, core=core,
-        env=child_env.Environment(), cwd=os.getcwd(), launcher=os.getpid())
+        env=env, cwd=os.path.abspath(cwd or os.getcwd()),
+        launcher=os.getpid())
+    if main:
+      request.update(main=main, server=bool(own_server),
+                     err=os.path.abspath(err_path) if err_path else None)
+    for path in (request['log'], request.get('err')):
+      if path:  # As a Popen's: there when this returns (the fork truncates).
+        with open(path, 'a'):
+          pass
+    reply = self._server.Ask(**request)
     if not isinstance(reply.get('pid'), int):
       raise ForkServerError('the workers\' fork server answered %r' % reply)
     self.pid = reply['pid']
@@ -277,20 +355,40 @@ class ForkedWorker:
 
 
 def Start(argv, log_path=None, core=None):
-  """A ForkedWorker serving `argv` (see ForkedWorker).
+  """A ForkedProcess serving `argv` as a worker (see ForkedProcess).
 
   Raises:
     ForkServerError: no fork server here; Enabled() is False from now on,
       and the error says why (the caller starts a command instead).
   """
   try:
-    return ForkedWorker(argv, log_path=log_path, core=core)
+    return ForkedProcess(argv, log_path=log_path, core=core,
+                         env=child_env.Environment())
   except ForkServerError as e:
     if not _failed:
       _failed.append(str(e))
       print('gpipe: %s; local workers start as commands instead' % e,
             file=sys.stderr, flush=True)
     raise
+
+
+def StartProgram(main, argv, log_path, err_path=None, env=None, cwd=None,
+                 preload=(), own_server=True):
+  """A ForkedProcess running `python -m main argv...` (see ForkedProcess).
+
+  Its fork server imports `preload` (e.g. the trainer's modules) once; each
+  program is then a fork of it, as a fresh interpreter would run it. With
+  `own_server` the program's local workers come from a fork server of its
+  own, itself a fork of that one: neither imports anything.
+
+  Raises:
+    ForkServerError: no fork server for these modules here (the caller
+      starts a command instead); said again, at once, for every later start
+      with the same modules and environment.
+  """
+  return ForkedProcess(argv, log_path=log_path, main=main, err_path=err_path,
+                       env=env, cwd=cwd, preload=tuple(preload),
+                       own_server=own_server)
 
 
 if hasattr(os, 'register_at_fork'):

@@ -143,7 +143,7 @@ class LocalCluster:
   def _Start(self, i, log_name):
     """Starts the process of worker `i`; (process, log file, memory cap).
 
-    The process is a fork of the workers' fork server (a ForkedWorker, see
+    The process is a fork of the workers' fork server (a ForkedProcess, see
     gpipe.runtime.forked_workers), or a `python -m gpipe.runtime.worker`
     command (a subprocess.Popen) under a memory cap or with forking off.
     """

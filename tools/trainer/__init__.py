@@ -20,10 +20,21 @@ Its parts, in the order a run meets them:
   with the stages on (planned) GPUs, the GPU audit of the training graph.
 """
 
+import os as _os
 import time as _time
 
 # The trainer's own start: the first import of its package, so that a start-up
 # line does not count what ran in the process before an exec (``train.sh``
 # execs the trainer after the machine's set-up, and /proc's process start
-# time counts from the shell).
+# time counts from the shell); in a process forked from one that imported it
+# (a fork server's program, gpipe.runtime.forked_workers), the fork.
 STARTED = _time.time()
+
+
+def _Forked():
+  global STARTED
+  STARTED = _time.time()
+
+
+if hasattr(_os, 'register_at_fork'):
+  _os.register_at_fork(after_in_child=_Forked)
