@@ -17,7 +17,6 @@ import json
 import os
 import re
 import signal
-import sys
 import tempfile
 
 from lingvo import compat as tf
@@ -60,11 +59,9 @@ class NetnsElasticTest(test_utils.TestCase):
 
       def Serve(task, host):
         worker_log = os.path.join(work, 'worker_%d_host_%d.log' % (task, host))
-        proc = lab.Popen(
-            lab.hosts[host],
-            [sys.executable, '-m', 'gpipe.worker', '--cluster_spec=@' + spec,
-             '--task=%d' % task],
-            log_path=worker_log, start_new_session=True)
+        proc = lab.StartWorker(
+            lab.hosts[host], ['--cluster_spec=@' + spec, '--task=%d' % task],
+            log_path=worker_log)
         netns_testlib.WaitFor(proc, worker_log,
                               lambda: lab.Serving(host, PORT),
                               'task %d to serve on host %d' % (task, host))

@@ -9,8 +9,14 @@ import threading
 import time
 
 from absl.testing import absltest
+from gpipe.runtime import forked_workers
 from tools.netlab import delay_relay
 from tools.netlab import netns
+
+
+def _Parent(pid):
+  with open('/proc/%d/stat' % pid) as f:
+    return int(f.read().split(')')[-1].split()[1])
 
 DELAY_MS = 50.0
 
@@ -276,6 +282,27 @@ class LabTest(absltest.TestCase):
           lab.client,
           lambda: _RoundTripSeconds(lab.Address(0, delayed=False), 2345))
       self.assertLess(direct, delayed)
+
+  def testWorkersServeInTheirHostsNamespaces(self):
+    with netns.Lab(2) as lab, netns.Workers(lab) as workers:
+      for i, pid in enumerate(workers.pids):
+        # In host i's namespace (the one its address is in), not this one.
+        self.assertEqual(
+            'net:[%d]' % os.stat('/var/run/netns/' + lab.hosts[i]).st_ino,
+            os.readlink('/proc/%d/ns/net' % pid))
+        with open('/proc/%d/cmdline' % _Parent(pid), 'rb') as f:
+          parent = f.read().replace(b'\0', b' ').decode()
+        if forked_workers.Enabled():  # A fork, not a command.
+          self.assertIn('-m gpipe.runtime.fork_server', parent)
+      self.assertTrue(lab.Serving(1, workers.port))
+      workers.Kill(1)
+      self.assertFalse(lab.Serving(1, workers.port, timeout=0.5))
+      workers.Start(1)
+      workers.WaitServing(1, 60)
+      pids = workers.pids
+    # Closed: the workers have ended and are reaped.
+    for pid in pids:
+      self.assertFalse(os.path.exists('/proc/%d' % pid), pid)
 
   def testLabsOfKilledProcessesAreRemoved(self):
     proc = subprocess.Popen(

@@ -5,8 +5,10 @@ connections must start there); the reference runs use local worker
 processes in this process's namespace.
 """
 
+import os
 import subprocess
 import sys
+import tempfile
 
 from tests import polling
 from tests import trainer_testlib
@@ -29,17 +31,34 @@ def SkipUnlessNamespaces(test):
 
 
 def RunTrainer(lab, args, timeout=300):
-  """Runs the trainer in the lab's client host; returns CompletedProcess."""
-  return subprocess.run(
-      lab.Command(lab.client, trainer_testlib.TrainerCommand(*args)),
-      cwd=netns.ROOT, env=netns.ChildEnvironment(), capture_output=True,
-      text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+  """Runs the trainer in the lab's client host; returns CompletedProcess.
+
+  Raises:
+    subprocess.TimeoutExpired: it still ran after `timeout` seconds (it is
+      killed).
+  """
+  with tempfile.TemporaryDirectory() as outputs:
+    out, err = (os.path.join(outputs, n) for n in ('stdout', 'stderr'))
+    proc = PopenTrainer(lab, args, out, err_path=err)
+    try:
+      proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+      proc.kill()
+      proc.wait()
+      raise
+    return subprocess.CompletedProcess(
+        trainer_testlib.TrainerCommand(*args), proc.returncode,
+        ReadFile(out), ReadFile(err))
 
 
-def PopenTrainer(lab, args, log_path):
-  """Starts the trainer in the lab's client host, output into log_path."""
-  return lab.Popen(lab.client, trainer_testlib.TrainerCommand(*args),
-                   log_path=log_path)
+def PopenTrainer(lab, args, log_path, err_path=None):
+  """Starts the trainer in the lab's client host, output into log_path.
+
+  A fork of a process that imported the trainer once (trainer_testlib), or
+  a command with GPIPE_FORK_WORKERS=0.
+  """
+  return lab.StartProgram(lab.client, 'tools.trainer', args, log_path,
+                          err_path=err_path, preload=trainer_testlib.PRELOAD)
 
 
 def ReadFile(path):

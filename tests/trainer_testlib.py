@@ -157,7 +157,7 @@ def Environment():
 # What a forked trainer's fork server imports once (TensorFlow, Lingvo, the
 # trainer and every registered model): a trainer as a command spends about
 # 6 CPU-seconds importing them, and its local workers' fork server 3 more.
-_PRELOAD = ('tools.trainer.cli', 'params.image', 'params.mt', 'params.toy')
+PRELOAD = ('tools.trainer.cli', 'params.image', 'params.mt', 'params.toy')
 
 
 def _Start(args, log_path, err_path, module):
@@ -180,7 +180,7 @@ def _Start(args, log_path, err_path, module):
     try:
       return forked_workers.StartProgram(
           module, list(args), log_path, err_path=err_path, env=Environment(),
-          cwd=ROOT, preload=_PRELOAD)
+          cwd=ROOT, preload=PRELOAD)
     except forked_workers.ForkServerError as e:
       print('trainer_testlib: %s; the trainer starts as a command' % e,
             file=sys.stderr)

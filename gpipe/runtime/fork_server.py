@@ -6,8 +6,8 @@ modules named on its command line, e.g. the trainer's), says so on stdout,
 then answers one JSON request per line on stdin:
 
 * ``{"op": "start", "argv": [...], "log": path or null, "core": int or null,
-  "env": {...}, "cwd": path, "launcher": pid}``: forks a worker,
-  ``{"pid": N}``. With ``"main": "MODULE"`` the fork runs that module as
+  "env": {...}, "cwd": path, "launcher": pid, "netns": name or null}``:
+  forks a worker (in that network namespace, if named), ``{"pid": N}``. With ``"main": "MODULE"`` the fork runs that module as
   ``python -m MODULE argv...`` would (a program, e.g. the trainer) instead
   of a worker, ``"err"`` its stderr if not ``log``; with ``"server": true``
   the program also gets a fork server of its own, forked from this one
@@ -59,12 +59,27 @@ def _StandardStreams(env):
   sys.stderr = sys.__stderr__ = Stream(2, 'backslashreplace', True)
 
 
+def _JoinNetworkNamespace(name):
+  """Moves this (single-threaded) process into network namespace `name`."""
+  import ctypes  # pylint: disable=g-import-not-at-top
+  libc = ctypes.CDLL(None, use_errno=True)
+  fd = os.open(name if name.startswith('/') else '/var/run/netns/' + name,
+               os.O_RDONLY)
+  try:
+    if libc.setns(fd, 0x40000000):  # CLONE_NEWNET
+      raise OSError(ctypes.get_errno(), 'setns into %s failed' % name)
+  finally:
+    os.close(fd)
+
+
 def _Detach(request, requests, replies):
   """In a fork: its own session, directory, descriptors and environment."""
   os.close(replies.fileno())  # The server's pipes.
   if requests.fileno() != 0:
     os.close(requests.fileno())
   os.setsid()
+  if request.get('netns'):
+    _JoinNetworkNamespace(request['netns'])
   os.chdir(request.get('cwd') or '/')
   log = request.get('log') or os.devnull
   out = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)

@@ -256,7 +256,7 @@ class ForkedProcess:
 
   def __init__(self, argv, log_path=None, core=None, main=None,
                err_path=None, env=None, cwd=None, preload=(),
-               own_server=False):
+               own_server=False, netns=None):
     """Forks a worker, or a program, of the fork server.
 
     Args:
@@ -272,6 +272,8 @@ class ForkedProcess:
       cwd: its working directory (default: this process's).
       preload: modules its fork server imports before forking.
       own_server: a program gets a fork server of its own for its workers.
+      netns: the network namespace (a name under /var/run/netns, or a
+        path) the fork joins before it runs; default: the server's.
 
     Raises:
       ForkServerError: the fork server could not start or fork.
@@ -285,7 +287,7 @@ class ForkedProcess:
         op='start', argv=self.args,
         log=os.path.abspath(log_path) if log_path else None, core=core,
         env=env, cwd=os.path.abspath(cwd or os.getcwd()),
-        launcher=os.getpid())
+        launcher=os.getpid(), netns=netns)
     if main:
       request.update(main=main, server=bool(own_server),
                      err=os.path.abspath(err_path) if err_path else None)
@@ -354,7 +356,7 @@ class ForkedProcess:
     self.send_signal(signal.SIGTERM)
 
 
-def Start(argv, log_path=None, core=None):
+def Start(argv, log_path=None, core=None, netns=None, env=None):
   """A ForkedProcess serving `argv` as a worker (see ForkedProcess).
 
   Raises:
@@ -363,7 +365,7 @@ def Start(argv, log_path=None, core=None):
   """
   try:
     return ForkedProcess(argv, log_path=log_path, core=core,
-                         env=child_env.Environment())
+                         env=child_env.Environment(env), netns=netns)
   except ForkServerError as e:
     if not _failed:
       _failed.append(str(e))
@@ -373,7 +375,7 @@ def Start(argv, log_path=None, core=None):
 
 
 def StartProgram(main, argv, log_path, err_path=None, env=None, cwd=None,
-                 preload=(), own_server=True):
+                 preload=(), own_server=True, netns=None, core=None):
   """A ForkedProcess running `python -m main argv...` (see ForkedProcess).
 
   Its fork server imports `preload` (e.g. the trainer's modules) once; each
@@ -388,7 +390,7 @@ def StartProgram(main, argv, log_path, err_path=None, env=None, cwd=None,
   """
   return ForkedProcess(argv, log_path=log_path, main=main, err_path=err_path,
                        env=env, cwd=cwd, preload=tuple(preload),
-                       own_server=own_server)
+                       own_server=own_server, netns=netns, core=core)
 
 
 if hasattr(os, 'register_at_fork'):

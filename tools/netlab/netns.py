@@ -37,10 +37,14 @@ each host's sending and receiving at that rate.
 Partitions: ``SetLink(i, False)`` sets host i's interface down (its
 connections stall, new ones fail), ``SetLink(i, True)`` brings it back.
 
-Workers (``Workers``): ``python -m gpipe.worker`` processes, worker i in
-host i, each a separate process tree started with ``ip netns exec`` (which
-becomes the worker, so with ``--exit_with_parent`` it exits with this
-process), at a fixed port (labs do not share ports).
+Workers (``Workers``, ``StartWorker``): ``python -m gpipe.worker`` servers,
+worker i in host i, each a process of its own that exits with this process,
+at a fixed port (labs do not share ports). Like ``LocalCluster``'s, a worker
+is a fork of the fork server that imported TensorFlow once
+(``gpipe.runtime.forked_workers``), which joins the host's namespace before
+it serves; with ``GPIPE_FORK_WORKERS=0`` it is a command started with ``ip
+netns exec`` (``--exit_with_parent``). ``StartProgram`` starts a program,
+e.g. the trainer in the client, the same way.
 
 Clean-up: ``Close`` (also the context manager's exit and, at interpreter
 exit, ``atexit``) kills every process in the lab's namespaces and deletes
@@ -66,6 +70,7 @@ import threading
 import time
 
 from gpipe.runtime import child_env
+from gpipe.runtime import forked_workers
 from gpipe.runtime import liveness
 
 PREFIX = 'gpnl'
@@ -396,6 +401,74 @@ class Lab:
     self._procs.append(proc)
     return proc
 
+  def StartWorker(self, ns, args, log_path=None, core=None):
+    """Starts a TensorFlow worker (`python -m gpipe.worker args`) in `ns`.
+
+    A fork of the fork server that imported TensorFlow once
+    (gpipe.runtime.forked_workers), joined to namespace `ns`, that exits
+    with this process; a command (`--exit_with_parent`) where forking is
+    off or fails.
+
+    Args:
+      ns: a namespace of this lab.
+      args: the worker's flags.
+      log_path: its stdout and stderr (default: discarded).
+      core: the CPU core to pin it to (default: not pinned).
+
+    Returns:
+      Its process (subprocess.Popen's calls), stopped by Close.
+    """
+    args = ['--exit_with_parent'] + list(args)
+    if forked_workers.Enabled():
+      try:
+        proc = forked_workers.Start(args, log_path=log_path, core=core,
+                                    netns=ns, env=ChildEnvironment())
+        self._procs.append(proc)
+        return proc
+      except forked_workers.ForkServerError:
+        pass  # It said why: a command instead.
+    argv = [sys.executable, '-m', 'gpipe.worker'] + args
+    if core is not None:
+      argv = ['taskset', '-c', str(core)] + argv
+    # Its own session, as gpipe.runtime.local_cluster's workers: Linux's
+    # autogroup scheduler gives each session one CPU share.
+    return self.Popen(ns, argv, log_path=log_path, start_new_session=True)
+
+  def StartProgram(self, ns, module, args, log_path, err_path=None,
+                   preload=()):
+    """Starts `python -m module args` in `ns` (stopped by Close).
+
+    A fork of a fork server that imported `preload` once
+    (gpipe.runtime.forked_workers.StartProgram), joined to namespace `ns`;
+    a command where forking is off or fails.
+
+    Args:
+      ns: a namespace of this lab.
+      module: the program's module, e.g. 'tools.trainer'.
+      args: its flags.
+      log_path: its stdout (and stderr unless `err_path`).
+      err_path: its stderr, if not `log_path`'s file.
+      preload: modules the fork server imports once.
+
+    Returns:
+      Its process (subprocess.Popen's calls).
+    """
+    if forked_workers.Supported():
+      try:
+        proc = forked_workers.StartProgram(
+            module, list(args), log_path, err_path=err_path,
+            env=ChildEnvironment(), cwd=ROOT, preload=preload, netns=ns)
+        self._procs.append(proc)
+        return proc
+      except forked_workers.ForkServerError as e:
+        print('netns: %s; %s starts as a command' % (e, module),
+              file=sys.stderr)
+    argv = [sys.executable, '-m', module] + list(args)
+    if not err_path:
+      return self.Popen(ns, argv, log_path=log_path)
+    with open(log_path, 'w') as out, open(err_path, 'w') as err:
+      return self.Popen(ns, argv, stdout=out, stderr=err)
+
   def Address(self, i, delayed=True):
     """The address that reaches host i: through the relay if there is one."""
     if delayed and self.relay_addresses:
@@ -526,17 +599,12 @@ class Workers:
     if self.procs[i] is not None and self.procs[i].poll() is None:
       raise ValueError('worker %d (pid %d) is still running' %
                        (i, self.procs[i].pid))
-    argv = [sys.executable, '-m', 'gpipe.worker', '--cluster_spec',
-            self.cluster_spec, '--task', str(i), '--exit_with_parent'
+    args = ['--cluster_spec', self.cluster_spec, '--task', str(i)
            ] + self._args
-    if self._pin:
-      argv = ['taskset', '-c', str(i % (os.cpu_count() or 1))] + argv
     self._starts[i] += 1
-    # Its own session, as gpipe.runtime.local_cluster's workers: Linux's autogroup
-    # scheduler gives each session one CPU share.
-    self.procs[i] = self.lab.Popen(self.lab.hosts[i], argv,
-                                   log_path=self.LogPath(i),
-                                   start_new_session=True)
+    self.procs[i] = self.lab.StartWorker(
+        self.lab.hosts[i], args, log_path=self.LogPath(i),
+        core=i % (os.cpu_count() or 1) if self._pin else None)
     return self.procs[i]
 
   def WaitServing(self, i, timeout=60.0):
