@@ -12,6 +12,13 @@ resumed run sees exactly the batches an uninterrupted run would have seen.
 ``LoadTfds`` reads a prepared tensorflow-datasets data set for the inputs
 that use one, and says how to prepare it when it is missing.
 
+With ``p.skip_at_initialization`` the skip is not part of the graph but fed
+when the input's iterator is initialized (an initializable iterator: its
+initializer and the skip's placeholder are in the graph collections
+``INITIALIZERS`` and ``SKIPS``): the trainer keeps a built training graph
+across a restart of its workers and starts it at the newest checkpoint's
+batch.
+
 With ``p.stand_in`` an input yields batches of zeros shaped like its
 examples (``ExampleSpecs()``), without reading any data: a graph that needs
 the input's structure but not its values (the trainer's GPU audit) builds
@@ -22,6 +29,12 @@ from gpipe.compat import lingvo_import  # pylint: disable=unused-import
 from lingvo import compat as tf
 from lingvo.core import base_input_generator
 from lingvo.core import py_utils
+
+# Graph collections of an input with p.skip_at_initialization: its
+# iterator's initializer, and the int64 placeholder of the batches to skip
+# (defaulting to p.skip_batches) that the initializer reads.
+INITIALIZERS = 'gpipe_input_initializers'
+SKIPS = 'gpipe_input_skips'
 
 
 def LoadTfds(name, split, data_dir=None, download=False, hint='', **kwargs):
@@ -74,6 +87,10 @@ class DatasetInput(base_input_generator.BaseInputGenerator):
              'pass (evaluation), with the last partial batch dropped.')
     p.Define('skip_batches', 0,
              'Batches to skip first (set by the trainer when it resumes).')
+    p.Define('skip_at_initialization', False,
+             'Feed the batches to skip when the iterator is initialized '
+             '(collections INITIALIZERS and SKIPS) instead of building them '
+             'into the graph: a kept graph resumes anywhere.')
     p.Define('stand_in', False,
              'Yield zeros shaped like the examples (ExampleSpecs) instead of '
              'the data: for building graphs without the data set (the '
@@ -102,8 +119,13 @@ class DatasetInput(base_input_generator.BaseInputGenerator):
     }
     return tf.data.Dataset.from_tensors(zeros).repeat()
 
-  def Dataset(self):
-    """The batched dataset this generator reads from."""
+  def Dataset(self, skip=None):
+    """The batched dataset this generator reads from.
+
+    Args:
+      skip: the batches to skip first, a scalar int64 tensor (default:
+        p.skip_batches).
+    """
     p = self.params
     if p.batch_size <= 0:
       raise ValueError('%s: batch_size must be > 0, got %d' %
@@ -117,10 +139,20 @@ class DatasetInput(base_input_generator.BaseInputGenerator):
     if p.repeat:
       ds = ds.repeat()
     ds = ds.batch(p.batch_size, drop_remainder=True)
-    if p.skip_batches:
+    if skip is not None:
+      ds = ds.skip(skip)
+    elif p.skip_batches:
       ds = ds.skip(p.skip_batches)
     return ds.prefetch(2)
 
   def _InputBatch(self):
-    iterator = tf.data.make_one_shot_iterator(self.Dataset())
+    p = self.params
+    if not p.skip_at_initialization:
+      iterator = tf.data.make_one_shot_iterator(self.Dataset())
+      return py_utils.NestedMap(iterator.get_next())
+    skip = tf.compat.v1.placeholder_with_default(
+        tf.constant(p.skip_batches, tf.int64), [], name='skip_batches')
+    iterator = tf.data.make_initializable_iterator(self.Dataset(skip))
+    tf.compat.v1.add_to_collection(INITIALIZERS, iterator.initializer)
+    tf.compat.v1.add_to_collection(SKIPS, skip)
     return py_utils.NestedMap(iterator.get_next())

@@ -4,6 +4,7 @@ from gpipe.compat import lingvo_import  # pylint: disable=unused-import
 
 import functools
 import time
+from unittest import mock
 
 from gpipe.runtime import local_cluster
 from lingvo import compat as tf
@@ -91,6 +92,35 @@ class RemoteTasksTest(test_utils.TestCase):
     remote_tasks.RemoteTasks(self.addresses).Connect(
         self.cluster.target, wait_secs=10, gone=Gone)
     self.assertEqual([True], asked)
+
+  def testAFailedMeshStepIsTriedAgainEvenPastTheWait(self):
+    # A connection a healed partition left stalled holds the first step
+    # for the whole step timeout: the next try is the one that tells.
+    tasks = remote_tasks.RemoteTasks(self.addresses)
+    tries = []
+
+    def StalledOnce(unused_target, unused_timeout):
+      tries.append(time.monotonic())
+      if len(tries) == 1:
+        raise tf.errors.DeadlineExceededError(None, None, 'stalled')
+
+    with mock.patch.object(tasks, '_MeshStep', StalledOnce):
+      tasks.Connect(self.cluster.target, wait_secs=0)
+    self.assertLen(tries, 2)
+
+    # A step that keeps failing: the error after the second try.
+    def Stalled(unused_target, unused_timeout):
+      tries.append(time.monotonic())
+      raise tf.errors.DeadlineExceededError(None, None, 'stalled')
+
+    del tries[:]
+    with mock.patch.object(tasks, '_MeshStep', Stalled):
+      with self.assertRaisesRegex(
+          remote_tasks.TaskUnreachableError,
+          'answer, but a step across them fails: DeadlineExceededError: '
+          'stalled'):
+        tasks.Connect(self.cluster.target, wait_secs=0)
+    self.assertLen(tries, 2)
 
   def testWaitFlagsAreChecked(self):
     inspect = functools.partial(settings.Settings, model=trainer_testlib.TOY,

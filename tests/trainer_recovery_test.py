@@ -50,6 +50,12 @@ class TrainerRecoveryTest(test_utils.TestCase):
                   'resuming from the newest checkpoint', log)
     self.assertIn('resumed from %s/ckpt-%d at step %d' %
                   (logdir, resume_step, resume_step), log)
+    # The same configuration: the restart opened a new session on the
+    # graph it had built (its input fed the checkpoint's position, as the
+    # losses below show), not a new graph.
+    self.assertEqual(1, log.count('built the training graph'), log)
+    self.assertIn('kept the training graph of the last run (the same '
+                  'configuration): a new session, no rebuild', log)
     self.assertRegex(
         log, r'trainer: error: pipeline worker 0 \(pid %d, localhost:\d+\) '
         r'exited with code -9 .*\(gave up after 1 worker restart\(s\), '

@@ -184,18 +184,23 @@ class RemoteTasks:
         error of the check, after wait_secs (at once if `gone()`).
     """
     deadline = time.time() + wait_secs
+    tries = 0
     while True:
       lost = self.Unreachable()
       if lost and gone is not None and gone():
         deadline = time.time()
       if not lost:
+        tries += 1
         try:
           self._MeshStep(target, step_timeout_secs)
           return
         except tf.errors.OpError as e:
           reason = '%s: %s' % (type(e).__name__,
                                e.message.strip().splitlines()[0][:300])
-      if time.time() >= deadline:
+      # A step that failed once is tried again even past the deadline: a
+      # connection between two tasks that a healed partition left stalled
+      # holds the first step until it recovers or is replaced.
+      if time.time() >= deadline and (lost or tries >= 2):
         if lost:
           raise TaskUnreachableError(
               '%s (--cluster_spec %s). Start the servers (python -m '

@@ -20,6 +20,13 @@ mini-batch. The loop:
   worker process or a step that exceeds its timeout (with
   ``--max_worker_restarts`` the trainer then restarts the workers and runs a
   new loop from the newest checkpoint: tools/trainer/cli.py).
+
+A run that can restart (``--max_worker_restarts``, ``--elastic``) keeps its
+built training graph: the next loop with the same configuration (a restart
+of its workers, not a move to another shape) opens a new session on it
+instead of building the model again, and starts its input at the newest
+checkpoint's batch (the input's skip is fed when its iterator is
+initialized: ``tasks.dataset_input``'s ``skip_at_initialization``).
 """
 
 import math
@@ -36,6 +43,8 @@ from gpipe.runtime import liveness
 from gpipe.runtime import local_cluster
 from gpipe.measure import timeline
 from lingvo import compat as tf
+from lingvo.core import py_utils
+from tasks import dataset_input
 from tools.trainer import checkpoints
 from tools.trainer import model_graph
 from tools.trainer import progress
@@ -68,6 +77,10 @@ _LOOPS_STARTED = []
 # How long the main thread waits for a session run between two looks at
 # the loop's signals (_RunInThread).
 _WAIT_SLICE_SECS = 0.2
+# The training graph of this process's last loop that could restart:
+# [(its configuration's key, NestedMap(built, saver, init, input_init,
+# skips, fetches))], for the next loop of the same configuration.
+_KEPT = []
 # Steps timed as start-up phases (the first one optimizes, partitions and
 # instantiates; the second shows a step without that).
 STARTUP_STEPS = 2
@@ -178,6 +191,8 @@ class TrainLoop:
       except (tf.errors.NotFoundError, ValueError):
         start_step = 0  # Not ours, or unreadable: CheckCompatible says so.
     cfg = self._run.train.Copy()
+    if 'skip_at_initialization' in cfg.input:
+      cfg.input.skip_at_initialization = True
     if start_step and 'skip_batches' in cfg.input:
       # One batch per step: resume exactly where the data left off.
       cfg.input.skip_batches = start_step
@@ -187,10 +202,44 @@ class TrainLoop:
                  cfg.input.cls.__name__)
     return cfg, resume
 
-  def Run(self):
-    """Trains to max_steps; returns (global step, path of last checkpoint)."""
-    cfg, resume = self._TrainParams()
-    max_steps = self._run.max_steps or cfg.task.train.max_steps
+  def _KeyOf(self, cfg):
+    """What a kept graph must have been built for to serve `cfg` (or None).
+
+    None when this run cannot restart (nothing is kept). The input's
+    position is not part of it (fed at initialization).
+    """
+    run = self._run
+    if not (run.max_worker_restarts or self._placement.elastic):
+      return None
+    cfg = cfg.Copy()
+    if 'skip_batches' in cfg.input:
+      cfg.input.skip_batches = 0
+    placement = self._placement
+    return (cfg.ToText(), run.seed, placement.session_cluster is not None,
+            placement.distributed, placement.num_cpus,
+            tuple(placement.devices or ()))
+
+  def _Build(self, cfg, resume):
+    """The training graph, saver and ops: built, or kept from the last loop.
+
+    Returns:
+      NestedMap(built, saver, init, input_init, skips, fetches): input_init
+      (None without such inputs) initializes the inputs' iterators, which
+      read the batches to skip from the placeholders `skips`.
+    """
+    key = self._KeyOf(cfg)
+    if key is not None and _KEPT and _KEPT[0][0] == key:
+      parts = _KEPT[0][1]
+      self._graph_ops = len(parts.built.graph.get_operations())
+      self._echo('kept the training graph of the last run (the same '
+                 'configuration): a new session, no rebuild')
+      with self._startup.Phase('graph kept from the last run'):
+        if self._watch is not None:
+          self._watch.Built(parts.built.model)
+        if resume:
+          checkpoints.CheckCompatible(resume, parts.saver.variables)
+      return parts
+    del _KEPT[:]  # Its memory, before the next graph is built.
     started = time.time()
     built = model_graph.Build(cfg, self._placement, 'train', self._run.seed,
                               phases=self._startup)
@@ -211,26 +260,40 @@ class TrainLoop:
       init = tf.group(tf.compat.v1.global_variables_initializer(),
                       tf.compat.v1.local_variables_initializer(),
                       tf.compat.v1.tables_initializer())
+      initializers = tf.compat.v1.get_collection(dataset_input.INITIALIZERS)
+      input_init = tf.group(*initializers) if initializers else None
       fetches = {
           'train': task.train_op,
           'metrics': {k: v[0] for k, v in task.eval_metrics.items()},
       }
       built.graph.finalize()
+    parts = py_utils.NestedMap(
+        built=built, saver=saver, init=init, input_init=input_init,
+        skips=built.graph.get_collection(dataset_input.SKIPS),
+        fetches=fetches)
+    if key is not None:
+      _KEPT.append((key, parts))
+    return parts
+
+  def Run(self):
+    """Trains to max_steps; returns (global step, path of last checkpoint)."""
+    cfg, resume = self._TrainParams()
+    max_steps = self._run.max_steps or cfg.task.train.max_steps
+    parts = self._Build(cfg, resume)
     self._AwaitPendingRuns()
     with self._startup.Phase('session'):
-      sess = self._placement.NewSession(built.graph)
+      sess = self._placement.NewSession(parts.built.graph)
     # Savers refuse to work in eager mode: run inside the model's graph.
-    with built.graph.as_default():
-      return self._RunSession(sess, init, saver, fetches, built, max_steps,
-                              cfg, resume)
+    with parts.built.graph.as_default():
+      return self._RunSession(sess, parts, max_steps, cfg, resume)
 
-  def _RunSession(self, sess, init, saver, fetches, built, max_steps, cfg,
-                  resume):
+  def _RunSession(self, sess, parts, max_steps, cfg, resume):
     """Initializes or restores, trains, then runs after_checkpoint."""
+    built, saver, fetches = parts.built, parts.saver, parts.fetches
     try:
       options = self._placement.RunOptions()
       with self._startup.Phase('variable initialization'):
-        self._Guarded(lambda: sess.run(init, options=options),
+        self._Guarded(lambda: sess.run(parts.init, options=options),
                       'while initializing the variables', resume)
       if resume:
         self._Guarded(lambda: saver.RestoreFrom(sess, resume),
@@ -240,6 +303,12 @@ class TrainLoop:
       with open(os.path.join(self._logdir, 'train_params.txt'), 'w') as f:
         f.write(cfg.ToText())
       step = int(sess.run(built.global_step))
+      if parts.input_init is not None:
+        # One batch per step: the input starts where the restored step's
+        # data left off.
+        self._Guarded(lambda: sess.run(
+            parts.input_init, feed_dict={s: step for s in parts.skips},
+            options=options), 'while initializing the input', resume)
       self.step = step
       if resume:
         self._echo('resumed from %s at step %d' % (resume, step))
