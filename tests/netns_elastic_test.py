@@ -7,8 +7,10 @@ replicas x K=2 stages with M=2 micro-batches. Host 2's worker is lost for
 good: the run shrinks to the survivors (R=1 K=2 M=4, host 3 a spare) and
 goes on. The supervisor starts task 2 on host 4, another address, and
 rewrites the file: the run grows back to 4 devices at a checkpoint, losing
-no step. R x M stays 4 throughout, so every loss equals an uninterrupted
-run's to 1e-10, and the last checkpoint holds the last step.
+no step. Then two losses in a row: task 3, and task 1 while the run moves
+away from task 3; one move takes the run to tasks 0 and 2. R x M stays 4
+throughout, so every loss equals an uninterrupted run's to 1e-10, and the
+last checkpoint holds the last step.
 """
 
 from gpipe.compat import lingvo_import  # pylint: disable=unused-import
@@ -89,6 +91,27 @@ class NetnsElasticTest(test_utils.TestCase):
         workers.append(Serve(2, 4))
       finally:
         os.kill(trainer.pid, signal.SIGCONT)
+      # Grown back: now two losses in a row, the second during the move the
+      # first started (the trainer held while each worker is killed).
+      netns_testlib.WaitFor(
+          trainer, log_path,
+          lambda: log().count('elastic: first step in') >= 2, 'the grow')
+      os.kill(trainer.pid, signal.SIGSTOP)
+      try:
+        netns.StopProcess(workers[3])
+      finally:
+        os.kill(trainer.pid, signal.SIGCONT)
+      netns_testlib.WaitFor(
+          trainer, log_path,
+          lambda: log().count('elastic: shrinking') >= 2, 'the second move',
+          interval_secs=0.005)
+      os.kill(trainer.pid, signal.SIGSTOP)
+      try:
+        moving = log().count('elastic: first step in') == 2
+        netns.StopProcess(workers[1])
+      finally:
+        os.kill(trainer.pid, signal.SIGCONT)
+      self.assertTrue(moving, 'the move ended before task 1 was lost')
       trainer.wait(timeout=300)
       out = log()
       for proc in workers:
@@ -104,13 +127,23 @@ class NetnsElasticTest(test_utils.TestCase):
     self.assertRegex(
         out, r'elastic: growing to 4 device\(s\) of task 0, task 1, task 2, '
         r'task 3: R=1 K=2 M=4 gpipe -> R=2 K=2 M=2 gpipe .*no step redone')
+    # The loss during the move is part of it: one move from the grown shape
+    # to the two tasks left, R x M kept.
+    self.assertRegex(
+        out, r'elastic: shrinking to 2 device\(s\) of task 0, task 2: R=2 K=2 '
+        r'M=2 gpipe -> R=1 K=2 M=4 gpipe')
     events = elastic.ReadEvents(logdir)
-    self.assertEqual(['shrink', 'grow'], [e['kind'] for e in events])
+    self.assertEqual(['shrink', 'grow', 'shrink'], [e['kind'] for e in events])
     self.assertEqual(0, events[1]['steps_redone'])
+    self.assertEqual(['task 3', 'task 1'],
+                     [l.split(' at ')[0] for l in events[2]['lost']])
+    # TensorBoard shows a redone step once: the grow's first step is gone
+    # from it when the last move redid it.
+    firsts = [e['first_step'] for e in events]
     self.assertEqual(
-        [(1, 4.0), (events[0]['first_step'], 2.0),
-         (events[1]['first_step'], 4.0)],
-        summaries.Read(logdir)['trainer/devices'])
+        [(1, 4.0), (firsts[0], 2.0)] +
+        ([(firsts[1], 4.0)] if firsts[1] < firsts[2] else []) +
+        [(firsts[2], 2.0)], summaries.Read(logdir)['trainer/devices'])
     # Nothing written is lost, and the math is the uninterrupted run's.
     losses = trainer_testlib.Losses(logdir)
     self.assertEqual(list(range(1, MAX_STEPS + 1)), [s for s, _ in losses])

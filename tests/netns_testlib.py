@@ -66,7 +66,7 @@ def ReadFile(path):
     return f.read()
 
 
-def WaitFor(proc, log_path, ready, what, timeout=240):
+def WaitFor(proc, log_path, ready, what, timeout=240, interval_secs=0.05):
   """Polls ready() until it is true (``polling.WaitUntil``).
 
   Args:
@@ -75,6 +75,7 @@ def WaitFor(proc, log_path, ready, what, timeout=240):
     ready: a function returning true when the awaited state is reached.
     what: the awaited state, for the failure message.
     timeout: seconds before failing.
+    interval_secs: the pause between two polls.
 
   Returns:
     The true value ready() returned.
@@ -83,4 +84,5 @@ def WaitFor(proc, log_path, ready, what, timeout=240):
     AssertionError: the trainer exited, or `timeout` passed, first.
   """
   return polling.WaitUntil(ready, what, timeout_secs=timeout, process=proc,
+                           interval_secs=interval_secs,
                            details=lambda: ReadFile(log_path))
