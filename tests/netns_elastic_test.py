@@ -1,4 +1,4 @@
-"""--elastic across network-namespace hosts: a host lost for good, a new one.
+"""--elastic across network-namespace hosts: lost hosts, a new one, a slow one.
 
 Five hosts (network namespaces of a tools.netlab.netns.Lab); hosts 0-3 each
 serve one task of a cluster file (``--cluster_spec=@cluster.json``), the
@@ -11,6 +11,11 @@ no step. Then two losses in a row: task 3, and task 1 while the run moves
 away from task 3; one move takes the run to tasks 0 and 2. R x M stays 4
 throughout, so every loss equals an uninterrupted run's to 1e-10, and the
 last checkpoint holds the last step.
+
+A slow host: of two hosts, host 1's worker runs under a CPU quota of 0.3
+cores (as in tests/trainer_rebalance_test.py, there on local workers): the
+trainer moves a layer off its stage at a checkpoint, and the step gets
+faster with an uninterrupted run's losses.
 """
 
 from gpipe.compat import lingvo_import  # pylint: disable=unused-import
@@ -21,8 +26,11 @@ import re
 import signal
 import tempfile
 
+from gpipe.runtime import cgroups
+from gpipe.runtime import cpu_quota
 from lingvo import compat as tf
 from lingvo.core import test_utils
+import numpy as np
 from params import toy
 from tests import netns_testlib
 from tests import trainer_testlib
@@ -154,6 +162,55 @@ class NetnsElasticTest(test_utils.TestCase):
     self.assertEqual([s for s, _ in reference], [s for s, _ in losses])
     self.assertAllClose([l for _, l in reference], [l for _, l in losses],
                         rtol=1e-10, atol=0)
+
+  def testAThrottledHostGetsFewerLayersAndTheStepGetsFaster(self):
+    try:
+      cgroups.ParentDirectory('cpu', 'this test', cpu_quota.CpuQuotaError)
+    except cpu_quota.CpuQuotaError as e:
+      self.skipTest(str(e))
+    work = tempfile.mkdtemp()
+    logdir = os.path.join(work, 'run')
+    log_path = os.path.join(work, 'trainer.log')
+    steps = 60
+    with netns.Lab(2) as lab, netns.Workers(lab) as workers:
+      # Host 1 is a slow host: its worker gets 0.3 cores.
+      with cpu_quota.CpuQuota('gpipe_netns_test_%d' % os.getpid(),
+                              0.3) as quota:
+        quota.Add(workers.pids[1])
+        trainer = netns_testlib.PopenTrainer(
+            lab, trainer_testlib.ResumableFlags(EVERY) + [
+                '--model_params_override=' + trainer_testlib.WIDE_TOY,
+                '--logdir=' + logdir, '--cluster_spec=' + workers.cluster_spec,
+                '--elastic', '--max_steps=%d' % steps,
+                '--trace_every_n_steps=2'], log_path)
+        trainer.wait(timeout=300)
+      out = netns_testlib.ReadFile(log_path)
+    self.assertEqual(0, trainer.returncode, out[-5000:])
+    self.assertRegex(
+        out, r'elastic: rebalancing after step \d+: stage\(s\) 1 slower than '
+        r'their share of the cost .*: cut \[2, 2\] -> \[3, 1\]')
+    events = elastic.ReadEvents(logdir)
+    self.assertEqual(['rebalance'], [e['kind'] for e in events], out)
+    move = events[0]
+    self.assertEqual(0, move['steps_redone'])
+    # The traced steps after the move take less time than before it (the
+    # first traced step of each run left out: it builds and warms up).
+    spans = summaries.Read(logdir)['pipeline/span_sec']
+    before = [v for s, v in spans if 2 < s <= move['checkpoint_step']]
+    after = [v for s, v in spans if s > move['first_step']]
+    self.assertLess(np.median(after), 0.8 * np.median(before),
+                    (before, after))
+    # The cut does not change the math: an uninterrupted run's losses.
+    reference = os.path.join(work, 'reference')
+    code, _, err = trainer_testlib.RunInProcess(
+        logdir=reference, max_steps=steps,
+        model_params_override=trainer_testlib.WIDE_TOY,
+        **trainer_testlib.ResumableSettings(1000))
+    self.assertEqual(0, code, err)
+    got = trainer_testlib.Losses(logdir)
+    want = trainer_testlib.Losses(reference)
+    self.assertEqual([s for s, _ in want], [s for s, _ in got])
+    self.assertAllClose([l for _, l in want], [l for _, l in got], rtol=1e-5)
 
 
 if __name__ == '__main__':

@@ -21,14 +21,7 @@ from tests import trainer_testlib
 from tools.trainer import elastic
 from tools.trainer import summaries
 
-WIDE = ('task.network.layers[0].output_dim=512; '
-        'task.network.layers[1].input_dim=512; '
-        'task.network.layers[1].output_dim=512; '
-        'task.network.layers[2].input_dim=512; '
-        'task.network.layers[2].output_dim=512; '
-        'task.network.layers[3].input_dim=512; input.batch_size=512; '
-        'task.network.partition_cost=flops; '
-        'task.network.input_shapes=[[128, 64]]')
+WIDE = trainer_testlib.WIDE_TOY
 STEPS = 60
 EVERY = 10
 

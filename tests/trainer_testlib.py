@@ -25,6 +25,18 @@ if not flags.FLAGS.is_parsed():
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TOY = 'toy.PipelinedDigitsMlp'
+# The toy model widened to 512-unit layers on a batch of 512 and cut by
+# flops: its stages' work outweighs a step's fixed costs (the rebalancing
+# tests, whose throttled stage must show in the step).
+WIDE_TOY = (
+    'task.network.layers[0].output_dim=512; '
+    'task.network.layers[1].input_dim=512; '
+    'task.network.layers[1].output_dim=512; '
+    'task.network.layers[2].input_dim=512; '
+    'task.network.layers[2].output_dim=512; '
+    'task.network.layers[3].input_dim=512; input.batch_size=512; '
+    'task.network.partition_cost=flops; '
+    'task.network.input_shapes=[[128, 64]]')
 
 
 def RunInProcess(**flag_values):
