@@ -52,6 +52,20 @@ class ElasticBenchmarkTest(test_utils.TestCase):
     self.assertEqual(0.375, elastic._StepSecs(records, 0, 5, skip_every=3))
     self.assertEqual(9.0, elastic._FirstStepTime(records, 3))
 
+  def testLossesAreComparedStepByStepWithTheRedoneStepsOnce(self):
+    reference = [dict(step=s, loss=2.0 / s) for s in range(1, 7)]
+    # The run's log: steps 5 and 6 redone after a move replaced the first
+    # tries (one history), step 4 off by 1e-5 relative.
+    run = [dict(step=s, loss=2.0 / s) for s in (1, 2, 3)] + [
+        dict(step=4, loss=0.5 * (1 + 1e-5)), dict(step=5, loss=0.4),
+        dict(step=6, loss=2.0 / 6)]
+    got = elastic.CompareLosses(run, reference)
+    self.assertEqual((6, 4), (got['steps'], got['at_step']))
+    self.assertAllClose(1e-5, got['max_relative'], rtol=1e-6)
+    # Steps the reference did not log are not compared.
+    self.assertEqual(0, elastic.CompareLosses(
+        [dict(step=9, loss=1.0)], reference)['steps'])
+
   def testTheStartUpIsTheRunsFirstNotAMoves(self):
     path = os.path.join(self.create_tempdir().full_path, 'trainer.log')
     with open(path, 'w') as f:
@@ -77,7 +91,7 @@ class ElasticBenchmarkTest(test_utils.TestCase):
         shapes=['R=2 K=2 M=2 gpipe', 'R=1 K=2 M=4 gpipe',
                 'R=2 K=2 M=2 gpipe'],
         marks=dict(loss=104.0, shrunk=110.0, grown=115.0, **{'return': 112.0}),
-        rates=rates)
+        rates=rates, losses=dict(steps=120, max_relative=3.2e-6, at_step=77))
     restart = dict(startup_secs=31.0, secs=8.0, redone=3,
                    kill_to_first_step=10.0)
     throttled = dict(old_cut=[2, 2], new_cut=[3, 1], factors=[1.0, 2.0],
@@ -111,7 +125,7 @@ class ElasticBenchmarkTest(test_utils.TestCase):
     text = stdout.getvalue()
     self.assertIn('| a.A | R=2 K=2 M=2 gpipe -> R=1 K=2 M=4 gpipe -> R=2 K=2 '
                   'M=2 gpipe | 60.0 | 40.0 | 58.0 | 30.0 | 20.0 | 12.5 | 4 | '
-                  '9.0 | 0 |', text)
+                  '9.0 | 0 | 3.2e-06 (120 steps) |', text)
     self.assertIn('| b.B | 31.0 | 10.0 | 8.0 | 3 |', text)
     self.assertIn('| a.A | [2, 2] -> [3, 1] | 200.0 | 125.0 | 120.0 | 210.0 '
                   '| 130.0 | 100.0 |', text)

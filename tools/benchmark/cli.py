@@ -294,6 +294,11 @@ def _Parser():
                  help='how long the trainer waits for a lost worker')
   p.add_argument('--throttle_cores', type=float, default=0.5,
                  help='the CPU quota of the slow worker, in cores')
+  p.add_argument('--compare_losses', default=True,
+                 action=argparse.BooleanOptionalAction,
+                 help='also train uninterrupted in the starting shape and '
+                 'compare every step\'s loss with the lost-and-returned '
+                 'run\'s')
   p = sub.add_parser('startup', help=startup.Startup.__doc__)
   Common(p)
   p.add_argument('--before',

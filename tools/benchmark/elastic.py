@@ -23,6 +23,11 @@ outside and from its own step log (every record has its wall clock):
    and the cut it moved to, each from the start under the same quota, and
    the first cut without the quota.
 
+With ``--compare_losses`` (the default) an uninterrupted run in the
+starting shape (``--worker_processes=4``) follows the first, and each step's
+loss of the elastic run is compared with its loss there: R x M stays the
+same through the moves, so they differ only by float32 rounding.
+
 Reported per model: examples/s (median of per-step rates) before the loss,
 on the shrunk shape and after the return; the seconds from the kill to the
 first step on the new shape (measured from outside) and from when the
@@ -249,6 +254,10 @@ def LossAndReturn(model, args, workdir):
                                 % (kinds, _Read(log_path)[-3000:]))
   records = _Steps(logdir)
   shrink, grow = events
+  compared = None
+  if args.compare_losses:
+    compared = CompareLosses(records, _ReferenceRecords(model, args,
+                                                        workdir))
   rates = _Rates(records, _Batch(model), {grow['first_step']})
   shrunk_at = _FirstStepTime(records, shrink['first_step'])
   grown_at = _FirstStepTime(records, grow['first_step'])
@@ -262,7 +271,47 @@ def LossAndReturn(model, args, workdir):
       grow_secs=grow['secs'], grow_redone=grow['steps_redone'],
       shapes=[shrink['old'], shrink['new'], grow['new']],
       marks=dict(marks, shrunk=shrunk_at, grown=grown_at),
-      rates=rates, steps=len(records))
+      rates=rates, steps=len(records), losses=compared)
+
+
+def _ReferenceRecords(model, args, workdir):
+  """The step log of an uninterrupted run in the starting shape."""
+  logdir = os.path.join(workdir, 'reference')
+  log_path = logdir + '.log'
+  proc = _Trainer(_CommonFlags(model, logdir, args) + list(SHAPE_FLAGS) + [
+      '--worker_processes=4'], log_path)
+  try:
+    _Finish(proc, log_path, args.timeout_secs)
+  finally:
+    if proc.poll() is None:
+      proc.kill()
+      proc.wait()
+  return _Steps(logdir)
+
+
+def CompareLosses(records, reference):
+  """How far a run's losses are from an uninterrupted run's, step by step.
+
+  Args:
+    records: the run's step log (one history: redone steps replace theirs).
+    reference: the uninterrupted run's step log.
+
+  Returns:
+    dict(steps: the steps both logged, max_relative: the largest
+    |loss - reference| / |reference| over them, at_step: where).
+  """
+  want = {r['step']: r['loss'] for r in reference}
+  worst, at = 0.0, None
+  steps = 0
+  for r in records:
+    if r['step'] not in want:
+      continue
+    steps += 1
+    rel = abs(r['loss'] - want[r['step']]) / max(abs(want[r['step']]), 1e-30)
+    if rel >= worst:
+      worst, at = rel, r['step']
+  return dict(steps=steps, max_relative=worst if steps else None,
+              at_step=at)
 
 
 def _WorkerPids(log_path, count):
@@ -430,18 +479,24 @@ def Elastic(args):
                    _Fmt(lr['before']), _Fmt(lr['shrunk']), _Fmt(lr['after']),
                    _Fmt(lr['startup_secs']), _Fmt(lr['kill_to_first_step']),
                    _Fmt(lr['shrink_secs']), lr['shrink_redone'],
-                   _Fmt(lr['grow_secs']), lr['grow_redone']])
+                   _Fmt(lr['grow_secs']), lr['grow_redone'],
+                   '%.1e (%d steps)' % (lr['losses']['max_relative'],
+                                        lr['losses']['steps'])
+                   if lr.get('losses') and lr['losses']['steps'] else '-'])
   if rows:
     lines += ['### A worker lost, then back (4 workers from a cluster file)',
               '', report.Table(
                   ['model', 'shapes', 'ex/s before', 'ex/s shrunk',
                    'ex/s after return', 'start-up s', 'kill to first step s',
                    'noticed to first step s', 'steps redone',
-                   'grow: move to first step s', 'steps redone'], rows), '',
+                   'grow: move to first step s', 'steps redone',
+                   'loss vs uninterrupted, max rel.'], rows), '',
               '"kill to first step" is measured from outside (the kill to '
               'the step log\'s first record on the new shape); "noticed" '
               'starts when the trainer found the task lost (its '
-              '`trainer/recovery_secs`).', '']
+              '`trainer/recovery_secs`). The last column compares every '
+              'step\'s loss with an uninterrupted run in the starting shape '
+              '(R x M is kept by every move).', '']
   rows = [[r['model'], _Fmt(r['restart']['startup_secs']),
            _Fmt(r['restart']['kill_to_first_step']),
            _Fmt(r['restart']['secs']), r['restart']['redone']]
