@@ -21,6 +21,7 @@ import threading
 import time
 
 import numpy as np
+from tests import procfs
 
 
 def _Write(path, text):
@@ -28,21 +29,12 @@ def _Write(path, text):
     f.write(text)
 
 
-def _Parent(pid):
-  with open('/proc/%d/stat' % pid) as f:
-    return int(f.read().split(')')[-1].split()[1])
-
-
-def _CommandLine(pid):
-  with open('/proc/%d/cmdline' % pid, 'rb') as f:
-    return f.read().replace(b'\0', b' ').decode()
-
-
 def main(argv):
   out_dir, code, actions = argv[1], int(argv[2]), argv[3:]
   seen = {'argv': argv[1:], 'cwd': os.getcwd(),
           'value': os.environ.get('PROBE_VALUE'),
-          'random': float(np.random.uniform()), 'parent': _Parent(os.getpid())}
+          'random': float(np.random.uniform()),
+          'parent': procfs.Parent(os.getpid())}
   print('out', flush=True)
   print('err', file=sys.stderr, flush=True)
   if 'thread' in actions:
@@ -53,9 +45,9 @@ def main(argv):
   if 'cluster' in actions:
     from gpipe.runtime import local_cluster  # pylint: disable=g-import-not-at-top
     with local_cluster.LocalCluster(2) as cluster:
-      parents = [_Parent(pid) for pid in cluster.pids]
+      parents = [procfs.Parent(pid) for pid in cluster.pids]
       seen['worker_parents'] = parents
-      seen['worker_parent_commands'] = [_CommandLine(p) for p in parents]
+      seen['worker_parent_commands'] = [procfs.CommandLine(p) for p in parents]
   _Write(os.path.join(out_dir, 'seen.json'), json.dumps(seen))
   if 'interrupt' in actions:
     raise KeyboardInterrupt()

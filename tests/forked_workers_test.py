@@ -34,17 +34,12 @@ from gpipe.runtime import local_cluster
 from lingvo import compat as tf
 from lingvo.core import test_utils
 from tests import polling
+from tests import procfs
 from tests import trainer_testlib
 
 
-def _Parent(pid):
-  with open('/proc/%d/stat' % pid) as f:
-    return int(f.read().split(')')[-1].split()[1])
-
-
-def _CommandLine(pid):
-  with open('/proc/%d/cmdline' % pid, 'rb') as f:
-    return f.read().replace(b'\0', b' ').decode()
+_Parent = procfs.Parent
+_CommandLine = procfs.CommandLine
 
 
 class ForkedWorkersTest(test_utils.TestCase):

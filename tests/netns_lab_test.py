@@ -10,13 +10,9 @@ import time
 
 from absl.testing import absltest
 from gpipe.runtime import forked_workers
+from tests import procfs
 from tools.netlab import delay_relay
 from tools.netlab import netns
-
-
-def _Parent(pid):
-  with open('/proc/%d/stat' % pid) as f:
-    return int(f.read().split(')')[-1].split()[1])
 
 DELAY_MS = 50.0
 
@@ -290,8 +286,7 @@ class LabTest(absltest.TestCase):
         self.assertEqual(
             'net:[%d]' % os.stat('/var/run/netns/' + lab.hosts[i]).st_ino,
             os.readlink('/proc/%d/ns/net' % pid))
-        with open('/proc/%d/cmdline' % _Parent(pid), 'rb') as f:
-          parent = f.read().replace(b'\0', b' ').decode()
+        parent = procfs.CommandLine(procfs.Parent(pid))
         if forked_workers.Enabled():  # A fork, not a command.
           self.assertIn('-m gpipe.runtime.fork_server', parent)
       self.assertTrue(lab.Serving(1, workers.port))

@@ -14,6 +14,7 @@ from absl import flags
 from absl.testing import flagsaver
 from gpipe.runtime import forked_workers
 from tests import polling
+from tests import procfs
 from tools.trainer import checkpoints
 from tools.trainer import cli
 from tools.trainer import progress
@@ -228,13 +229,7 @@ def KillProcess(pid):
   os.kill(pid, signal.SIGKILL)
 
 
-def Alive(pid):
-  """Whether process `pid` exists and is not a zombie."""
-  try:
-    with open('/proc/%d/stat' % int(pid)) as f:
-      return f.read().split(')')[-1].split()[0] != 'Z'
-  except OSError:
-    return False
+Alive = procfs.Alive
 
 
 def WaitGone(pid, why='', timeout=60):
