@@ -10,12 +10,17 @@ stderr, and exits with CODE after its actions:
 * ``atexit``: registers an exit function that writes OUT_DIR/atexit;
 * ``interrupt``: raises KeyboardInterrupt;
 * ``cluster``: starts a LocalCluster of 2 workers and records each worker's
-  parent process and its command line, and this process's parent.
+  parent process, its command line and its network namespace, and this
+  process's parent and namespace;
+* ``sleep``: sleeps for ten minutes (until killed);
+* ``late_stderr``: writes "late" to stderr without flushing it and kills
+  itself (SIGKILL): only a line-buffered stderr has written it.
 """
 
 import atexit
 import json
 import os
+import signal
 import sys
 import threading
 import time
@@ -44,11 +49,20 @@ def main(argv):
     atexit.register(_Write, os.path.join(out_dir, 'atexit'), 'done')
   if 'cluster' in actions:
     from gpipe.runtime import local_cluster  # pylint: disable=g-import-not-at-top
+    seen['netns'] = os.readlink('/proc/self/ns/net')
     with local_cluster.LocalCluster(2) as cluster:
       parents = [procfs.Parent(pid) for pid in cluster.pids]
       seen['worker_parents'] = parents
-      seen['worker_parent_commands'] = [procfs.CommandLine(p) for p in parents]
+      seen['worker_parent_commands'] = [procfs.CommandLine(p)
+                                        for p in parents]
+      seen['worker_netns'] = [os.readlink('/proc/%d/ns/net' % pid)
+                              for pid in cluster.pids]
   _Write(os.path.join(out_dir, 'seen.json'), json.dumps(seen))
+  if 'sleep' in actions:
+    time.sleep(600)
+  if 'late_stderr' in actions:
+    sys.stderr.write('late\n')
+    os.kill(os.getpid(), signal.SIGKILL)
   if 'interrupt' in actions:
     raise KeyboardInterrupt()
   return code

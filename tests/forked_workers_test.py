@@ -333,6 +333,46 @@ class ForkedProgramsTest(test_utils.TestCase):
     self.assertEqual(0, code, err)
     self.assertNotIn(self.PRELOAD[0], seen['worker_parent_commands'][0])
 
+  def testAProgramDiesWithItsLauncher(self):
+    work = self.create_tempdir().full_path
+    launcher = subprocess.Popen(
+        [sys.executable, '-c', textwrap.dedent('''
+            import sys, time
+            from gpipe.runtime import forked_workers
+            proc = forked_workers.StartProgram(
+                %r, [%r, '0', 'sleep'], %r, preload=%r)
+            print(proc.pid, flush=True)
+            time.sleep(600)
+            ''' % (self.PROBE, work, os.path.join(work, 'out'),
+                   self.PRELOAD))], stdout=subprocess.PIPE, text=True,
+        env=dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path)))
+    try:
+      pid = int(launcher.stdout.readline())
+      polling.WaitUntil(lambda: os.path.exists(os.path.join(work, 'seen.json')),
+                        'the program to run', timeout_secs=60)
+      self.assertTrue(trainer_testlib.Alive(pid))
+    finally:
+      launcher.kill()
+      launcher.wait()
+      launcher.stdout.close()
+    # Not left running on its own: it goes with the server, which goes
+    # with the launcher.
+    trainer_testlib.WaitGone(pid, 'its launcher was killed', timeout=30)
+
+  def testAProgramsStderrIsLineBufferedWithoutPythonUnbuffered(self):
+    env = child_env.Environment()
+    env.pop('PYTHONUNBUFFERED', None)
+    code, _, _, err, _ = self._Run(0, 'late_stderr', env=env)
+    self.assertEqual(-signal.SIGKILL, code)
+    self.assertEqual('err\nlate\n', err)
+
+  def testAFailedSetUpIsInTheProgramsLog(self):
+    code, _, out, err, _ = self._Run(0, cwd='/no/such/directory')
+    self.assertEqual(1, code)
+    self.assertIn("FileNotFoundError: [Errno 2] No such file or directory: "
+                  "'/no/such/directory'", err)
+    self.assertEqual('', out)
+
   def testATrainerForkedFromAServerCountsItsStartFromTheFork(self):
     import tools.trainer  # pylint: disable=g-import-not-at-top
     read, write = os.pipe()

@@ -1,10 +1,12 @@
 """tools/netlab: the delaying TCP relay, and hosts as network namespaces."""
 
+import json
 import os
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 
@@ -298,6 +300,23 @@ class LabTest(absltest.TestCase):
     # Closed: the workers have ended and are reaped.
     for pid in pids:
       self.assertFalse(os.path.exists('/proc/%d' % pid), pid)
+
+  def testAProgramInAHostHasItsLocalWorkersThere(self):
+    work = tempfile.mkdtemp()
+    out, err = os.path.join(work, 'out'), os.path.join(work, 'err')
+    with netns.Lab(1) as lab:
+      proc = lab.StartProgram(lab.client, 'tests.forked_program_probe',
+                              [work, '0', 'cluster'], out, err_path=err,
+                              preload=('tests.polling',))
+      proc.wait(timeout=120)
+      client = 'net:[%d]' % os.stat('/var/run/netns/' + lab.client).st_ino
+    with open(err) as f:
+      self.assertEqual(0, proc.returncode, f.read())
+    with open(os.path.join(work, 'seen.json')) as f:
+      seen = json.load(f)
+    # The program and the workers it started (reached at localhost) in the
+    # client's namespace.
+    self.assertEqual([client] * 3, [seen['netns']] + seen['worker_netns'])
 
   def testLabsOfKilledProcessesAreRemoved(self):
     proc = subprocess.Popen(

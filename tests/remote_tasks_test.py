@@ -122,6 +122,18 @@ class RemoteTasksTest(test_utils.TestCase):
         tasks.Connect(self.cluster.target, wait_secs=0)
     self.assertLen(tries, 2)
 
+    # An error that another try would not change: said after the first.
+    def Refused(unused_target, unused_timeout):
+      tries.append(time.monotonic())
+      raise tf.errors.InvalidArgumentError(None, None, 'no such device')
+
+    del tries[:]
+    with mock.patch.object(tasks, '_MeshStep', Refused):
+      with self.assertRaisesRegex(remote_tasks.TaskUnreachableError,
+                                  'InvalidArgumentError: no such device'):
+        tasks.Connect(self.cluster.target, wait_secs=0)
+    self.assertLen(tries, 1)
+
   def testWaitFlagsAreChecked(self):
     inspect = functools.partial(settings.Settings, model=trainer_testlib.TOY,
                                 mode='inspect_model')

@@ -4,8 +4,10 @@ from gpipe.compat import lingvo_import  # pylint: disable=unused-import
 
 import os
 
+from gpipe.runtime import forked_workers
 from lingvo import compat as tf
 from lingvo.core import test_utils
+from tests import procfs
 from tests import trainer_testlib
 from tools.trainer import summaries
 
@@ -30,6 +32,11 @@ class TrainerRecoveryTest(test_utils.TestCase):
     logdir = self.create_tempdir().full_path
     with self._Trainer(logdir, '--max_worker_restarts=1') as trainer:
       first = trainer.WorkerPids()
+      if forked_workers.Supported():
+        # A forked trainer's workers come from the fork server forked for
+        # it (from the one that imported the trainer), not a new one.
+        self.assertIn('fork_server ' + ' '.join(trainer_testlib.PRELOAD),
+                      procfs.CommandLine(procfs.Parent(first[0])))
       # A few steps after a checkpoint: those steps are lost.
       resume_step = trainer.WaitForStepsAfterCheckpoint(logdir)
       trainer_testlib.KillProcess(first[1])

@@ -6,14 +6,41 @@ import os
 
 from lingvo import compat as tf
 from lingvo.core import test_utils
+from params import toy
 from tests import trainer_testlib
 from tools.trainer import checkpoints
+from tools.trainer import train_loop
 
 EVERY = 20
 FLAGS = trainer_testlib.ResumableFlags(EVERY)
 
 
 class TrainerResumeTest(test_utils.TestCase):
+
+  def testARunThatCanRestartReadsItsOwnSkipAndKeepsNoGraph(self):
+    # A run with --max_worker_restarts feeds its input's skip when the
+    # iterator starts (to keep its graph across restarts): a fresh run's
+    # input.skip_batches is what it feeds, as a run without restarts
+    # builds it in.
+    def Losses(skip, **flags):
+      logdir = self.create_tempdir().full_path
+      settings = trainer_testlib.ResumableSettings(1000)
+      code, _, err = trainer_testlib.RunInProcess(
+          logdir=logdir, max_steps=3,
+          model_params_override=toy.FLOAT64_OVERRIDE +
+          '; input.skip_batches=%d' % skip, **dict(settings, **flags))
+      self.assertEqual(0, code, err)
+      return trainer_testlib.Losses(logdir)
+
+    built_in = Losses(5)
+    self.assertNotEqual(Losses(0), built_in)  # The skip shows.
+    fed = Losses(5, worker_processes=2, max_worker_restarts=1)
+    self.assertEqual([s for s, _ in built_in], [s for s, _ in fed])
+    self.assertAllClose([l for _, l in built_in], [l for _, l in fed],
+                        rtol=1e-10, atol=0)
+    # Its training graph is not kept past the run (another run in this
+    # process, of another logdir, would have saved into this one's).
+    self.assertEqual([], train_loop._KEPT)  # pylint: disable=protected-access
 
   def testResumeAfterSigkillMatchesUninterruptedRun(self):
     logdir = self.create_tempdir().full_path

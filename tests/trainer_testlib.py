@@ -12,6 +12,7 @@ import tempfile
 from gpipe.compat import lingvo_import  # pylint: disable=unused-import
 from absl import flags
 from absl.testing import flagsaver
+from gpipe.runtime import child_env
 from gpipe.runtime import forked_workers
 from tests import polling
 from tests import procfs
@@ -158,10 +159,7 @@ def TrainerCommand(*args, module='tools.trainer'):
 
 def Environment():
   """The environment for a trainer subprocess (repository on the path)."""
-  env = dict(os.environ)
-  env['PYTHONPATH'] = os.pathsep.join(
-      [ROOT] + [p for p in env.get('PYTHONPATH', '').split(os.pathsep) if p])
-  env.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
+  env = child_env.Environment()
   # The tests read the log while the trainer runs.
   env['PYTHONUNBUFFERED'] = '1'
   return env

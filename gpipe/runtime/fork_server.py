@@ -7,11 +7,12 @@ then answers one JSON request per line on stdin:
 
 * ``{"op": "start", "argv": [...], "log": path or null, "core": int or null,
   "env": {...}, "cwd": path, "launcher": pid, "netns": name or null}``:
-  forks a worker (in that network namespace, if named), ``{"pid": N}``. With ``"main": "MODULE"`` the fork runs that module as
-  ``python -m MODULE argv...`` would (a program, e.g. the trainer) instead
-  of a worker, ``"err"`` its stderr if not ``log``; with ``"server": true``
-  the program also gets a fork server of its own, forked from this one
-  (its local workers then start without importing anything either);
+  forks a worker (in that network namespace, if named), ``{"pid": N}``.
+  With ``"main": "MODULE"`` the fork runs that module as ``python -m
+  MODULE argv...`` would (a program, e.g. the trainer) instead of a worker,
+  ``"err"`` its stderr if not ``log``; with ``"server": true`` the program
+  also gets a fork server of its own, forked from this one (its local
+  workers then start without importing anything either);
 * ``{"op": "poll", "pid": N}``: ``{"code": null}`` while it runs, else its
   exit code (-N: killed by signal N). A fork is reaped only here, so its
   process id stays its own until its launcher has read how it ended.
@@ -26,37 +27,51 @@ moment, its core and its log file; a worker serves
 ``gpipe.runtime.worker.main`` until it is killed or its launcher exits, a
 program runs to its end and exits as the interpreter would (non-daemon
 threads joined, exit functions run, its exit code; a KeyboardInterrupt
-ends it by SIGINT).
+ends it by SIGINT), or is killed when its server exits (its launcher
+has). A fork's set-up failing (a namespace or directory gone) is in its
+log.
 """
 
 import importlib
-import io
 import json
 import os
 import runpy
 import signal
 import sys
+import tempfile
 import threading
 import traceback
+import types
 
 def _Reply(out, **message):
   out.write(json.dumps(message) + '\n')
   out.flush()
 
 
-def _StandardStreams(env):
-  """New sys.stdout and sys.stderr on descriptors 1 and 2, as at start-up."""
-  unbuffered = bool(env.get('PYTHONUNBUFFERED'))
+def _StandardStreams():
+  """sys.stdout and sys.stderr of a fresh interpreter, on descriptors 1, 2.
 
-  def Stream(fd, errors, write_through):
-    raw = io.FileIO(fd, 'w', closefd=False)
-    buffered = raw if unbuffered else io.BufferedWriter(raw)
-    return io.TextIOWrapper(buffered, encoding='utf-8', errors=errors,
-                            line_buffering=False,
-                            write_through=write_through or unbuffered)
+  The server's own start-up streams (sys.__stdout__, sys.__stderr__): made
+  for the same PYTHON* variables as the program's (forked_workers starts a
+  server per import-time environment), not written to by the server, and
+  the ones logging handlers made at import hold.
+  """
+  sys.stdout = sys.__stdout__
+  sys.stderr = sys.__stderr__
 
-  sys.stdout = sys.__stdout__ = Stream(1, 'strict', False)
-  sys.stderr = sys.__stderr__ = Stream(2, 'backslashreplace', True)
+
+def _DieWithParent(parent):
+  """SIGKILL this process when `parent` (the forking server) exits.
+
+  The server exits when its launcher does (its request pipe closes), so a
+  program ends with whoever started it, as a child in its process group
+  would on a supervisor's kill.
+  """
+  import ctypes  # pylint: disable=g-import-not-at-top
+  libc = ctypes.CDLL(None, use_errno=True)
+  libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
+  if os.getppid() != parent:  # It exited before the line above.
+    os._exit(1)  # pylint: disable=protected-access
 
 
 def _JoinNetworkNamespace(name):
@@ -73,14 +88,15 @@ def _JoinNetworkNamespace(name):
 
 
 def _Detach(request, requests, replies):
-  """In a fork: its own session, directory, descriptors and environment."""
+  """In a fork: its own session, descriptors, directory and environment.
+
+  Its output files come first: a failure after them (a namespace or a
+  directory gone) is in its log, not lost in the server's stderr.
+  """
   os.close(replies.fileno())  # The server's pipes.
   if requests.fileno() != 0:
     os.close(requests.fileno())
   os.setsid()
-  if request.get('netns'):
-    _JoinNetworkNamespace(request['netns'])
-  os.chdir(request.get('cwd') or '/')
   log = request.get('log') or os.devnull
   out = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
   err = out
@@ -93,6 +109,9 @@ def _Detach(request, requests, replies):
   os.dup2(err, 2)
   for fd in {out, err, null}:
     os.close(fd)
+  if request.get('netns'):
+    _JoinNetworkNamespace(request['netns'])
+  os.chdir(request.get('cwd') or '/')
   os.environ.clear()
   os.environ.update(request.get('env') or {})
   if request.get('core') is not None:
@@ -135,7 +154,7 @@ def _Worker(request, requests, replies):
       os._exit(code)  # pylint: disable=protected-access
 
 
-def _Program(request, requests, replies, own_server):
+def _Program(request, requests, replies, own_server, server):
   """In the forked child: runs `python -m main argv...`; never returns.
 
   Args:
@@ -144,31 +163,53 @@ def _Program(request, requests, replies, own_server):
     replies: the server's reply pipe (closed here).
     own_server: None, or the descriptors (answers, requests) of the fork
       server forked for this program's workers.
+    server: the forking server's pid (the program dies with it).
   """
   code = 1
   interrupted = False
   try:
+    _DieWithParent(server)
     _Detach(request, requests, replies)
+    try:
+      with open('/proc/self/comm', 'w') as f:
+        f.write(request['main'].split('.')[-1][:15])
+    except OSError:
+      pass
     if own_server:
       from gpipe.runtime import forked_workers  # pylint: disable=g-import-not-at-top
       forked_workers.InheritServer(own_server[0], own_server[1], _KEY)
-    _StandardStreams(os.environ)
+    _StandardStreams()
     numpy = sys.modules.get('numpy')
     if numpy is not None:  # A fresh interpreter's state differs each time.
       numpy.random.seed()
+    tempfile.tempdir = None  # Found again from this environment's TMPDIR.
+    sys.path[0] = os.getcwd()  # As `python -m` puts it.
     sys.argv = [request['main']] + list(request.get('argv') or [])
     try:
-      runpy.run_module(request['main'], run_name='__main__', alter_sys=True)
+      run_globals = runpy.run_module(request['main'], run_name='__main__',
+                                     alter_sys=True)
       code = 0
+      # What exit functions and threads see from here, as in a fresh
+      # interpreter: the program's module as __main__, its file as argv[0].
+      main_module = types.ModuleType('__main__')
+      main_module.__dict__.update(run_globals)
+      sys.modules['__main__'] = main_module
+      sys.argv[0] = run_globals.get('__file__') or sys.argv[0]
     except SystemExit as e:
       code = _ExitStatus(e)
     except KeyboardInterrupt:
-      traceback.print_exc()
+      sys.excepthook(*sys.exc_info())
       interrupted = True
     except BaseException:  # pylint: disable=broad-except
-      traceback.print_exc()
-    # As the interpreter's exit: non-daemon threads, then exit functions.
-    threading._shutdown()  # pylint: disable=protected-access
+      sys.excepthook(*sys.exc_info())
+    # As the interpreter's exit: non-daemon threads, then exit functions
+    # (also when the first is interrupted).
+    try:
+      threading._shutdown()  # pylint: disable=protected-access
+    except KeyboardInterrupt:
+      interrupted = True
+    except BaseException:  # pylint: disable=broad-except
+      sys.excepthook(*sys.exc_info())
     import atexit  # pylint: disable=g-import-not-at-top
     atexit._run_exitfuncs()  # pylint: disable=protected-access
   except BaseException:  # pylint: disable=broad-except
@@ -185,7 +226,7 @@ def _Program(request, requests, replies, own_server):
     os._exit(code)  # pylint: disable=protected-access
 
 
-def _ForkSubServer(requests, replies):
+def _ForkSubServer(requests, replies, netns=None):
   """Forks a detached fork server for a program to be forked next.
 
   Returns:
@@ -207,6 +248,8 @@ def _ForkSubServer(requests, replies):
         null = os.open(os.devnull, os.O_RDONLY)
         os.dup2(null, 0)  # The parent server's requests.
         os.close(null)
+        if netns:  # Its workers serve where the program connects.
+          _JoinNetworkNamespace(netns)
         Serve(os.fdopen(requests_r, 'r'), os.fdopen(answers_w, 'w'))
     finally:
       os._exit(0)  # pylint: disable=protected-access
@@ -230,12 +273,14 @@ def Serve(requests, replies):
       if request['op'] == 'start':
         own_server = None
         if request.get('main') and request.get('server'):
-          own_server = _ForkSubServer(requests, replies)
+          own_server = _ForkSubServer(requests, replies,
+                                      request.get('netns'))
         try:
+          server = os.getpid()
           pid = os.fork()
           if pid == 0:
             if request.get('main'):
-              _Program(request, requests, replies, own_server)
+              _Program(request, requests, replies, own_server, server)
             _Worker(request, requests, replies)
         finally:
           for fd in own_server or ():

@@ -25,8 +25,14 @@ comes from the fork server, which reaps a worker only when asked (so its
 process id cannot be reused meanwhile).
 
 Variables read at import or load time (``TF_*``, ``OMP_*``, ``MKL_*``,
-``KMP_*``, ``PYTHON*``, ``LD_*``, ``MALLOC_*``, ``GLIBC_*``) are those of the
-launcher when its fork server started: a later start with other values gets a fork server of its own.
+``KMP_*``, ``OPENBLAS_*``, ``GOTO_*``, ``PYTHON*``, ``LD_*``, ``MALLOC_*``,
+``GLIBC_*``, ``GPIPE_*``, the locale's, ``TZ``, ``TMPDIR``) are those of the
+launcher when its fork server started: a later start with other values gets
+a fork server of its own.
+
+A program (``StartProgram``) forked from a server that preloaded its
+imports runs as ``python -m`` would run it, in a session of its own, and is
+killed when that server exits, which it does when the launcher does.
 ``LocalCluster`` starts workers with a memory cap as commands (a cgroup
 charges pages to whoever touched them first: the fork server's imported
 pages would not count against a forked worker's cap), and every worker as
@@ -52,8 +58,9 @@ ENV = 'GPIPE_FORK_WORKERS'
 START_SECS = 180.0
 # How long one answer of a started fork server may take.
 ANSWER_SECS = 60.0
-_IMPORT_TIME_PREFIXES = ('TF_', 'OMP_', 'MKL_', 'KMP_', 'PYTHON', 'LD_',
-                         'MALLOC_', 'GLIBC_', 'GPIPE_')
+_IMPORT_TIME_PREFIXES = ('TF_', 'OMP_', 'MKL_', 'KMP_', 'OPENBLAS_', 'GOTO_',
+                         'PYTHON', 'LD_', 'MALLOC_', 'GLIBC_', 'GPIPE_',
+                         'LANG', 'LC_', 'TZ', 'TMPDIR')
 
 _lock = threading.Lock()
 # (import-time environment's key, preloaded modules) -> _Server.
@@ -101,10 +108,20 @@ def _ForgetServers():
   _failed_programs.clear()
 
 
+def _SearchPath(value):
+  """PYTHONPATH's entries in order, each once (as sys.path gets them)."""
+  seen = []
+  for entry in value.split(os.pathsep):
+    if entry and entry not in seen:
+      seen.append(entry)
+  return os.pathsep.join(seen)
+
+
 def ImportTimeKeyText(env):
   """The variables of `env` read at import time, as one text."""
-  return json.dumps(sorted((k, v) for k, v in env.items()
-                           if k.startswith(_IMPORT_TIME_PREFIXES)))
+  return json.dumps(sorted(
+      (k, _SearchPath(v) if k == 'PYTHONPATH' else v)
+      for k, v in env.items() if k.startswith(_IMPORT_TIME_PREFIXES)))
 
 
 def InheritServer(answers_fd, requests_fd, key):
@@ -388,8 +405,10 @@ def StartProgram(main, argv, log_path, err_path=None, env=None, cwd=None,
       starts a command instead); said again, at once, for every later start
       with the same modules and environment.
   """
+  # A module preloaded and run would run as a second copy of itself.
+  preload = tuple(m for m in preload if m != main)
   return ForkedProcess(argv, log_path=log_path, main=main, err_path=err_path,
-                       env=env, cwd=cwd, preload=tuple(preload),
+                       env=env, cwd=cwd, preload=preload,
                        own_server=own_server, netns=netns, core=core)
 
 

@@ -173,36 +173,43 @@ def _Train(run, echo):
   SIGTERM is too short for an evaluation.
   """
   if run.elastic:
-    return _TrainElastic(run, echo)
+    try:
+      return _TrainElastic(run, echo)
+    finally:
+      train_loop.ForgetKeptGraph()
   evaluate = lambda path: evaler.Evaluate(run, path=path, echo=echo)
   placement = run.placement
-  while True:
-    loop = train_loop.TrainLoop(
-        run,
-        after_checkpoint=evaluate if run.mode == 'train_and_eval' else None,
-        echo=echo)
-    try:
-      step, path = loop.Run()
-      break
-    except train_loop.WorkerLostError as e:
-      if not run.max_worker_restarts or loop.stop_requested:
-        # Ctrl-C or SIGTERM came first: stop, as asked, with the error.
-        raise
-      if placement.restarts >= run.max_worker_restarts:
-        raise train_loop.WorkerLostError('%s%s' % (e, train_loop.GaveUpNote(
-            placement.restarts, run.max_worker_restarts))) from e
-      # The error's advice (run the command again) is what happens next.
-      echo('worker lost: %s' % e.summary)
-      if placement.remote is not None:
-        _AwaitRemoteTasks(run, echo)
-        continue
-      echo('restarting the worker processes (restart %d of %d), then '
-           'resuming from the newest checkpoint' %
-           (placement.restarts + 1, run.max_worker_restarts))
-      placement.Restart()
-      echo('restarted %d worker processes (pids %s) serving %s' %
-           (len(placement.cluster.pids), placement.cluster.pids,
-            ', '.join(placement.cluster.ClusterSpecDict()['worker'])))
+  try:
+    while True:
+      loop = train_loop.TrainLoop(
+          run,
+          after_checkpoint=evaluate if run.mode == 'train_and_eval' else None,
+          echo=echo)
+      try:
+        step, path = loop.Run()
+        break
+      except train_loop.WorkerLostError as e:
+        if not run.max_worker_restarts or loop.stop_requested:
+          # Ctrl-C or SIGTERM came first: stop, as asked, with the error.
+          raise
+        if placement.restarts >= run.max_worker_restarts:
+          raise train_loop.WorkerLostError('%s%s' % (e, train_loop.GaveUpNote(
+              placement.restarts, run.max_worker_restarts))) from e
+        # The error's advice (run the command again) is what happens next.
+        echo('worker lost: %s' % e.summary)
+        if placement.remote is not None:
+          _AwaitRemoteTasks(run, echo)
+          continue
+        echo('restarting the worker processes (restart %d of %d), then '
+             'resuming from the newest checkpoint' %
+             (placement.restarts + 1, run.max_worker_restarts))
+        placement.Restart()
+        echo('restarted %d worker processes (pids %s) serving %s' %
+             (len(placement.cluster.pids), placement.cluster.pids,
+              ', '.join(placement.cluster.ClusterSpecDict()['worker'])))
+  finally:
+    # Its training graph, before the final evaluation builds another.
+    train_loop.ForgetKeptGraph()
   return _Finish(run, loop, step, path, evaluate, echo)
 
 
@@ -231,6 +238,7 @@ def _TrainElastic(run, echo):
       if not loop.moved:
         break
       driver.Move(loop)
+    train_loop.ForgetKeptGraph()  # Before the final evaluation's graph.
     # A move no step followed (the last checkpoint's evaluation lost a
     # task) is written as done; no move is made after training: the watch
     # stops (a loss during the final evaluation still moves the run).

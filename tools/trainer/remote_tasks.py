@@ -171,6 +171,10 @@ class RemoteTasks:
               gone=None):
     """Checks that every task reaches every other, retrying for wait_secs.
 
+    A check step that timed out or met an unavailable task is tried once
+    more even past wait_secs (then the whole check takes up to wait_secs
+    and two step timeouts).
+
     Args:
       target: the session target (task 0's 'grpc://host:port').
       wait_secs: how long to keep retrying.
@@ -184,23 +188,26 @@ class RemoteTasks:
         error of the check, after wait_secs (at once if `gone()`).
     """
     deadline = time.time() + wait_secs
-    tries = 0
+    stalled = 0
     while True:
       lost = self.Unreachable()
       if lost and gone is not None and gone():
         deadline = time.time()
       if not lost:
-        tries += 1
         try:
           self._MeshStep(target, step_timeout_secs)
           return
         except tf.errors.OpError as e:
           reason = '%s: %s' % (type(e).__name__,
                                e.message.strip().splitlines()[0][:300])
-      # A step that failed once is tried again even past the deadline: a
-      # connection between two tasks that a healed partition left stalled
-      # holds the first step until it recovers or is replaced.
-      if time.time() >= deadline and (lost or tries >= 2):
+          if isinstance(e, (tf.errors.DeadlineExceededError,
+                            tf.errors.UnavailableError)):
+            stalled += 1
+      # A step that timed out or found a task unavailable once is tried
+      # again even past the deadline: a connection between two tasks that
+      # a healed partition left stalled holds the first step until it
+      # recovers or is replaced.
+      if time.time() >= deadline and (lost or stalled != 1):
         if lost:
           raise TaskUnreachableError(
               '%s (--cluster_spec %s). Start the servers (python -m '

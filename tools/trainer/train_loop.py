@@ -79,8 +79,14 @@ _LOOPS_STARTED = []
 _WAIT_SLICE_SECS = 0.2
 # The training graph of this process's last loop that could restart:
 # [(its configuration's key, NestedMap(built, saver, init, input_init,
-# skips, fetches))], for the next loop of the same configuration.
+# skips, fetches))], for the next loop of the same configuration; emptied
+# when the run's training ends (ForgetKeptGraph).
 _KEPT = []
+
+
+def ForgetKeptGraph():
+  """Lets the kept training graph go (the run's training has ended)."""
+  del _KEPT[:]
 # Steps timed as start-up phases (the first one optimizes, partitions and
 # instantiates; the second shows a step without that).
 STARTUP_STEPS = 2
@@ -191,7 +197,7 @@ class TrainLoop:
       except (tf.errors.NotFoundError, ValueError):
         start_step = 0  # Not ours, or unreadable: CheckCompatible says so.
     cfg = self._run.train.Copy()
-    if 'skip_at_initialization' in cfg.input:
+    if 'skip_at_initialization' in cfg.input and self._Restartable():
       cfg.input.skip_at_initialization = True
     if start_step and 'skip_batches' in cfg.input:
       # One batch per step: resume exactly where the data left off.
@@ -202,22 +208,26 @@ class TrainLoop:
                  cfg.input.cls.__name__)
     return cfg, resume
 
+  def _Restartable(self):
+    """Whether a loop of this run may follow this one in the same shape."""
+    return bool(self._run.max_worker_restarts or self._placement.elastic)
+
   def _KeyOf(self, cfg):
     """What a kept graph must have been built for to serve `cfg` (or None).
 
     None when this run cannot restart (nothing is kept). The input's
-    position is not part of it (fed at initialization).
+    position is not part of it (fed at initialization); the logdir is (the
+    saver writes there).
     """
-    run = self._run
-    if not (run.max_worker_restarts or self._placement.elastic):
+    if not self._Restartable():
       return None
     cfg = cfg.Copy()
     if 'skip_batches' in cfg.input:
       cfg.input.skip_batches = 0
     placement = self._placement
-    return (cfg.ToText(), run.seed, placement.session_cluster is not None,
-            placement.distributed, placement.num_cpus,
-            tuple(placement.devices or ()))
+    return (cfg.ToText(), self._run.seed, os.path.abspath(self._logdir),
+            placement.session_cluster is not None, placement.distributed,
+            placement.num_cpus, tuple(placement.devices or ()))
 
   def _Build(self, cfg, resume):
     """The training graph, saver and ops: built, or kept from the last loop.
@@ -304,10 +314,11 @@ class TrainLoop:
         f.write(cfg.ToText())
       step = int(sess.run(built.global_step))
       if parts.input_init is not None:
-        # One batch per step: the input starts where the restored step's
-        # data left off.
+        # Where the restored step's data left off (_TrainParams), or the
+        # run's own skip_batches on a fresh start.
         self._Guarded(lambda: sess.run(
-            parts.input_init, feed_dict={s: step for s in parts.skips},
+            parts.input_init,
+            feed_dict={s: cfg.input.skip_batches for s in parts.skips},
             options=options), 'while initializing the input', resume)
       self.step = step
       if resume:
