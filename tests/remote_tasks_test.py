@@ -97,42 +97,35 @@ class RemoteTasksTest(test_utils.TestCase):
     # A connection a healed partition left stalled holds the first step
     # for the whole step timeout: the next try is the one that tells.
     tasks = remote_tasks.RemoteTasks(self.addresses)
-    tries = []
+    stalled = tf.errors.DeadlineExceededError(None, None, 'stalled')
+    refused = tf.errors.InvalidArgumentError(None, None, 'no such device')
 
-    def StalledOnce(unused_target, unused_timeout):
-      tries.append(time.monotonic())
-      if len(tries) == 1:
-        raise tf.errors.DeadlineExceededError(None, None, 'stalled')
+    def Tries(errors, error_text=None):
+      """How many check steps Connect runs; each raises the next error."""
+      tries = []
 
-    with mock.patch.object(tasks, '_MeshStep', StalledOnce):
-      tasks.Connect(self.cluster.target, wait_secs=0)
-    self.assertLen(tries, 2)
+      def Step(unused_target, unused_timeout):
+        tries.append(1)
+        if len(tries) <= len(errors) and errors[len(tries) - 1]:
+          raise errors[len(tries) - 1]
 
+      with mock.patch.object(tasks, '_MeshStep', Step):
+        if error_text is None:
+          tasks.Connect(self.cluster.target, wait_secs=0)
+        else:
+          with self.assertRaisesRegex(remote_tasks.TaskUnreachableError,
+                                      error_text):
+            tasks.Connect(self.cluster.target, wait_secs=0)
+      return len(tries)
+
+    self.assertEqual(2, Tries([stalled]))
     # A step that keeps failing: the error after the second try.
-    def Stalled(unused_target, unused_timeout):
-      tries.append(time.monotonic())
-      raise tf.errors.DeadlineExceededError(None, None, 'stalled')
-
-    del tries[:]
-    with mock.patch.object(tasks, '_MeshStep', Stalled):
-      with self.assertRaisesRegex(
-          remote_tasks.TaskUnreachableError,
-          'answer, but a step across them fails: DeadlineExceededError: '
-          'stalled'):
-        tasks.Connect(self.cluster.target, wait_secs=0)
-    self.assertLen(tries, 2)
-
+    self.assertEqual(2, Tries(
+        [stalled] * 3, 'answer, but a step across them fails: '
+        'DeadlineExceededError: stalled'))
     # An error that another try would not change: said after the first.
-    def Refused(unused_target, unused_timeout):
-      tries.append(time.monotonic())
-      raise tf.errors.InvalidArgumentError(None, None, 'no such device')
-
-    del tries[:]
-    with mock.patch.object(tasks, '_MeshStep', Refused):
-      with self.assertRaisesRegex(remote_tasks.TaskUnreachableError,
-                                  'InvalidArgumentError: no such device'):
-        tasks.Connect(self.cluster.target, wait_secs=0)
-    self.assertLen(tries, 1)
+    self.assertEqual(1, Tries([refused] * 3,
+                              'InvalidArgumentError: no such device'))
 
   def testWaitFlagsAreChecked(self):
     inspect = functools.partial(settings.Settings, model=trainer_testlib.TOY,
