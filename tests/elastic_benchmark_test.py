@@ -136,6 +136,19 @@ class ElasticBenchmarkTest(test_utils.TestCase):
     with open(os.path.join(out, 'e.png'), 'rb') as f:
       self.assertEqual(b'\x89PNG', f.read(4))
 
+  def testTheBenchmarksOverrideGoesToEveryRunBeforeARunsOwn(self):
+    # pylint: disable=protected-access
+    args = cli._Parser().parse_args(
+        ['elastic', '--model_params_override', 'task.dtype=float64'])
+    self.assertEqual('--model_params_override=task.dtype=float64',
+                     elastic._CommonFlags('toy.X', '/l', args)[-1])
+    self.assertEqual(['--model_params_override=task.dtype=float64; a.b=1'],
+                     elastic._Override(args, 'a.b=1'))
+    args = cli._Parser().parse_args(['elastic'])
+    self.assertEqual([], elastic._Override(args))
+    self.assertEqual(['--model_params_override=a.b=1'],
+                     elastic._Override(args, 'a.b=1'))
+
   def testQuickTrainsTheToyModelWithoutTheThrottledRun(self):
     # pylint: disable=protected-access
     args = cli._Parser().parse_args(['elastic', '--quick'])

@@ -112,6 +112,10 @@ class DigitsInputTest(test_utils.TestCase):
     self.assertBetween(float(first.image.max()), 0.9, 1.0)
     _, test_y = inputs.DigitsSplit('test')
     self.assertAllEqual(first.label, test_y[:40])
+    # In float64 (a model compared to rounding error): the same images.
+    (wide,) = _Batches(p.Copy().Set(feature_dtype=tf.float64))
+    self.assertEqual(np.float64, wide.image.dtype)
+    self.assertAllClose(first.image, wide.image, rtol=1e-6, atol=1e-6)
 
 
 if __name__ == '__main__':

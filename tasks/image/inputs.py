@@ -62,6 +62,9 @@ class ImageInput(dataset_input.DatasetInput):
     p.Define('cutout_size', 0, 'Side of the cutout square in training (0: off).')
     p.Define('mean', IMAGENET_MEAN, 'Per-channel mean subtracted ([0, 1]).')
     p.Define('stddev', IMAGENET_STDDEV, 'Per-channel stddev divided by.')
+    p.Define('feature_dtype', tf.float32,
+             'dtype of the images (tf.float64 with task.dtype=float64, for '
+             'comparisons to rounding error).')
     return p
 
   def Preprocess(self, index, image, label):
@@ -73,7 +76,8 @@ class ImageInput(dataset_input.DatasetInput):
       label: integer class id.
 
     Returns:
-      {'image': float32 [image_size, image_size, num_channels], 'label': int32}.
+      {'image': [image_size, image_size, num_channels] of p.feature_dtype,
+      'label': int32}.
     """
     p = self.params
     if image.dtype == tf.uint8:
@@ -100,7 +104,8 @@ class ImageInput(dataset_input.DatasetInput):
         image = tf.image.stateless_random_flip_left_right(image, seed)
       # After normalization, so the cut square is the mean colour (0).
       image = Cutout(image, p.cutout_size, seed + [0, 1 << 40])
-    return {'image': image, 'label': tf.cast(label, tf.int32)}
+    return {'image': tf.cast(image, p.feature_dtype),
+            'label': tf.cast(label, tf.int32)}
 
 
   def ExampleSpecs(self):
@@ -108,7 +113,7 @@ class ImageInput(dataset_input.DatasetInput):
     p = self.params
     return {
         'image': tf.TensorSpec([p.image_size, p.image_size, p.num_channels],
-                               tf.float32),
+                               p.feature_dtype),
         'label': tf.TensorSpec([], tf.int32),
     }
 

@@ -176,7 +176,9 @@ class ImageClassificationTask(base_model.BaseTask):
                  labels), tf.float32)
     top5 = tf.cast(
         tf.nn.in_top_k(
-            targets=labels, predictions=predictions.logits,
+            targets=labels,
+            # in_top_k takes float32 only (float64 runs compare losses).
+            predictions=tf.cast(predictions.logits, tf.float32),
             k=min(5, p.num_classes)), tf.float32)
     metrics.update({
         'loss': (loss, batch),

@@ -294,6 +294,10 @@ def _Parser():
                  help='how long the trainer waits for a lost worker')
   p.add_argument('--throttle_cores', type=float, default=0.5,
                  help='the CPU quota of the slow worker, in cores')
+  p.add_argument('--model_params_override', default='',
+                 help='the trainer\'s --model_params_override for every run '
+                 '(e.g. \'task.dtype=float64; input.feature_dtype=float64\' '
+                 'to compare losses to float64 rounding)')
   p.add_argument('--compare_losses', default=True,
                  action=argparse.BooleanOptionalAction,
                  help='also train uninterrupted in the starting shape and '

@@ -26,7 +26,11 @@ outside and from its own step log (every record has its wall clock):
 With ``--compare_losses`` (the default) an uninterrupted run in the
 starting shape (``--worker_processes=4``) follows the first, and each step's
 loss of the elastic run is compared with its loss there: R x M stays the
-same through the moves, so they differ only by float32 rounding.
+same through the moves, so they differ only by rounding (another order of
+the same sums), which training amplifies step by step; in float64
+(``--model_params_override='task.dtype=float64;
+input.feature_dtype=float64'``, applied to every run) it stays far below
+the float32 figures.
 
 Reported per model: examples/s (median of per-step rates) before the loss,
 on the shrunk shape and after the return; the seconds from the kill to the
@@ -204,12 +208,19 @@ def _StartupSecs(log_path):
   return float(found.group(1)) if found else None
 
 
+def _Override(args, *more):
+  """The runs' --model_params_override: the benchmark's, then `more`."""
+  text = '; '.join(t for t in (args.model_params_override,) + more if t)
+  return ['--model_params_override=' + text] if text else []
+
+
 def _CommonFlags(model, logdir, args):
   return ['--model=' + model, '--logdir=' + logdir,
           '--max_steps=%d' % args.steps,
           '--checkpoint_every_n_steps=%d' % args.checkpoint_every,
           '--log_every_n_steps=%d' % args.checkpoint_every,
-          '--trace_every_n_steps=0', '--eval_after_train=false']
+          '--trace_every_n_steps=0', '--eval_after_train=false'
+         ] + _Override(args)
 
 
 def _FirstStepTime(records, step):
@@ -431,7 +442,7 @@ def Throttled(model, args, workdir):
                               ('unthrottled', move['old_cut'], False)):
     run, _ = _ThrottledRun(
         model, args, os.path.join(workdir, 'static_%s' % name),
-        ['--model_params_override=' + _CutOverride(model, cut)], False,
+        _Override(args, _CutOverride(model, cut)), False,
         throttle=throttle)
     static[name] = _StepSecs(run, args.checkpoint_every, args.steps)
   return dict(old_cut=move['old_cut'], new_cut=move['new_cut'],
