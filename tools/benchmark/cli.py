@@ -294,6 +294,14 @@ def _Parser():
                  help='how long the trainer waits for a lost worker')
   p.add_argument('--throttle_cores', type=float, default=0.5,
                  help='the CPU quota of the slow worker, in cores')
+  p.add_argument('--workers', type=int, default=4,
+                 help='worker processes of the lost-and-returned and the '
+                 'restarted runs (the last one is lost)')
+  p.add_argument('--shape_flags', default=None,
+                 help='the starting shape\'s trainer flags, space-separated '
+                 '(default: --data_parallel=2 --num_micro_batches=2; e.g. '
+                 '\'--num_micro_batches=4\' for mt.T64Structure_Tiny\'s 16 '
+                 'stages on --workers=16)')
   p.add_argument('--model_params_override', default='',
                  help='the trainer\'s --model_params_override for every run '
                  '(e.g. \'task.dtype=float64; input.feature_dtype=float64\' '

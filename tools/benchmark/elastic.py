@@ -4,14 +4,15 @@ For each model (default: the default model and the Transformer stack
 ``mt.NumbersSmall``), three runs of the trainer binary, each timed from
 outside and from its own step log (every record has its wall clock):
 
-1. *Loss and return.* Four worker processes serve a cluster file; the
-   trainer runs with ``--cluster_spec=@FILE --elastic``. After
-   ``--loss_step`` steps worker 3 is killed (SIGKILL) and stays away past
-   ``--worker_wait_secs``: the run shrinks to the three that serve.
-   ``--return_after`` steps after the first step on that shape, worker 3 is
+1. *Loss and return.* ``--workers`` (4) worker processes serve a cluster
+   file; the trainer runs with ``--cluster_spec=@FILE --elastic`` from the
+   shape of ``--shape_flags`` (R=2 replicas, M=2). After
+   ``--loss_step`` steps the last worker is killed (SIGKILL) and stays away past
+   ``--worker_wait_secs``: the run shrinks to the workers that serve.
+   ``--return_after`` steps after the first step on that shape, it is
    started again on another port and the file rewritten, as a supervisor
    would: the run grows back at its next checkpoint.
-2. *Same-shape restart.* ``--worker_processes=4 --max_worker_restarts=1
+2. *Same-shape restart.* ``--worker_processes=N --max_worker_restarts=1
    --elastic``: a worker killed after ``--loss_step`` steps is started again
    by the trainer in its place, and the run goes on in the same shape.
 3. *A slow worker.* ``--worker_processes=2 --pin_cores --elastic`` (a core
@@ -24,7 +25,7 @@ outside and from its own step log (every record has its wall clock):
    the first cut without the quota.
 
 With ``--compare_losses`` (the default) an uninterrupted run in the
-starting shape (``--worker_processes=4``) follows the first, and each step's
+starting shape (``--worker_processes=N``) follows the first, and each step's
 loss of the elastic run is compared with its loss there: R x M stays the
 same through the moves, so they differ only by rounding (another order of
 the same sums), which training amplifies step by step; in float64
@@ -65,6 +66,13 @@ from tools.trainer import timed_run
 MODELS = ('image.AmoebaNetD_Digits', 'mt.NumbersSmall')
 # R=2 replicas of K=2 stages with M=2 on 4 workers: a shrink keeps R x M.
 SHAPE_FLAGS = ('--data_parallel=2', '--num_micro_batches=2')
+
+
+def _ShapeFlags(args):
+  """The starting shape's trainer flags (--shape_flags, or SHAPE_FLAGS)."""
+  if args.shape_flags is None:
+    return list(SHAPE_FLAGS)
+  return args.shape_flags.split()
 POLL_SECS = 0.2
 
 
@@ -232,8 +240,9 @@ def LossAndReturn(model, args, workdir):
   """Scenario 1; the figures and the per-step rates (see the module doc)."""
   logdir = os.path.join(workdir, 'loss_and_return')
   log_path = logdir + '.log'
-  servers = _Servers(workdir, 4)
-  proc = _Trainer(_CommonFlags(model, logdir, args) + list(SHAPE_FLAGS) + [
+  servers = _Servers(workdir, args.workers)
+  last = args.workers - 1
+  proc = _Trainer(_CommonFlags(model, logdir, args) + _ShapeFlags(args) + [
       '--cluster_spec=@' + servers.spec, '--elastic',
       '--worker_wait_secs=%g' % args.worker_wait_secs], log_path)
   marks = {}
@@ -242,7 +251,7 @@ def LossAndReturn(model, args, workdir):
              lambda: len(_Steps(logdir)) >= args.loss_step, proc, log_path,
              args.timeout_secs)
     marks['loss'] = time.time()
-    servers.Kill(3)
+    servers.Kill(last)
     shrink = _WaitFor('the first step after the shrink',
                       lambda: elastic_lib.ReadEvents(logdir), proc, log_path,
                       args.timeout_secs)[0]
@@ -251,7 +260,7 @@ def LossAndReturn(model, args, workdir):
              shrink['first_step'] + args.return_after, proc, log_path,
              args.timeout_secs)
     marks['return'] = time.time()
-    servers.Replace(3)
+    servers.Replace(last)
     _Finish(proc, log_path, args.timeout_secs)
   finally:
     if proc.poll() is None:
@@ -289,8 +298,8 @@ def _ReferenceRecords(model, args, workdir):
   """The step log of an uninterrupted run in the starting shape."""
   logdir = os.path.join(workdir, 'reference')
   log_path = logdir + '.log'
-  proc = _Trainer(_CommonFlags(model, logdir, args) + list(SHAPE_FLAGS) + [
-      '--worker_processes=4'], log_path)
+  proc = _Trainer(_CommonFlags(model, logdir, args) + _ShapeFlags(args) + [
+      '--worker_processes=%d' % args.workers], log_path)
   try:
     _Finish(proc, log_path, args.timeout_secs)
   finally:
@@ -337,17 +346,19 @@ def Restart(model, args, workdir):
   """Scenario 2: a local worker restarted in place; its seconds."""
   logdir = os.path.join(workdir, 'restart')
   log_path = logdir + '.log'
-  proc = _Trainer(_CommonFlags(model, logdir, args) + list(SHAPE_FLAGS) + [
-      '--worker_processes=4', '--max_worker_restarts=1', '--elastic'],
+  proc = _Trainer(_CommonFlags(model, logdir, args) + _ShapeFlags(args) + [
+      '--worker_processes=%d' % args.workers, '--max_worker_restarts=1',
+      '--elastic'],
                   log_path)
   try:
-    pids = _WaitFor('the workers', lambda: _WorkerPids(log_path, 4), proc,
+    pids = _WaitFor('the workers',
+                    lambda: _WorkerPids(log_path, args.workers), proc,
                     log_path, args.timeout_secs)
     _WaitFor('step %d' % args.loss_step,
              lambda: len(_Steps(logdir)) >= args.loss_step, proc, log_path,
              args.timeout_secs)
     killed = time.time()
-    os.kill(pids[3], signal.SIGKILL)
+    os.kill(pids[-1], signal.SIGKILL)
     _Finish(proc, log_path, args.timeout_secs)
   finally:
     if proc.poll() is None:
@@ -495,7 +506,8 @@ def Elastic(args):
                                         lr['losses']['steps'])
                    if lr.get('losses') and lr['losses']['steps'] else '-'])
   if rows:
-    lines += ['### A worker lost, then back (4 workers from a cluster file)',
+    lines += ['### A worker lost, then back (%d workers from a cluster '
+              'file)' % args.workers,
               '', report.Table(
                   ['model', 'shapes', 'ex/s before', 'ex/s shrunk',
                    'ex/s after return', 'start-up s', 'kill to first step s',
