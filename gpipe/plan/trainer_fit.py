@@ -23,7 +23,11 @@ pure Python:
    the profile's are fitted so that the simulator's steps of the references
    match their untraced steps through the trainer.
 
-``Fit`` does the three and returns the profile to search with.
+``Fit`` does the three and returns the profile to search with;
+``ReferenceRecord`` is what the profile keeps of the references: the search
+predicts a measured configuration by its measured step and ranks the others
+by their fitted steps lengthened by the fit's largest error on the measured
+ones (``gpipe.plan.search.Measured``).
 """
 
 import collections
@@ -323,3 +327,36 @@ def Fit(profile, references, log=None):
             scale, 1e3 * fitted.handover.latency,
             1e3 * fitted.call_seconds, 1e3 * fixed))
   return fitted
+
+
+def FitError(profile, references):
+  """The largest relative error of `profile`'s steps of the references.
+
+  Args:
+    profile: the fitted profile.Profile.
+    references: Reference records with measured seconds.
+
+  Returns:
+    max |predicted / measured - 1| (0.0 without references).
+  """
+  return max((abs(_Step(profile, r.config) / r.seconds - 1.0)
+              for r in references if r.seconds > 0), default=0.0)
+
+
+def ReferenceRecord(profile, references, devices):
+  """The profile's ``trainer_reference``: what the references measured.
+
+  Args:
+    profile: the fitted profile.Profile.
+    references: the Reference records it was fitted to.
+    devices: the devices they ran on.
+
+  Returns:
+    A JSON-serializable dict: 'configs' (labels), 'devices', 'seconds',
+    'measured' ([configuration JSON, seconds] each, for
+    ``gpipe.plan.search.Measured``) and 'fit_error' (``FitError``).
+  """
+  return dict(configs=[r.config.label for r in references], devices=devices,
+              seconds=[r.seconds for r in references],
+              measured=[[r.config.ToJson(), r.seconds] for r in references],
+              fit_error=FitError(profile, references))
