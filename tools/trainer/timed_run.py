@@ -1,16 +1,29 @@
 """A few timed steps of the trainer binary on a plan, in a child process.
 
-The planner times its reference configurations this way
-(``tools/plan/trainer_step.py``) and the plan benchmark the configurations it
-checks (``tools/benchmark/plan_trainer.py``): the trainer itself, on the
-pinned local worker processes the planner's figures are for, logging every
-few steps as a run does, its checkpoints out of the way.
+The plan benchmark times the configurations it checks this way
+(``tools/benchmark/plan_trainer.py``): the trainer itself (``StepSeconds``:
+``python -m tools.trainer --plan=FILE``), on the pinned local worker
+processes the planner's figures are for, logging every few steps as a run
+does, its checkpoints out of the way.
+
+The planner times its reference configurations (``tools/plan/
+trainer_step.py``) with ``TrainerRuns``: one child process
+(``python -m tools.trainer.timed_run``, the trainer's flags and ``--plans``)
+starts the workers once and runs the trainer's own training (``cli.Main``:
+its placement, graph, session and loop) on each plan in turn on those same
+workers, each in a logdir of its own. It is started before the plans exist
+(they are sent on its stdin), so its start overlaps the planner's
+measuring of the layers. A trainer's start (its imports and its
+workers: a third to a half of a short run's time) is paid once, not once
+per configuration; each configuration still builds its graph and pays its
+first steps as a run of its own does.
 """
 
 import glob
 import os
 import subprocess
 import sys
+import time
 
 from gpipe.measure import timeline
 from gpipe.runtime import child_env
@@ -22,6 +35,11 @@ LOG_EVERY = 4
 
 # The repository: the children's working directory and path.
 ROOT = child_env.ROOT
+
+# What the child of ``TracedRuns`` prints before each plan's run, and where
+# that run's logdir is under the child's --logdir.
+PLAN_MARKER = 'timed_run: plan %d'
+RUN_DIR = 'run_%d'
 
 
 def Environment():
@@ -82,17 +100,12 @@ def TracedStepSeconds(model, plan_path, workers, batch, warmup, steps,
                         'least 2 steps, not %d' % warmup)
   seconds = _Run(model, plan_path, workers, batch, warmup, steps, logdir,
                  override, timeout, trace=True)
-  paths = sorted(glob.glob(os.path.join(logdir, '**', '*.trace.json'),
-                          recursive=True))
-  return seconds, timeline.ReadChromeTrace(paths[0]) if paths else []
+  return seconds, _TracedTasks(logdir)
 
 
-def _Run(model, plan_path, workers, batch, warmup, steps, logdir, override,
-         timeout, trace):
-  """The trainer's logged intervals (see ``StepSeconds``)."""
-  total = warmup + steps
-  args = [sys.executable, '-m', 'tools.trainer', '--model=' + model,
-          '--logdir=' + logdir, '--plan=' + plan_path,
+def _Args(model, workers, total, logdir, override, trace):
+  """The trainer's flags of a timed run of `total` steps."""
+  args = ['--model=' + model, '--logdir=' + logdir,
           '--worker_processes=%d' % workers, '--pin_cores',
           '--max_steps=%d' % total, '--log_every_n_steps=%d' % LOG_EVERY,
           '--checkpoint_every_n_steps=%d' % (10 * total),
@@ -100,6 +113,155 @@ def _Run(model, plan_path, workers, batch, warmup, steps, logdir, override,
           '--eval_after_train=false']
   if override:
     args.append('--model_params_override=' + override)
+  return args
+
+
+class TrainerRuns:
+  """One child process training on several plans in turn, on the same workers.
+
+  The child (this module's ``main``) imports the trainer and starts
+  `workers` pinned local worker processes as soon as it is created, then
+  waits for plan files on its stdin: ``Run`` sends them and collects each
+  run's logged intervals and traced step. The caller may do other work
+  meanwhile (the planner measures the layers whose costs the reference
+  plans' cuts need). Use as a context manager: the child is killed if it
+  is still running at the end.
+  """
+
+  def __init__(self, model, workers, warmup, steps, logdir, override=''):
+    """Starts the child.
+
+    Args:
+      model: the registered model.
+      workers: local worker processes, pinned one per core.
+      warmup: steps left out of each run's timed intervals (at least 2: the
+        second is traced).
+      steps: steps timed after them.
+      logdir: the child's directory (each run's is RUN_DIR under it).
+      override: --model_params_override text.
+
+    Raises:
+      TimedRunError: `warmup` < 2.
+    """
+    if warmup < 2:
+      raise TimedRunError('the traced step is the second: warm up for at '
+                          'least 2 steps, not %d' % warmup)
+    self._warmup = warmup
+    self._total = warmup + steps
+    self._logdir = logdir
+    os.makedirs(logdir, exist_ok=True)
+    self._output_path = os.path.join(logdir, 'output.txt')
+    self._output = open(self._output_path, 'w')
+    self._started = time.time()
+    args = ([sys.executable, '-m', 'tools.trainer.timed_run'] +
+            _Args(model, workers, self._total, logdir, override, trace=True) +
+            ['--plans=-'])
+    self._child = subprocess.Popen(
+        args, cwd=ROOT, env=Environment(), stdin=subprocess.PIPE,
+        stdout=self._output, stderr=subprocess.STDOUT, text=True)
+
+  def __enter__(self):
+    return self
+
+  def __exit__(self, *unused):
+    self.Close()
+
+  def Close(self):
+    """Kills the child if it still runs; closes its output."""
+    if self._child.poll() is None:
+      self._child.kill()
+      self._child.wait()
+    self._output.close()
+
+  def Run(self, plan_paths, batch, timeout=None, log=None):
+    """``TracedStepSeconds`` of each plan, run one after another.
+
+    Args:
+      plan_paths: plan files, each for the child's workers.
+      batch: examples per step.
+      timeout: seconds the child may take from now, or None.
+      log: a print-like function, or None.
+
+    Returns:
+      A list, per plan, of (seconds per logged interval, the traced step's
+      timeline.TaskTimes).
+
+    Raises:
+      TimedRunError: the child timed out, failed, or printed no step times
+        for a plan (with its last line).
+    """
+    sent = time.time()
+    try:
+      self._child.stdin.write(''.join(p + '\n' for p in plan_paths))
+      self._child.stdin.close()
+    except BrokenPipeError:
+      pass  # It failed before reading them: its output says why.
+    try:
+      self._child.wait(timeout)
+    except subprocess.TimeoutExpired as e:
+      self.Close()
+      raise TimedRunError('the trainer did not finish %d steps of each of %s '
+                          'in %d s' % (self._total, ', '.join(plan_paths),
+                                       timeout)) from e
+    self._output.flush()
+    with open(self._output_path) as f:
+      output = f.read()
+    parts = SplitByPlan(output, len(plan_paths))
+    out = []
+    for i, (path, text) in enumerate(zip(plan_paths, parts)):
+      seconds = progress.StepSeconds(text, batch, self._warmup)
+      if not seconds:
+        lines = [l for l in (text or output).splitlines() if l.strip()]
+        raise TimedRunError('the trainer failed with %s (exit status %d): %s'
+                            % (path, self._child.returncode,
+                               lines[-1] if lines else 'no output'))
+      out.append((seconds, _TracedTasks(os.path.join(self._logdir,
+                                                     RUN_DIR % i))))
+    if self._child.returncode:
+      lines = [l for l in output.splitlines() if l.strip()]
+      raise TimedRunError('the trainer failed after its runs (exit status '
+                          '%d): %s' % (self._child.returncode,
+                                       lines[-1] if lines else 'no output'))
+    if log:
+      log('%d trainer runs in one process took %.1f s after the plans were '
+          'sent (%.1f s after it started)' % (
+              len(plan_paths), time.time() - sent,
+              time.time() - self._started))
+    return out
+
+
+def SplitByPlan(output, count):
+  """The child's output of each of `count` plans (PLAN_MARKER lines apart).
+
+  Returns:
+    `count` strings; '' for a plan the child did not reach.
+  """
+  parts = [''] * count
+  current = None
+  for line in output.splitlines(keepends=True):
+    for i in range(count):
+      if line.strip() == PLAN_MARKER % (i + 1):
+        current = i
+        break
+    else:
+      if current is not None:
+        parts[current] += line
+  return parts
+
+
+def _TracedTasks(logdir):
+  """The stage tasks of the trace the run in `logdir` wrote ([]: none)."""
+  paths = sorted(glob.glob(os.path.join(logdir, '**', '*.trace.json'),
+                           recursive=True))
+  return timeline.ReadChromeTrace(paths[0]) if paths else []
+
+
+def _Run(model, plan_path, workers, batch, warmup, steps, logdir, override,
+         timeout, trace):
+  """The trainer's logged intervals (see ``StepSeconds``)."""
+  total = warmup + steps
+  args = ([sys.executable, '-m', 'tools.trainer', '--plan=' + plan_path] +
+          _Args(model, workers, total, logdir, override, trace))
   try:
     done = subprocess.run(args, cwd=ROOT, env=Environment(),
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -115,3 +277,66 @@ def _Run(model, plan_path, workers, batch, warmup, steps, logdir, override,
     raise TimedRunError('the trainer failed with %s (exit status %d): %s' % (
         plan_path, done.returncode, lines[-1] if lines else 'no output'))
   return seconds
+
+
+def _Plans(flag, stdin):
+  """The plan files of --plans: its list, or ['-']: stdin's lines to EOF."""
+  if list(flag) != ['-']:
+    yield from flag
+    return
+  for line in stdin:
+    if line.strip():
+      yield line.strip()
+
+
+def _Main(unused_argv):
+  """The child of ``TrainerRuns``: each of --plans on the same workers."""
+  # pylint: disable=g-import-not-at-top
+  from absl import flags
+  from tools.trainer import cli
+  from tools.trainer import placement as placement_lib
+  # pylint: enable=g-import-not-at-top
+  flags_ = flags.FLAGS
+  if not flags_.plans or not flags_.worker_processes:
+    raise ValueError('give --plans and --worker_processes')
+  base = flags_.logdir
+  echo = lambda *a: print(*a, flush=True)
+  workers = placement_lib.StartLocalWorkers(
+      flags_.worker_processes, pin_cores=flags_.pin_cores,
+      log_dir=os.path.join(base, 'workers'),
+      devices_per_task=flags_.devices_per_task)
+  try:
+    for i, plan in enumerate(_Plans(flags_.plans, sys.stdin)):
+      flags_.plan = plan
+      flags_.logdir = os.path.join(base, RUN_DIR % i)
+      echo(PLAN_MARKER % (i + 1))
+      code = cli.Main(cli.SettleFromFlags(workers=workers), echo)
+      if code:
+        return code
+  finally:
+    workers.Stop()
+  return 0
+
+
+def main():
+  """``python -m tools.trainer.timed_run``: the trainer's flags, --plans."""
+  # pylint: disable=g-import-not-at-top
+  from tools.trainer import cli  # First: it makes Lingvo importable.
+  from absl import app
+  from absl import flags
+  from absl import logging
+  from lingvo import compat as tf
+  from tools.trainer import settings
+  # pylint: enable=g-import-not-at-top
+  del cli  # Imported for its flags and its imports' order.
+  flags.adopt_module_key_flags(settings)
+  flags.DEFINE_list('plans', [], 'plan files (--plan=FILE), trained one '
+                    "after another on the same local workers; '-': the "
+                    'lines of stdin, read as each run ends')
+  logging.set_verbosity(logging.WARNING)
+  tf.get_logger().setLevel('WARNING')
+  app.run(_Main)
+
+
+if __name__ == '__main__':
+  main()
