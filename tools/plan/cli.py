@@ -185,6 +185,8 @@ def MeasureProfile(args, log, cap=None):
       from tools.plan import trainer_step  # pylint: disable=g-import-not-at-top
       started = stack.enter_context(trainer_step.Start(
           args.model, args.model_params_override, args.devices))
+      trainer_step.WarmUp(started, args.model, len(described.params.layers),
+                          described.batch, args.devices)
     profile = _MeasureLayers(args, log, described, rows, dtypes, slots,
                              traffic)
     if started is not None:

@@ -153,6 +153,35 @@ def Start(model, override, devices, timed_steps=TIMED_STEPS):
     shutil.rmtree(workdir, ignore_errors=True)  # The checkpoints too.
 
 
+def WarmUp(started, model, num_layers, batch, devices):
+  """Has the started process build the data-parallel reference's graph.
+
+  That reference's cut needs no measured layer (the whole model is one
+  stage): its plan is written before the layers are measured, and the
+  process builds (and drops) its graph meanwhile, on a core the layers'
+  measuring leaves it (``timed_run.TrainerRuns.WarmUp``).
+
+  Args:
+    started: what ``Start`` yielded.
+    model: the registered model.
+    num_layers: the pipeline's layers.
+    batch: examples per step.
+    devices: the devices planned for.
+  """
+  config = simulator.Configuration(devices if batch % devices == 0 else 1, 1,
+                                   (num_layers,), 1, 'gpipe', 'never')
+  if config.num_devices != devices:
+    return
+  path = os.path.join(started.workdir, 'warm_up.json')
+  # Only built, never run: nothing is predicted.
+  choice.Save(choice.Plan(
+      model=model, config=config, task_costs=None, num_devices=devices,
+      memory_per_device=None, predicted=dict(
+          step_seconds=0.0, examples_per_second=0.0, bubble=0.0,
+          peak_bytes=[])), path)
+  started.runs.WarmUp(path)
+
+
 def Measure(started, profile, devices, log=None, timeout=900):
   """The trainer's median step of each reference configuration.
 

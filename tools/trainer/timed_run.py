@@ -173,6 +173,18 @@ class TrainerRuns:
       self._child.wait()
     self._output.close()
 
+  def WarmUp(self, plan_path):
+    """Has the child build `plan_path`'s training graph while it waits.
+
+    Client work only (one core; nothing runs on the workers): the first
+    graph a process builds pays a one-time set-up the runs then skip.
+    """
+    try:
+      self._child.stdin.write(WARM_UP + plan_path + '\n')
+      self._child.stdin.flush()
+    except BrokenPipeError:
+      pass  # It failed: Run says why.
+
   def Run(self, plan_paths, batch, timeout=None, log=None):
     """``TracedStepSeconds`` of each plan, run one after another.
 
@@ -223,6 +235,9 @@ class TrainerRuns:
                           '%d): %s' % (self._child.returncode,
                                        lines[-1] if lines else 'no output'))
     if log:
+      for line in output.splitlines():
+        if line.startswith('timed_run: warmed up'):
+          log(line)
       log('%d trainer runs in one process took %.1f s after the plans were '
           'sent (%.1f s after it started)' % (
               len(plan_paths), time.time() - sent,
@@ -279,8 +294,16 @@ def _Run(model, plan_path, workers, batch, warmup, steps, logdir, override,
   return seconds
 
 
+# A line of the child's stdin asking it to build a plan's training graph
+# and drop it (``TrainerRuns.WarmUp``), not to train.
+WARM_UP = 'warm-up:'
+
+
 def _Plans(flag, stdin):
-  """The plan files of --plans: its list, or ['-']: stdin's lines to EOF."""
+  """The plan files of --plans: its list, or ['-']: stdin's lines to EOF.
+
+  A line of stdin may be WARM_UP and a plan file: yielded as it is.
+  """
   if list(flag) != ['-']:
     yield from flag
     return
@@ -306,16 +329,38 @@ def _Main(unused_argv):
       log_dir=os.path.join(base, 'workers'),
       devices_per_task=flags_.devices_per_task)
   try:
-    for i, plan in enumerate(_Plans(flags_.plans, sys.stdin)):
+    i = 0
+    for plan in _Plans(flags_.plans, sys.stdin):
+      if plan.startswith(WARM_UP):
+        flags_.plan = plan[len(WARM_UP):]
+        flags_.logdir = os.path.join(base, 'warm_up')
+        _WarmUp(cli.SettleFromFlags(workers=workers), echo)
+        continue
       flags_.plan = plan
       flags_.logdir = os.path.join(base, RUN_DIR % i)
-      echo(PLAN_MARKER % (i + 1))
+      i += 1
+      echo(PLAN_MARKER % i)
       code = cli.Main(cli.SettleFromFlags(workers=workers), echo)
       if code:
         return code
   finally:
     workers.Stop()
   return 0
+
+
+def _WarmUp(run, echo):
+  """Builds `run`'s training graph and drops it: nothing runs on a worker.
+
+  The first graph a process builds pays for what TensorFlow and Lingvo set
+  up once (gradient functions, layer classes, tracing machinery): seconds
+  the first timed run would otherwise pay beyond the others.
+  """
+  # pylint: disable=g-import-not-at-top
+  from tools.trainer import model_graph
+  # pylint: enable=g-import-not-at-top
+  started = time.time()
+  model_graph.Build(run.train, run.placement, 'train', run.seed)
+  echo('timed_run: warmed up in %.1f s' % (time.time() - started))
 
 
 def main():
