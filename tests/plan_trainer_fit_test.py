@@ -140,9 +140,15 @@ class TrainerFitTest(absltest.TestCase):
                    r.seconds - 1) for r in refs)
     self.assertAlmostEqual(error, want)
     self.assertGreater(error, 0.02)
-    record = trainer_fit.ReferenceRecord(fitted, refs, 2)
+    record = trainer_fit.ReferenceRecord(bare, fitted, refs, 2)
     self.assertEqual(record['configs'], [r.config.label for r in refs])
-    self.assertEqual(record['fit_error'], error)
+    self.assertEqual(record['own_error'], error)
+    # Each reference predicted by a fit to the others: the slow one is
+    # missed by about its 30%.
+    loo = trainer_fit.LeaveOneOutError(bare, refs)
+    self.assertEqual(record['fit_error'], max(error, loo))
+    self.assertBetween(loo, 0.15, 0.45)
+    error = record['fit_error']
     # Through a saved profile, as the trainer's --plan=auto reads it.
     path = self.create_tempfile().full_path
     profile_lib.Save(fitted.Replace(trainer_reference=record), path)
@@ -158,6 +164,26 @@ class TrainerFitTest(absltest.TestCase):
     exact = [trainer_fit.Reference(r.config, simulator.Predict(
         fitted, r.config).step_seconds, r.tasks) for r in refs]
     self.assertAlmostEqual(trainer_fit.FitError(fitted, exact), 0.0)
+
+  def testThreeReferencesFitThemselvesButNotOneLeftOut(self):
+    bare = _Profile()
+    truth = bare.Replace(
+        factors=(profile_lib.Factors(rows=4, F=2.0, B=3.0, W=1.5, BW=2.5,
+                                     R=2.0),),
+        call_seconds=0.4, trainer_seconds=0.75)
+    refs = _References(truth, bare, 2)
+    # Consistent references: each is predicted well by the others.
+    self.assertLess(trainer_fit.LeaveOneOutError(bare, refs), 0.06)
+    # The looped one runs 40% slower than any cost of a call explains when
+    # left out: three unknowns still fit the three, not it alone.
+    refs[2] = refs[2]._replace(seconds=1.4 * refs[2].seconds)
+    fitted = trainer_fit.Fit(bare, refs)
+    own = trainer_fit.FitError(fitted, refs)
+    self.assertLess(own, 0.1)
+    self.assertGreater(trainer_fit.LeaveOneOutError(bare, refs), 2 * own)
+    self.assertGreater(trainer_fit.LeaveOneOutError(bare, refs), 0.2)
+    # One reference: nothing to leave out.
+    self.assertEqual(trainer_fit.LeaveOneOutError(bare, refs[:1]), 0.0)
 
   def testChromeTraceRoundTrip(self):
     tasks = [timeline.TaskTime(0, 0, 'F', '/job:w/task:0', 0.0, 0.5, 0.0),

@@ -19,9 +19,9 @@ The rest are ranked by predicted examples/s. A configuration the planner
 ran through the trainer itself (the profile's ``trainer_reference``:
 ``tools/plan/trainer_step.py``) is predicted by that measured step, not
 extrapolated; one it did not run ranks by its fitted step lengthened by the
-fit's largest error on the measured ones (``Measured``), so that an
-extrapolation beats a measurement only by more than the fit is known to
-miss by. Peak memory assumes the
+fit's largest error on a measured one it was not fitted to (``Measured``),
+so that an extrapolation beats a measurement only by more than the fit is
+known to miss by. Peak memory assumes the
 update reads every gradient before it applies any (each stage's gradient
 sum kept to the end of the step, as Lingvo's learner needs) unless
 ``update=simulator.UPDATE_EACH_VARIABLE`` says it applies each variable's
@@ -245,7 +245,8 @@ def Measured(profile):
   trainer_step.py``) are recorded in the profile's ``trainer_reference``:
   'measured', a list of [configuration JSON, the trainer's median step in
   seconds], and 'fit_error', the largest relative error of the fitted
-  profile's predictions of those steps.
+  profile's predictions of those steps, each left out of the fit
+  (``gpipe.plan.trainer_fit.ReferenceRecord``).
 
   Args:
     profile: a profile.Profile.
@@ -511,8 +512,8 @@ def Table(result, top=10, dropped_examples=2):
   if any(c.measured for c in result.candidates[:top]):
     lines += ['', "step from 'trainer': measured through the trainer while "
               "planning; 'model': the fitted simulator's, ranked as if %.0f%% "
-              'longer (its largest error on the measured ones)' %
-              (100 * result.fit_error)]
+              'longer (its largest error on a measured one left out of the '
+              'fit)' % (100 * result.fit_error)]
   by_kind = collections.OrderedDict()
   for c in result.dropped:
     by_kind.setdefault(c.reason[0], []).append(c)

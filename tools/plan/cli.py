@@ -269,18 +269,19 @@ def _FitToTheTrainer(args, log, profile, started):
   for ref in measured:
     log('the trainer\'s step of %s: %.1f ms (%d traced tasks)' % (
         ref.config.label, 1e3 * ref.seconds, len(ref.tasks)))
-  profile = trainer_fit.Fit(profile, measured, log=log)
+  fitted = trainer_fit.Fit(profile, measured, log=log)
   for ref in measured:
     log('  fitted prediction of %s: %.1f ms' % (
         ref.config.label,
-        1e3 * simulator.Predict(profile, ref.config).step_seconds))
-  profile = profile.Replace(
-      trainer_reference=trainer_fit.ReferenceRecord(profile, measured,
-                                                    args.devices))
-  log('the fit\'s largest error on the measured steps: %.0f%% (the search '
-      'uses their measured steps, and ranks the others as if that much '
-      'longer)' % (100 * profile.trainer_reference['fit_error']))
-  return profile
+        1e3 * simulator.Predict(fitted, ref.config).step_seconds))
+  record = trainer_fit.ReferenceRecord(profile, fitted, measured,
+                                       args.devices)
+  log('the fit\'s largest error: %.0f%% on the measured steps, %.0f%% on '
+      'one left out of the fit (the search uses the measured steps, and '
+      'ranks the others as if %.0f%% longer)' % (
+          100 * record['own_error'], 100 * record['fit_error'],
+          100 * record['fit_error']))
+  return fitted.Replace(trainer_reference=record)
 
 
 def Plan(args, log=print):
