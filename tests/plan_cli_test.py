@@ -177,6 +177,17 @@ class TrainerRunsTest(absltest.TestCase):
         'a.json\n\nb.json\n'))), ['a.json', 'b.json'])
     self.assertEqual(list(timed_run._Plans(['a.json', 'b.json'], None)),
                      ['a.json', 'b.json'])
+    # A line may give the run's steps and its logging period.
+    self.assertEqual(timed_run._PlanLine('a.json\t64\t16'), ('a.json', 64, 16))
+    self.assertEqual(timed_run._PlanLine('a.json'), ('a.json', None, None))
+
+  def testAStepOfAFewMillisecondsIsTimedOverLongerIntervals(self):
+    # 100 ms: four steps; 5 ms: 0.3 s of steps, whole multiples of four;
+    # never more than 64.
+    self.assertEqual(timed_run.IntervalSteps(0.1), 4)
+    self.assertEqual(timed_run.IntervalSteps(0.027), 12)
+    self.assertEqual(timed_run.IntervalSteps(0.005), 60)
+    self.assertEqual(timed_run.IntervalSteps(1e-5), 64)
 
   def testAPlacementOnGivenWorkersLeavesThemRunning(self):
     from tools.trainer import placement as placement_lib  # pylint: disable=g-import-not-at-top

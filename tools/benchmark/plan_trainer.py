@@ -13,8 +13,11 @@ that trains here,
    of each other schedule family, up to ``--top`` configurations, each run
    by the trainer itself (``python -m tools.trainer --plan=FILE
    --worker_processes=N --pin_cores``) for ``--steps`` steps after
-   ``--warmup``, in runs of their own; the median step of each, as the
-   trainer's own progress lines give it.
+   ``--warmup``, in runs of their own; the median step of each run, as the
+   trainer's own progress lines give it. ``--passes`` passes over them all
+   run each configuration that many times, minutes apart: its measured step
+   is the fastest run's (a shared machine's bursts of other work slowed
+   whole runs of the same configuration twofold); every run is kept.
 
 It reports per configuration the predicted and measured step (ms) and the
 error, marking those the planner measured while planning ("measured in
@@ -110,10 +113,19 @@ def _Plan(model, devices, workdir, repeats):
   return seconds, Phases(done.stdout), profile_path, plan_path
 
 
-def _Train(model, plan_path, devices, warmup, steps, batch, logdir):
-  """The trainer's median step (s) with the plan, and each interval's."""
-  seconds = timed_run.StepSeconds(model, plan_path, devices, batch, warmup,
-                                  steps, logdir)
+def _Train(model, plan_path, devices, warmup, steps, batch, logdir,
+           predicted):
+  """The trainer's median step (s) with the plan, and each interval's.
+
+  A step predicted at a few milliseconds is logged over more steps, as the
+  planner's references are (``timed_run.IntervalSteps``): `warmup` and
+  `steps` count intervals of ``timed_run.LOG_EVERY`` steps then.
+  """
+  n = timed_run.IntervalSteps(predicted)
+  scale = lambda k: -(-k // timed_run.LOG_EVERY) * n
+  seconds = timed_run.StepSeconds(model, plan_path, devices, batch,
+                                  scale(warmup), scale(steps), logdir,
+                                  log_every=n)
   return statistics.median(seconds), seconds
 
 
@@ -123,7 +135,7 @@ def PlanTrainer(args):
   title, info = report.Header(
       'The planner through the trainer',
       dict(models=','.join(models), devices=args.devices, top=args.top,
-           warmup=args.warmup, steps=args.steps))
+           warmup=args.warmup, steps=args.steps, passes=args.passes))
   rows, results = [], []
   for model in models:
     workdir = tempfile.mkdtemp(prefix='gpipe_plan_trainer_')
@@ -133,20 +145,31 @@ def PlanTrainer(args):
     profile = profile_lib.Load(profile_path)
     # The planner's search with its defaults (no cap: every shape runs).
     result = search.Search(profile, args.devices, None)
-    measured = []
-    for i, c in enumerate(Shortlist(result.candidates, args.top)):
-      path = os.path.join(workdir, 'candidate_%d.json' % i)
-      choice.Save(choice.FromCandidate(c, args.devices, None, model), path)
-      report.Log('  training %s with %s' % (model, c.config.label))
-      seconds, steps = _Train(model, path, args.devices, args.warmup,
+    shortlist = Shortlist(result.candidates, args.top)
+    paths = []
+    for i, c in enumerate(shortlist):
+      paths.append(os.path.join(workdir, 'candidate_%d.json' % i))
+      choice.Save(choice.FromCandidate(c, args.devices, None, model),
+                  paths[-1])
+    runs = [[] for _ in shortlist]
+    for n in range(max(args.passes, 1)):
+      for i, c in enumerate(shortlist):
+        report.Log('  training %s with %s (pass %d)' % (model, c.config.label,
+                                                       n + 1))
+        runs[i].append(_Train(model, paths[i], args.devices, args.warmup,
                               args.steps, profile.batch,
-                              os.path.join(workdir, 'run_%d' % i))
+                              os.path.join(workdir, 'run_%d_%d' % (i, n)),
+                              c.prediction.step_seconds))
+    measured = []
+    for i, c in enumerate(shortlist):
+      seconds, steps = min(runs[i], key=lambda run: run[0])
       predicted = c.prediction.step_seconds
       # The planner's own measurement of it (the prediction) or its fit's.
       measured.append(dict(config=c.config.label, pick=i == 0,
                            reference=bool(c.measured),
                            predicted_ms=1e3 * predicted,
                            measured_ms=1e3 * seconds,
+                           passes_ms=[1e3 * run[0] for run in runs[i]],
                            step_ms=[1e3 * s for s in steps],
                            error=predicted / seconds - 1))
     fastest = min(m['measured_ms'] for m in measured)
@@ -173,7 +196,8 @@ def PlanTrainer(args):
       rows.append([model, m['config'] + (' (pick)' if m['pick'] else '') +
                    (' (measured in planning)' if m['reference'] else
                     ' (extrapolated)'),
-                   '%.1f' % m['predicted_ms'], '%.1f' % m['measured_ms'],
+                   '%.1f' % m['predicted_ms'],
+                   ' / '.join('%.1f' % x for x in m['passes_ms']),
                    '%+.0f%%' % (100 * m['error'])])
     report.Log('  %s: planned in %.0f s; pick %s measured %.1f ms (fastest '
                '%.1f ms)' % (model, plan_seconds, pick['config'],
@@ -193,7 +217,8 @@ def PlanTrainer(args):
         'yes' if r['pick_is_fastest'] else 'no'] for r in results])
   markdown = '\n'.join([
       title, report.Table(['model', 'configuration', 'predicted step (ms)',
-                           'trainer step (ms)', 'error'], rows), '',
+                           'trainer step (ms), each pass', 'error'], rows),
+      '',
       summary, ''])
   print(markdown, flush=True)
 

@@ -52,7 +52,9 @@ from tools.trainer import timed_run
 
 # Steps run before the timed ones (graph optimization, first allocations;
 # the second is traced), and the timed ones, in intervals of
-# timed_run.LOG_EVERY steps (the median of the intervals' mean steps).
+# timed_run.LOG_EVERY steps (the median of the intervals' mean steps); a
+# model of a few milliseconds a step runs as many intervals of more steps
+# (timed_run.IntervalSteps).
 WARMUP_STEPS = 4
 TIMED_STEPS = 12
 
@@ -215,12 +217,17 @@ def Measure(started, profile, devices, log=None, timeout=900):
     paths.append(os.path.join(started.workdir, 'reference_%d.json' % i))
     _SavePlan(started.model, profile, config, paths[-1])
     if log:
+      n = timed_run.IntervalSteps(Predicted(profile, config))
       log('timing the trainer\'s own step: %s on %d worker process(es), %d '
-          'steps' % (config.label, config.num_devices,
-                     WARMUP_STEPS + started.timed_steps))
+          'steps, logged every %d' % (
+              config.label, config.num_devices,
+              (WARMUP_STEPS + started.timed_steps) * n // timed_run.LOG_EVERY,
+              n))
+  # A step of a few milliseconds is timed over longer intervals.
+  intervals = [timed_run.IntervalSteps(Predicted(profile, c)) for c in configs]
   try:
     runs = started.runs.Run(paths, profile.batch, timeout * len(configs),
-                            log=log)
+                            log=log, intervals=intervals)
   except timed_run.TimedRunError as e:
     raise TrainerStepError('the reference runs of %s: %s' % (
         ', '.join(c.label for c in configs), e)) from e

@@ -20,6 +20,7 @@ first steps as a run of its own does.
 """
 
 import glob
+import math
 import os
 import subprocess
 import sys
@@ -32,6 +33,29 @@ from tools.trainer import progress
 # Steps between progress lines: each line's examples/s gives its interval's
 # mean step, with the console, step-log and TensorBoard flushes a run pays.
 LOG_EVERY = 4
+# A model of a few milliseconds a step logs less often (``IntervalSteps``):
+# an interval of at least this long, at most this many steps.
+MIN_INTERVAL_SECONDS = 0.3
+MAX_INTERVAL_STEPS = 64
+
+
+def IntervalSteps(step_seconds):
+  """Steps between progress lines for a step of about `step_seconds`.
+
+  Four steps of a few milliseconds are timed to within a few tens of
+  percent only (the console and summary flushes of each line, the clock's
+  and the scheduler's granularity): such a step is timed over an interval of
+  at least ``MIN_INTERVAL_SECONDS``.
+
+  Args:
+    step_seconds: the step's expected length (a prediction will do).
+
+  Returns:
+    A multiple of LOG_EVERY in [LOG_EVERY, MAX_INTERVAL_STEPS].
+  """
+  wanted = MIN_INTERVAL_SECONDS / max(step_seconds, 1e-6)
+  steps = LOG_EVERY * int(math.ceil(wanted / LOG_EVERY))
+  return int(min(max(steps, LOG_EVERY), MAX_INTERVAL_STEPS))
 
 # The repository: the children's working directory and path.
 ROOT = child_env.ROOT
@@ -52,7 +76,7 @@ class TimedRunError(RuntimeError):
 
 
 def StepSeconds(model, plan_path, workers, batch, warmup, steps, logdir,
-                override='', timeout=None):
+                override='', timeout=None, log_every=LOG_EVERY):
   """The mean step (seconds) of each logged interval after `warmup` steps.
 
   No step is traced (``TracedStepSeconds`` traces one).
@@ -62,12 +86,13 @@ def StepSeconds(model, plan_path, workers, batch, warmup, steps, logdir,
     plan_path: a plan file (``--plan=FILE``) for `workers` devices.
     workers: local worker processes, pinned one per core.
     batch: examples per step.
-    warmup: steps left out (a multiple of ``LOG_EVERY`` keeps intervals
+    warmup: steps left out (a multiple of `log_every` keeps intervals
       whole).
     steps: steps timed after them.
     logdir: the run's directory.
     override: --model_params_override text.
     timeout: seconds the trainer may take, or None.
+    log_every: steps between progress lines (``IntervalSteps``).
 
   Returns:
     A list of seconds, one per logged interval.
@@ -77,7 +102,7 @@ def StepSeconds(model, plan_path, workers, batch, warmup, steps, logdir,
       (with its last line).
   """
   return _Run(model, plan_path, workers, batch, warmup, steps, logdir,
-              override, timeout, trace=False)
+              override, timeout, trace=False, log_every=log_every)
 
 
 def TracedStepSeconds(model, plan_path, workers, batch, warmup, steps,
@@ -103,14 +128,12 @@ def TracedStepSeconds(model, plan_path, workers, batch, warmup, steps,
   return seconds, _TracedTasks(logdir)
 
 
-def _Args(model, workers, total, logdir, override, trace):
+def _Args(model, workers, total, logdir, override, trace,
+          log_every=LOG_EVERY):
   """The trainer's flags of a timed run of `total` steps."""
   args = ['--model=' + model, '--logdir=' + logdir,
           '--worker_processes=%d' % workers, '--pin_cores',
-          '--max_steps=%d' % total, '--log_every_n_steps=%d' % LOG_EVERY,
-          '--checkpoint_every_n_steps=%d' % (10 * total),
-          '--trace_every_n_steps=%d' % (10 * total if trace else 0),
-          '--eval_after_train=false']
+          '--eval_after_train=false'] + _StepFlags(total, log_every, trace)
   if override:
     args.append('--model_params_override=' + override)
   return args
@@ -143,9 +166,10 @@ class TrainerRuns:
     Raises:
       TimedRunError: `warmup` < 2.
     """
-    if warmup < 2:
-      raise TimedRunError('the traced step is the second: warm up for at '
-                          'least 2 steps, not %d' % warmup)
+    if warmup < 2 or warmup % LOG_EVERY or steps % LOG_EVERY:
+      raise TimedRunError('warm up for at least 2 steps (the second is '
+                          'traced) and time whole intervals: multiples of '
+                          '%d, not %d and %d' % (LOG_EVERY, warmup, steps))
     self._warmup = warmup
     self._total = warmup + steps
     self._logdir = logdir
@@ -185,7 +209,7 @@ class TrainerRuns:
     except BrokenPipeError:
       pass  # It failed: Run says why.
 
-  def Run(self, plan_paths, batch, timeout=None, log=None):
+  def Run(self, plan_paths, batch, timeout=None, log=None, intervals=None):
     """``TracedStepSeconds`` of each plan, run one after another.
 
     Args:
@@ -193,6 +217,10 @@ class TrainerRuns:
       batch: examples per step.
       timeout: seconds the child may take from now, or None.
       log: a print-like function, or None.
+      intervals: per plan, the steps between progress lines
+        (``IntervalSteps``), or None for LOG_EVERY: the run's warm-up and
+        timed steps are as many intervals as ``__init__``'s take of four
+        steps.
 
     Returns:
       A list, per plan, of (seconds per logged interval, the traced step's
@@ -203,8 +231,12 @@ class TrainerRuns:
         for a plan (with its last line).
     """
     sent = time.time()
+    intervals = intervals or [LOG_EVERY] * len(plan_paths)
+    warmups = [self._warmup * n // LOG_EVERY for n in intervals]
+    lines = ['%s\t%d\t%d\n' % (p, self._total * n // LOG_EVERY, n)
+             for p, n in zip(plan_paths, intervals)]
     try:
-      self._child.stdin.write(''.join(p + '\n' for p in plan_paths))
+      self._child.stdin.write(''.join(lines))
       self._child.stdin.close()
     except BrokenPipeError:
       pass  # It failed before reading them: its output says why.
@@ -221,7 +253,7 @@ class TrainerRuns:
     parts = SplitByPlan(output, len(plan_paths))
     out = []
     for i, (path, text) in enumerate(zip(plan_paths, parts)):
-      seconds = progress.StepSeconds(text, batch, self._warmup)
+      seconds = progress.StepSeconds(text, batch, warmups[i])
       if not seconds:
         lines = [l for l in (text or output).splitlines() if l.strip()]
         raise TimedRunError('the trainer failed with %s (exit status %d): %s'
@@ -271,12 +303,19 @@ def _TracedTasks(logdir):
   return timeline.ReadChromeTrace(paths[0]) if paths else []
 
 
+def _StepFlags(total, log_every, trace):
+  """The flags of a run's steps: `total`, logged, checkpointed at the end."""
+  return ['--max_steps=%d' % total, '--log_every_n_steps=%d' % log_every,
+          '--checkpoint_every_n_steps=%d' % (10 * total),
+          '--trace_every_n_steps=%d' % (10 * total if trace else 0)]
+
+
 def _Run(model, plan_path, workers, batch, warmup, steps, logdir, override,
-         timeout, trace):
+         timeout, trace, log_every=LOG_EVERY):
   """The trainer's logged intervals (see ``StepSeconds``)."""
   total = warmup + steps
   args = ([sys.executable, '-m', 'tools.trainer', '--plan=' + plan_path] +
-          _Args(model, workers, total, logdir, override, trace))
+          _Args(model, workers, total, logdir, override, trace, log_every))
   try:
     done = subprocess.run(args, cwd=ROOT, env=Environment(),
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -312,6 +351,18 @@ def _Plans(flag, stdin):
       yield line.strip()
 
 
+def _PlanLine(line):
+  """(plan file, max_steps or None, log_every or None) of a stdin line.
+
+  A line is a plan file, or a plan file, its run's steps and the steps
+  between its progress lines, tab-separated (``TrainerRuns.Run``).
+  """
+  parts = line.split('\t')
+  if len(parts) == 3:
+    return parts[0], int(parts[1]), int(parts[2])
+  return line, None, None
+
+
 def _Main(unused_argv):
   """The child of ``TrainerRuns``: each of --plans on the same workers."""
   # pylint: disable=g-import-not-at-top
@@ -336,7 +387,12 @@ def _Main(unused_argv):
         flags_.logdir = os.path.join(base, 'warm_up')
         _WarmUp(cli.SettleFromFlags(workers=workers), echo)
         continue
-      flags_.plan = plan
+      flags_.plan, total, log_every = _PlanLine(plan)
+      if total:
+        flags_.max_steps = total
+        flags_.log_every_n_steps = log_every
+        flags_.checkpoint_every_n_steps = 10 * total
+        flags_.trace_every_n_steps = 10 * total
       flags_.logdir = os.path.join(base, RUN_DIR % i)
       i += 1
       echo(PLAN_MARKER % i)
