@@ -182,11 +182,11 @@ class TrainerRunsTest(absltest.TestCase):
     self.assertEqual(timed_run._PlanLine('a.json'), ('a.json', None, None))
 
   def testAStepOfAFewMillisecondsIsTimedOverLongerIntervals(self):
-    # 100 ms: four steps; 5 ms: 0.3 s of steps, whole multiples of four;
+    # 60 ms: four steps; 5 ms: 0.2 s of steps, whole multiples of four;
     # never more than 64.
-    self.assertEqual(timed_run.IntervalSteps(0.1), 4)
-    self.assertEqual(timed_run.IntervalSteps(0.027), 12)
-    self.assertEqual(timed_run.IntervalSteps(0.005), 60)
+    self.assertEqual(timed_run.IntervalSteps(0.06), 4)
+    self.assertEqual(timed_run.IntervalSteps(0.027), 8)
+    self.assertEqual(timed_run.IntervalSteps(0.005), 40)
     self.assertEqual(timed_run.IntervalSteps(1e-5), 64)
 
   def testAPlacementOnGivenWorkersLeavesThemRunning(self):

@@ -136,7 +136,7 @@ def PlanTrainer(args):
       'The planner through the trainer',
       dict(models=','.join(models), devices=args.devices, top=args.top,
            warmup=args.warmup, steps=args.steps, passes=args.passes))
-  rows, results = [], []
+  rows, results, refused = [], [], []
   for model in models:
     workdir = tempfile.mkdtemp(prefix='gpipe_plan_trainer_')
     report.Log('planning %s for %d devices' % (model, args.devices))
@@ -152,16 +152,29 @@ def PlanTrainer(args):
       choice.Save(choice.FromCandidate(c, args.devices, None, model),
                   paths[-1])
     runs = [[] for _ in shortlist]
+    failed = {}
     for n in range(max(args.passes, 1)):
       for i, c in enumerate(shortlist):
+        if i in failed:
+          continue
         report.Log('  training %s with %s (pass %d)' % (model, c.config.label,
                                                        n + 1))
-        runs[i].append(_Train(model, paths[i], args.devices, args.warmup,
-                              args.steps, profile.batch,
-                              os.path.join(workdir, 'run_%d_%d' % (i, n)),
-                              c.prediction.step_seconds))
+        try:
+          runs[i].append(_Train(model, paths[i], args.devices, args.warmup,
+                                args.steps, profile.batch,
+                                os.path.join(workdir, 'run_%d_%d' % (i, n)),
+                                c.prediction.step_seconds))
+        except timed_run.TimedRunError as e:
+          # A configuration the planner offers but the trainer refuses: a
+          # finding of its own, reported; the others still run.
+          report.Log('  the trainer refused %s: %s' % (c.config.label, e))
+          failed[i] = str(e)
     measured = []
     for i, c in enumerate(shortlist):
+      if i in failed:
+        refused.append(dict(model=model, config=c.config.label, pick=i == 0,
+                            error=failed[i]))
+        continue
       seconds, steps = min(runs[i], key=lambda run: run[0])
       predicted = c.prediction.step_seconds
       # The planner's own measurement of it (the prediction) or its fit's.
@@ -172,8 +185,10 @@ def PlanTrainer(args):
                            passes_ms=[1e3 * run[0] for run in runs[i]],
                            step_ms=[1e3 * s for s in steps],
                            error=predicted / seconds - 1))
+    if not measured:
+      continue
     fastest = min(m['measured_ms'] for m in measured)
-    pick = measured[0]
+    pick = measured[0] if measured[0]['pick'] else None
     planned = choice.Load(plan_path)
 
     def Largest(kind):
@@ -187,7 +202,8 @@ def PlanTrainer(args):
                       else None),
         fit_error=result.fit_error,
         pick_is_plan=planned.config == result.best.config,
-        pick_is_fastest=pick['measured_ms'] <= fastest * (1 + PICK_TOLERANCE),
+        pick_is_fastest=(pick is not None and pick['measured_ms'] <=
+                         fastest * (1 + PICK_TOLERANCE)),
         largest_error=max(abs(m['error']) for m in measured),
         largest_error_measured=Largest(True),
         largest_error_extrapolated=Largest(False),
@@ -199,9 +215,10 @@ def PlanTrainer(args):
                    '%.1f' % m['predicted_ms'],
                    ' / '.join('%.1f' % x for x in m['passes_ms']),
                    '%+.0f%%' % (100 * m['error'])])
-    report.Log('  %s: planned in %.0f s; pick %s measured %.1f ms (fastest '
-               '%.1f ms)' % (model, plan_seconds, pick['config'],
-                             pick['measured_ms'], fastest))
+    report.Log('  %s: planned in %.0f s; pick %s measured %s (fastest '
+               '%.1f ms)' % (model, plan_seconds, result.best.config.label,
+                             '%.1f ms' % pick['measured_ms'] if pick else
+                             'refused by the trainer', fastest))
   def Percent(x):
     return '-' if x is None else '%.0f%%' % (100 * x)
 
@@ -215,10 +232,13 @@ def PlanTrainer(args):
         Percent(r['largest_error_measured']),
         Percent(r['largest_error_extrapolated']),
         'yes' if r['pick_is_fastest'] else 'no'] for r in results])
+  notes = ['The trainer refused %s of %s%s: %s' % (
+      r['config'], r['model'], ' (the pick)' if r['pick'] else '',
+      r['error']) for r in refused]
   markdown = '\n'.join([
       title, report.Table(['model', 'configuration', 'predicted step (ms)',
                            'trainer step (ms), each pass', 'error'], rows),
-      '',
+      ''] + notes + ['',
       summary, ''])
   print(markdown, flush=True)
 
@@ -240,6 +260,6 @@ def PlanTrainer(args):
     fig.tight_layout()
     return fig
 
-  report.Write(args, dict(markdown=markdown, machine=info, models=results),
-               Plot)
+  report.Write(args, dict(markdown=markdown, machine=info, models=results,
+                          refused=refused), Plot)
   return results

@@ -35,7 +35,7 @@ from tools.trainer import progress
 LOG_EVERY = 4
 # A model of a few milliseconds a step logs less often (``IntervalSteps``):
 # an interval of at least this long, at most this many steps.
-MIN_INTERVAL_SECONDS = 0.3
+MIN_INTERVAL_SECONDS = 0.2
 MAX_INTERVAL_STEPS = 64
 
 
