@@ -17,6 +17,7 @@ from tests import graph_rewrites
 from tests import simulated_runner
 from tools.benchmark import cli
 from tools.benchmark import plan
+from tools.benchmark import plan_trainer
 from tools.benchmark import runner
 
 PNG_MAGIC = b'\x89PNG'
@@ -97,6 +98,18 @@ class PlanBenchmarkTest(test_utils.TestCase):
       self.assertLen(net_ops, 1)
     finally:
       r.Close()
+
+
+class PlanTrainerTest(test_utils.TestCase):
+
+  def testThePlannersPhasesAreRead(self):
+    output = '\n'.join([
+        'describing the model took 1.9 s', 'a line', '  stem (StemLayer) at '
+        '2 rows in float32: 0.3 s', 'measuring the layers took 23.6 s',
+        "timing the trainer's step took 73.3 s", 'planning took 105.9 s'])
+    self.assertEqual(plan_trainer.Phases(output), {
+        'describing the model': 1.9, 'measuring the layers': 23.6,
+        "timing the trainer's step": 73.3, 'planning': 105.9})
 
 
 if __name__ == '__main__':

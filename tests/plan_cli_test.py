@@ -12,6 +12,7 @@ from unittest import mock
 from absl.testing import absltest
 from gpipe.plan import choice
 from gpipe.plan import profile as profile_lib
+from gpipe.plan import search
 from tests import plan_testlib
 from tools.plan import cli
 from gpipe.plan import profiling
@@ -68,18 +69,18 @@ class PlanCliTest(absltest.TestCase):
     path = os.path.join(self.dir, 'measured.json')
     trainer_runs = []
     layer_runs = []
-    real_run = timed_run._Run
+    real_run = timed_run.TrainerRuns.Run
     real_one = profiling._MeasureOne
 
-    def CountedRun(*args, **kwargs):
-      trainer_runs.append(kwargs.get('trace', args[-1]))
-      return real_run(*args, **kwargs)
+    def CountedRun(runs, plan_paths, *args, **kwargs):
+      trainer_runs.append(len(plan_paths))
+      return real_run(runs, plan_paths, *args, **kwargs)
 
     def CountedOne(*args, **kwargs):
       layer_runs.append(args[2])  # The rows.
       return real_one(*args, **kwargs)
 
-    with mock.patch.object(timed_run, '_Run', CountedRun), \
+    with mock.patch.object(timed_run.TrainerRuns, 'Run', CountedRun), \
         mock.patch.object(profiling, '_MeasureOne', CountedOne):
       code, out, err = _Main('--model', 'toy.PipelinedDigitsMlp',
                              '--rows', '8', '--repeats', '1',
@@ -90,9 +91,11 @@ class PlanCliTest(absltest.TestCase):
     profile = profile_lib.Load(path)
     self.assertGreater(profile.num_layers, 1)
     # The planner's budget, counted: each layer once per size (equal layers
-    # once), three traced trainer runs, no separate calibration.
+    # once), three traced trainer runs in one trainer process, no separate
+    # calibration.
     self.assertLessEqual(len(layer_runs), profile.num_layers)
-    self.assertEqual(trainer_runs, [True] * 3)
+    self.assertEqual(trainer_runs, [3])
+    self.assertIn('3 trainer runs in one process took', err)
     self.assertNotIn('calibrat', err)
     # The trainer's own step, timed data-parallel and pipelined over the
     # two devices (split backward); the task factors come from their
@@ -106,6 +109,16 @@ class PlanCliTest(absltest.TestCase):
                      profile.trainer_reference['configs'])
     self.assertEqual([f.rows for f in profile.factors], [profile.batch // 2])
     self.assertEqual(profile.update_factor, 1.0)
+    # The search predicts the references by their measured steps; the pick
+    # says so when it is one of them.
+    steps, _ = search.Measured(profile)
+    self.assertEqual(sorted(round(1e3 * s, 1) for s in steps.values()),
+                     sorted(float(ms) for _, ms in measured))
+    result = search.Search(profile, 2, None, max_micro_batches=4)
+    self.assertEqual(sum(c.measured for c in result.candidates), 3)
+    self.assertIn('| trainer |', out)
+    if result.best.measured:
+      self.assertIn('as measured through the trainer while planning', out)
 
   def testACapBelowTheWeightsIsRefusedBeforeMeasuring(self):
     # The toy's 13,130 float32 weights (52,520 bytes) over 2 devices, x (1 +
@@ -149,6 +162,53 @@ class PlanCliTest(absltest.TestCase):
     code, _, err = _Main('--profile', os.path.join(self.dir, 'none.json'))
     self.assertEqual(code, 1)
     self.assertIn('cannot read the profile', err)
+
+
+class TrainerRunsTest(absltest.TestCase):
+  """The planner's reference runs: one trainer process, the same workers."""
+
+  def testEachPlansOutputIsSplitOut(self):
+    output = '\n'.join(['importing', timed_run.PLAN_MARKER % 1, 'a1', 'a2',
+                         timed_run.PLAN_MARKER % 2, 'b1', ''])
+    self.assertEqual(timed_run.SplitByPlan(output, 3),
+                     ['a1\na2\n', 'b1\n', ''])
+    # '-': the plans come on stdin, one a line, read as they are needed.
+    self.assertEqual(list(timed_run._Plans(['-'], io.StringIO(
+        'a.json\n\nb.json\n'))), ['a.json', 'b.json'])
+    self.assertEqual(list(timed_run._Plans(['a.json', 'b.json'], None)),
+                     ['a.json', 'b.json'])
+    # A line may give the run's steps and its logging period.
+    self.assertEqual(timed_run._PlanLine('a.json\t64\t16'), ('a.json', 64, 16))
+    self.assertEqual(timed_run._PlanLine('a.json'), ('a.json', None, None))
+
+  def testAStepOfAFewMillisecondsIsTimedOverLongerIntervals(self):
+    # 60 ms: four steps; 5 ms: 0.2 s of steps, whole multiples of four;
+    # never more than 64.
+    self.assertEqual(timed_run.IntervalSteps(0.06), 4)
+    self.assertEqual(timed_run.IntervalSteps(0.027), 8)
+    self.assertEqual(timed_run.IntervalSteps(0.005), 40)
+    self.assertEqual(timed_run.IntervalSteps(1e-5), 64)
+
+  def testAPlacementOnGivenWorkersLeavesThemRunning(self):
+    from tools.trainer import placement as placement_lib  # pylint: disable=g-import-not-at-top
+    workers = mock.Mock(num_workers=2, target='grpc://localhost:1',
+                        task_devices=[
+                            ['/job:worker/replica:0/task:%d/device:CPU:0' % i]
+                            for i in range(2)])
+    placement = placement_lib.Placement(2, worker_processes=2,
+                                        pin_cores=True, workers=workers)
+    self.assertIs(placement.cluster, workers)
+    self.assertEqual(placement.target, 'grpc://localhost:1')
+    self.assertLen(placement.devices, 2)
+    placement.Stop()
+    workers.Stop.assert_not_called()
+    with self.assertRaisesRegex(placement_lib.WorkerRestartError,
+                                'only restart local worker processes it '
+                                'started'):
+      placement.Restart()
+    with self.assertRaisesRegex(ValueError, '2 running local workers given '
+                                'for a run of 4'):
+      placement_lib.Placement(4, worker_processes=4, workers=workers)
 
 
 if __name__ == '__main__':

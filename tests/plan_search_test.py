@@ -208,5 +208,77 @@ class PlanFileTest(absltest.TestCase):
                                            'not a gpipe-plan-1 plan file')
 
 
+class MeasuredTest(absltest.TestCase):
+  """Configurations the planner ran through the trainer (search.Measured)."""
+
+  def _WithMeasured(self, profile, steps, fit_error):
+    """`profile` with `steps` ({Configuration: seconds}) measured."""
+    return profile.Replace(trainer_reference=dict(
+        configs=[c.label for c in steps], devices=2,
+        seconds=list(steps.values()),
+        measured=[[c.ToJson(), s] for c, s in steps.items()],
+        fit_error=fit_error))
+
+  def _Ranked(self, profile):
+    return search.Search(profile, 2, None, max_micro_batches=4)
+
+  def testAMeasuredStepReplacesThePrediction(self):
+    profile = _Profile()
+    plain = self._Ranked(profile)
+    # The model's third best, measured at half the model's best step.
+    third = plain.candidates[2]
+    half = plain.best.prediction.step_seconds / 2
+    result = self._Ranked(self._WithMeasured(profile, {third.config: half},
+                                             0.1))
+    self.assertEqual(result.best.config, third.config)
+    self.assertTrue(result.best.measured)
+    self.assertEqual(result.best.prediction.step_seconds, half)
+    self.assertAlmostEqual(result.best.prediction.examples_per_second,
+                           64 / half)
+    self.assertEqual(sum(c.measured for c in result.candidates), 1)
+    # Its memory is still the simulator's.
+    self.assertEqual(result.best.prediction.peak_bytes,
+                     third.prediction.peak_bytes)
+    plan = choice.FromCandidate(result.best, 2, None, profile.model)
+    self.assertTrue(plan.predicted['measured'])
+    self.assertIn('measured through the trainer', plan.Describe())
+    self.assertFalse(choice.FromCandidate(plain.best, 2, None, profile.model
+                                          ).predicted['measured'])
+    table = search.Table(result, top=3)
+    self.assertIn('| trainer |', table)
+    self.assertIn('| model |', table)
+    self.assertIn('as if 10% longer', table)
+    self.assertTrue(search.ToJson(result)['candidates'][0]['measured'])
+
+  def testAnExtrapolationWinsOnlyByMoreThanTheFitsError(self):
+    profile = _Profile()
+    plain = self._Ranked(profile)
+    best, second = plain.candidates[0], plain.candidates[1]
+    # The model's best is unmeasured; the second measured 5% slower than
+    # the best's prediction.
+    slower = best.prediction.step_seconds * 1.05
+    steps = {second.config: slower}
+    # The fit misses by up to 20%: the measurement is the safer pick.
+    result = self._Ranked(self._WithMeasured(profile, steps, 0.2))
+    self.assertEqual(result.best.config, second.config)
+    self.assertEqual(result.fit_error, 0.2)
+    # The fit misses by up to 2%: the extrapolation is faster beyond that.
+    result = self._Ranked(self._WithMeasured(profile, steps, 0.02))
+    self.assertEqual(result.best.config, best.config)
+    self.assertFalse(result.best.measured)
+    # Either way the unmeasured keep their own predictions.
+    self.assertEqual(result.best.prediction.step_seconds,
+                     best.prediction.step_seconds)
+
+  def testAProfileWithoutMeasurementsRanksAsBefore(self):
+    profile = _Profile()
+    self.assertEqual(search.Measured(profile), ({}, 0.0))
+    old = profile.Replace(trainer_reference=dict(
+        configs=['gpipe R=2 K=1 M=1 never'], devices=2, seconds=[0.1]))
+    self.assertEqual(search.Measured(old), ({}, 0.0))
+    self.assertEqual([c.config for c in self._Ranked(old).candidates],
+                     [c.config for c in self._Ranked(profile).candidates])
+
+
 if __name__ == '__main__':
   absltest.main()

@@ -3,6 +3,7 @@
 from absl.testing import absltest
 from gpipe.measure import timeline
 from gpipe.plan import profile as profile_lib
+from gpipe.plan import search
 from gpipe.plan import simulator
 from gpipe.plan import trainer_fit
 from tests import plan_testlib
@@ -122,6 +123,67 @@ class TrainerFitTest(absltest.TestCase):
     wild = [refs[0]._replace(seconds=refs[0].seconds * 100), refs[1]]
     scale, _, _ = trainer_fit.FitScale(trainer_fit.Fit(bare, refs), wild)
     self.assertBetween(scale, trainer_fit.MIN_SCALE, trainer_fit.MAX_SCALE)
+
+  def testTheRecordOfTheReferencesIsWhatTheSearchMeasures(self):
+    bare = _Profile()
+    truth = bare.Replace(
+        factors=(profile_lib.Factors(rows=4, F=2.0, B=3.0, W=1.5, BW=2.5,
+                                     R=2.0),),
+        call_seconds=0.4, trainer_seconds=0.75)
+    refs = _References(truth, bare, 2)
+    # The data-parallel reference ran 30% slower than its truth (a loaded
+    # machine): the fit cannot match every reference.
+    refs[0] = refs[0]._replace(seconds=1.3 * refs[0].seconds)
+    fitted = trainer_fit.Fit(bare, refs)
+    error = trainer_fit.FitError(fitted, refs)
+    want = max(abs(simulator.Predict(fitted, r.config).step_seconds /
+                   r.seconds - 1) for r in refs)
+    self.assertAlmostEqual(error, want)
+    self.assertGreater(error, 0.02)
+    record = trainer_fit.ReferenceRecord(bare, fitted, refs, 2)
+    self.assertEqual(record['configs'], [r.config.label for r in refs])
+    self.assertEqual(record['own_error'], error)
+    # Each reference predicted by a fit to the others: the slow one is
+    # missed by about its 30%.
+    loo = trainer_fit.LeaveOneOutError(bare, refs)
+    self.assertEqual(record['fit_error'], max(error, loo))
+    self.assertBetween(loo, 0.15, 0.45)
+    error = record['fit_error']
+    # Through a saved profile, as the trainer's --plan=auto reads it.
+    path = self.create_tempfile().full_path
+    profile_lib.Save(fitted.Replace(trainer_reference=record), path)
+    loaded = profile_lib.Load(path)
+    steps, got_error = search.Measured(loaded)
+    self.assertEqual(steps, {r.config: r.seconds for r in refs})
+    self.assertEqual(got_error, error)
+    result = search.Search(loaded, 2, None, max_micro_batches=2)
+    measured = {c.config: c.prediction.step_seconds
+                for c in result.candidates if c.measured}
+    self.assertEqual(measured, steps)
+    # A perfect fit has no error.
+    exact = [trainer_fit.Reference(r.config, simulator.Predict(
+        fitted, r.config).step_seconds, r.tasks) for r in refs]
+    self.assertAlmostEqual(trainer_fit.FitError(fitted, exact), 0.0)
+
+  def testThreeReferencesFitThemselvesButNotOneLeftOut(self):
+    bare = _Profile()
+    truth = bare.Replace(
+        factors=(profile_lib.Factors(rows=4, F=2.0, B=3.0, W=1.5, BW=2.5,
+                                     R=2.0),),
+        call_seconds=0.4, trainer_seconds=0.75)
+    refs = _References(truth, bare, 2)
+    # Consistent references: each is predicted well by the others.
+    self.assertLess(trainer_fit.LeaveOneOutError(bare, refs), 0.06)
+    # The looped one runs 40% slower than any cost of a call explains when
+    # left out: three unknowns still fit the three, not it alone.
+    refs[2] = refs[2]._replace(seconds=1.4 * refs[2].seconds)
+    fitted = trainer_fit.Fit(bare, refs)
+    own = trainer_fit.FitError(fitted, refs)
+    self.assertLess(own, 0.1)
+    self.assertGreater(trainer_fit.LeaveOneOutError(bare, refs), 2 * own)
+    self.assertGreater(trainer_fit.LeaveOneOutError(bare, refs), 0.2)
+    # One reference: nothing to leave out.
+    self.assertEqual(trainer_fit.LeaveOneOutError(bare, refs[:1]), 0.0)
 
   def testChromeTraceRoundTrip(self):
     tasks = [timeline.TaskTime(0, 0, 'F', '/job:w/task:0', 0.0, 0.5, 0.0),

@@ -33,7 +33,8 @@ class Plan(
     num_devices: the devices planned for.
     memory_per_device: the cap in bytes (None: none).
     predicted: dict of the prediction: step_seconds, examples_per_second,
-      bubble, peak_bytes (per device).
+      bubble, peak_bytes (per device), and 'measured': whether the step is
+      the trainer's own, measured while planning (``search.Measured``).
   """
 
   __slots__ = ()
@@ -57,10 +58,12 @@ class Plan(
   def Describe(self):
     """One line: the configuration and what it is predicted to do."""
     p = self.predicted
-    return ('%s, cut %s: predicted %.1f examples/s (step %.1f ms, bubble '
+    return ('%s, cut %s: predicted %.1f examples/s (step %.1f ms%s, bubble '
             '%.1f%%), peak %s' % (
                 self.config.label, list(self.config.stage_sizes),
                 p['examples_per_second'], 1e3 * p['step_seconds'],
+                ' as measured through the trainer while planning'
+                if p.get('measured') else '',
                 100 * p['bubble'],
                 ', '.join('%.1f MiB' % (b / 2.0**20)
                           for b in p['peak_bytes'])))
@@ -76,7 +79,8 @@ def FromCandidate(candidate, num_devices, memory_per_device, model):
                      examples_per_second=p.examples_per_second,
                      bubble=p.bubble, peak_bytes=list(p.peak_bytes),
                      step_peak_bytes=list(p.step_peak_bytes),
-                     idle_fractions=list(p.idle_fractions)))
+                     idle_fractions=list(p.idle_fractions),
+                     measured=bool(candidate.measured)))
 
 
 def Save(plan, path):

@@ -15,7 +15,13 @@ micro-batch has nothing to batch, looping needs two devices. Every
 configuration is simulated (``simulator.Predict``); those the schedule
 refuses, or whose predicted peak memory exceeds the cap (less a headroom,
 ``HEADROOM`` of it by default) on some device, are dropped with the reason.
-The rest are ranked by predicted examples/s. Peak memory assumes the
+The rest are ranked by predicted examples/s. A configuration the planner
+ran through the trainer itself (the profile's ``trainer_reference``:
+``tools/plan/trainer_step.py``) is predicted by that measured step, not
+extrapolated; one it did not run ranks by its fitted step lengthened by the
+fit's largest error on a measured one it was not fitted to (``Measured``),
+so that an extrapolation beats a measurement only by more than the fit is
+known to miss by. Peak memory assumes the
 update reads every gradient before it applies any (each stage's gradient
 sum kept to the end of the step, as Lingvo's learner needs) unless
 ``update=simulator.UPDATE_EACH_VARIABLE`` says it applies each variable's
@@ -49,7 +55,8 @@ _ONE_STAGE_SCHEDULE = 'gpipe'
 
 
 class Candidate(
-    collections.namedtuple('Candidate', ['config', 'prediction', 'reason'])):
+    collections.namedtuple('Candidate', ['config', 'prediction', 'reason',
+                                         'measured'], defaults=(False,))):
   """One configuration: its Prediction (None if refused) and why dropped.
 
   Attributes:
@@ -58,6 +65,8 @@ class Candidate(
       before simulating.
     reason: None when it fits and runs, else (kind, text): kind one of
       NOT_ALLOWED, DOES_NOT_FIT, LOSS_AFTER.
+    measured: whether its step (and examples/s) is the trainer's measured
+      one (``Measured``), not the simulator's.
   """
 
   __slots__ = ()
@@ -66,8 +75,8 @@ class Candidate(
 class SearchResult(
     collections.namedtuple('SearchResult', [
         'candidates', 'dropped', 'num_devices', 'memory_per_device', 'model',
-        'update'
-    ], defaults=(simulator.UPDATE_ALL_GRADIENTS,))):
+        'update', 'fit_error'
+    ], defaults=(simulator.UPDATE_ALL_GRADIENTS, 0.0))):
   """Search's answer.
 
   Attributes:
@@ -77,6 +86,8 @@ class SearchResult(
     memory_per_device: the cap in bytes (None: no cap).
     model: the profile's model name.
     update: the update's timing the peaks assume (``simulator.UPDATES``).
+    fit_error: the fit's largest error on the measured candidates (see
+      ``Measured``; 0.0 without them).
   """
 
   __slots__ = ()
@@ -227,6 +238,49 @@ def _Predict(profile, config, memory_per_device, update):
   return prediction
 
 
+def Measured(profile):
+  """({Configuration: seconds} run through the trainer, the fit's error).
+
+  The planner's reference runs of the trainer (``tools/plan/
+  trainer_step.py``) are recorded in the profile's ``trainer_reference``:
+  'measured', a list of [configuration JSON, the trainer's median step in
+  seconds], and 'fit_error', the largest relative error of the fitted
+  profile's predictions of those steps, each left out of the fit
+  (``gpipe.plan.trainer_fit.ReferenceRecord``).
+
+  Args:
+    profile: a profile.Profile.
+
+  Returns:
+    (a dict of simulator.Configuration to seconds, the fit's error >= 0);
+    ({}, 0.0) for a profile without them.
+  """
+  reference = profile.trainer_reference or {}
+  measured = {simulator.Configuration.FromJson(c): float(s)
+              for c, s in reference.get('measured', ())}
+  return measured, max(float(reference.get('fit_error', 0.0)), 0.0)
+
+
+def _WithStep(prediction, seconds, batch):
+  """`prediction` with the trainer's measured step in place of its own."""
+  return prediction._replace(step_seconds=seconds,
+                             examples_per_second=batch / seconds)
+
+
+def RankingSeconds(candidate, fit_error):
+  """The step `candidate` is ranked by (see the module docstring).
+
+  Args:
+    candidate: a fitting Candidate.
+    fit_error: the fit's largest relative error on the measured steps.
+
+  Returns:
+    The measured step, or the predicted one times (1 + fit_error).
+  """
+  step = candidate.prediction.step_seconds
+  return step if candidate.measured else step * (1.0 + fit_error)
+
+
 def Evaluate(profile, config, memory_per_device=None, headroom=0.0,
              update=simulator.UPDATE_ALL_GRADIENTS):
   """One configuration as a Candidate (never raises for a refusal).
@@ -365,16 +419,22 @@ def Search(profile, num_devices, memory_per_device=None, headroom=HEADROOM,
     raise ValueError('unknown update %r; use one of %s' %
                      (update, ', '.join(simulator.UPDATES)))
   _CheckHeadroom(headroom)
+  measured, fit_error = Measured(profile)
   fits, dropped = [], []
   for config in Configurations(profile, num_devices, **options):
     candidate = Evaluate(profile, config, memory_per_device, headroom,
                          update)
+    if not candidate.reason and config in measured:
+      candidate = candidate._replace(
+          prediction=_WithStep(candidate.prediction, measured[config],
+                               profile.batch), measured=True)
     (dropped if candidate.reason else fits).append(candidate)
-  # Fastest first; ties: less memory.
-  fits.sort(key=lambda c: (-c.prediction.examples_per_second,
+  # Fastest first (measured, or fitted with the fit's error); ties: less
+  # memory.
+  fits.sort(key=lambda c: (RankingSeconds(c, fit_error),
                            max(c.prediction.peak_bytes)))
   return SearchResult(fits, dropped, num_devices, memory_per_device,
-                      profile.model, update)
+                      profile.model, update, fit_error)
 
 
 def Bytes(n):
@@ -436,18 +496,24 @@ def Table(result, top=10, dropped_examples=2):
        if result.memory_per_device else '', len(result.candidates),
        len(result.dropped)), '',
       '| # | schedule | R | K | v | D | M | remat | batched W | dtype | '
-      'examples/s | step ms | bubble | peak memory per device |',
-      '|---|---|---|---|---|---|---|---|---|---|---|---|---|---|']
+      'examples/s | step ms | step from | bubble | peak memory per device |',
+      '|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|']
   for i, c in enumerate(result.candidates[:top]):
     g, p = c.config, c.prediction
     lines.append(
         '| %d | %s | %d | %d | %d | %d | %d | %s | %s | %s | %.1f | %.1f | '
-        '%.1f%% | %s |' % (
+        '%s | %.1f%% | %s |' % (
             i + 1, g.schedule, g.replicas, g.num_stages,
             g.stages_per_device, g.devices_per_replica, g.micro_batches,
             g.remat, 'yes' if g.batched_weights else 'no', g.dtype,
-            p.examples_per_second, 1e3 * p.step_seconds, 100 * p.bubble,
+            p.examples_per_second, 1e3 * p.step_seconds,
+            'trainer' if c.measured else 'model', 100 * p.bubble,
             _PeakText(p.peak_bytes)))
+  if any(c.measured for c in result.candidates[:top]):
+    lines += ['', "step from 'trainer': measured through the trainer while "
+              "planning; 'model': the fitted simulator's, ranked as if %.0f%% "
+              'longer (its largest error on a measured one left out of the '
+              'fit)' % (100 * result.fit_error)]
   by_kind = collections.OrderedDict()
   for c in result.dropped:
     by_kind.setdefault(c.reason[0], []).append(c)
@@ -466,7 +532,8 @@ def Table(result, top=10, dropped_examples=2):
 def ToJson(result, top=10):
   """The search as a JSON-serializable dict: the best, then the dropped."""
   def Row(c):
-    d = dict(config=c.config.ToJson(), label=c.config.label)
+    d = dict(config=c.config.ToJson(), label=c.config.label,
+             measured=c.measured)
     if c.prediction is not None:
       p = c.prediction
       d.update(step_seconds=p.step_seconds,
@@ -479,7 +546,7 @@ def ToJson(result, top=10):
   dropped = collections.Counter(c.reason[0] for c in result.dropped)
   return dict(model=result.model, num_devices=result.num_devices,
               memory_per_device=result.memory_per_device,
-              update=result.update,
+              update=result.update, fit_error=result.fit_error,
               candidates=[Row(c) for c in result.candidates[:top]],
               num_fitting=len(result.candidates),
               dropped_by_reason=dict(dropped),

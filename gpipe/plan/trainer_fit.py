@@ -23,7 +23,11 @@ pure Python:
    the profile's are fitted so that the simulator's steps of the references
    match their untraced steps through the trainer.
 
-``Fit`` does the three and returns the profile to search with.
+``Fit`` does the three and returns the profile to search with;
+``ReferenceRecord`` is what the profile keeps of the references: the search
+predicts a measured configuration by its measured step and ranks the others
+by their fitted steps lengthened by the fit's largest error on a reference
+it was not fitted to (``LeaveOneOutError``; ``gpipe.plan.search.Measured``).
 """
 
 import collections
@@ -323,3 +327,68 @@ def Fit(profile, references, log=None):
             scale, 1e3 * fitted.handover.latency,
             1e3 * fitted.call_seconds, 1e3 * fixed))
   return fitted
+
+
+def FitError(profile, references):
+  """The largest relative error of `profile`'s steps of the references.
+
+  Args:
+    profile: the fitted profile.Profile.
+    references: Reference records with measured seconds.
+
+  Returns:
+    max |predicted / measured - 1| (0.0 without references).
+  """
+  return max((abs(_Step(profile, r.config) / r.seconds - 1.0)
+              for r in references if r.seconds > 0), default=0.0)
+
+
+def LeaveOneOutError(profile, references):
+  """How far the fit misses a configuration it was not fitted to.
+
+  Three references fit the three unknowns of ``FitScale`` exactly, so their
+  own residuals say nothing of a configuration not run. Each reference is
+  predicted instead by ``Fit`` to the others (its traced tasks and its step
+  left out), as any configuration the planner did not run is.
+
+  Args:
+    profile: the profile.Profile of the layers (as given to ``Fit``).
+    references: the Reference records.
+
+  Returns:
+    max |predicted / measured - 1| over the references left out, each by a
+    fit to the rest; 0.0 with fewer than two references.
+  """
+  if len(references) < 2:
+    return 0.0
+  errors = []
+  for i, left_out in enumerate(references):
+    rest = references[:i] + references[i + 1:]
+    fitted = Fit(profile, rest)
+    errors.append(abs(_Step(fitted, left_out.config) / left_out.seconds -
+                      1.0))
+  return max(errors)
+
+
+def ReferenceRecord(profile, fitted, references, devices):
+  """The profile's ``trainer_reference``: what the references measured.
+
+  Args:
+    profile: the profile.Profile of the layers (as given to ``Fit``).
+    fitted: what ``Fit`` made of it with `references`.
+    references: the Reference records.
+    devices: the devices they ran on.
+
+  Returns:
+    A JSON-serializable dict: 'configs' (labels), 'devices', 'seconds',
+    'measured' ([configuration JSON, seconds] each, for
+    ``gpipe.plan.search.Measured``), 'fit_error' (the larger of the fit's
+    own error on them, ``FitError``, and that on each left out,
+    ``LeaveOneOutError``) and 'own_error' (the former).
+  """
+  own = FitError(fitted, references)
+  return dict(configs=[r.config.label for r in references], devices=devices,
+              seconds=[r.seconds for r in references],
+              measured=[[r.config.ToJson(), r.seconds] for r in references],
+              fit_error=max(own, LeaveOneOutError(profile, references)),
+              own_error=own)

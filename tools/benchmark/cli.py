@@ -266,6 +266,10 @@ def _Parser():
   p.add_argument('--warmup', type=int, default=4,
                  help='untimed trainer steps first (a multiple of the '
                  'trainer runs\' logging period, 4)')
+  p.add_argument('--passes', type=int, default=2,
+                 help='runs of each configuration, one pass over all of '
+                 'them after another; the fastest pass\'s median is the '
+                 'measured step (a shared machine\'s bursts of load)')
   p = sub.add_parser('xla_trainer', help=xla_trainer.XlaTrainer.__doc__)
   Common(p)
   TrainerRuns(p, xla_trainer.MODELS)

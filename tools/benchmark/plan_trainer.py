@@ -6,24 +6,30 @@ that trains here,
 
 1. ``python -m tools.plan`` plans it for the devices (measuring its layers'
    relative costs, then their absolute times and the trainer's own step
-   from two traced reference runs of the trainer:
-   ``tools/plan/trainer_step.py``), timed from start to end;
+   from traced reference runs of the trainer: ``tools/plan/trainer_step.py``;
+   a configuration it ran is predicted by its measured step), timed from
+   start to end, with each phase's seconds as it logs them;
 2. the planner's pick and the best candidate of each other shape (R x K) and
    of each other schedule family, up to ``--top`` configurations, each run
    by the trainer itself (``python -m tools.trainer --plan=FILE
    --worker_processes=N --pin_cores``) for ``--steps`` steps after
-   ``--warmup``; the median step of each, as the trainer's own progress
-   lines give it.
+   ``--warmup``, in runs of their own; the median step of each run, as the
+   trainer's own progress lines give it. ``--passes`` passes over them all
+   run each configuration that many times, minutes apart: its measured step
+   is the fastest run's (a shared machine's bursts of other work slowed
+   whole runs of the same configuration twofold); every run is kept.
 
 It reports per configuration the predicted and measured step (ms) and the
-error, per model the planning time, the largest error of the configurations
-the planner did not fit its trainer costs to (its two references are marked
-"fitted") and whether the pick is within 5% of the fastest configuration
-measured; the plot puts predicted against measured.
+error, marking those the planner measured while planning ("measured in
+planning": their prediction is that measurement, this run checks it again)
+apart from those it extrapolated with its fit; per model the planning time,
+the largest error of each kind and whether the pick is within 5% of the
+fastest configuration measured; the plot puts predicted against measured.
 """
 
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -73,8 +79,18 @@ def Shortlist(candidates, top):
   return chosen[:top]
 
 
+def Phases(output):
+  """{phase: seconds} of the planner's "<phase> took <s> s" lines."""
+  phases = {}
+  for line in output.splitlines():
+    found = re.match(r'(.+) took ([0-9.]+) s$', line.strip())
+    if found:
+      phases[found.group(1)] = float(found.group(2))
+  return phases
+
+
 def _Plan(model, devices, workdir, repeats):
-  """Runs the planner; returns (seconds, SearchResult JSON path, plan path)."""
+  """Runs the planner; returns (seconds, its Phases, profile and plan paths)."""
   plan_path = os.path.join(workdir, 'plan.json')
   profile_path = os.path.join(workdir, 'profile.json')
   args = [sys.executable, '-m', 'tools.plan', '--model=' + model,
@@ -89,18 +105,27 @@ def _Plan(model, devices, workdir, repeats):
   for line in done.stdout.splitlines():
     if line.startswith(('timing', 'the trainer', 'calibrat', 'contention',
                         'task factors', 'scale on', '  fitted', 'measuring',
-                        'hand-over', 'Best')):
+                        'hand-over', 'Best', 'the fit')) or ' took ' in line:
       report.Log('  ' + line)
   if done.returncode or not os.path.exists(plan_path):
     raise RuntimeError('the planner failed for %s:\n%s' %
                        (model, done.stdout[-3000:]))
-  return seconds, profile_path, plan_path
+  return seconds, Phases(done.stdout), profile_path, plan_path
 
 
-def _Train(model, plan_path, devices, warmup, steps, batch, logdir):
-  """The trainer's median step (s) with the plan, and each interval's."""
-  seconds = timed_run.StepSeconds(model, plan_path, devices, batch, warmup,
-                                  steps, logdir)
+def _Train(model, plan_path, devices, warmup, steps, batch, logdir,
+           predicted):
+  """The trainer's median step (s) with the plan, and each interval's.
+
+  A step predicted at a few milliseconds is logged over more steps, as the
+  planner's references are (``timed_run.IntervalSteps``): `warmup` and
+  `steps` count intervals of ``timed_run.LOG_EVERY`` steps then.
+  """
+  n = timed_run.IntervalSteps(predicted)
+  scale = lambda k: -(-k // timed_run.LOG_EVERY) * n
+  seconds = timed_run.StepSeconds(model, plan_path, devices, batch,
+                                  scale(warmup), scale(steps), logdir,
+                                  log_every=n)
   return statistics.median(seconds), seconds
 
 
@@ -110,64 +135,110 @@ def PlanTrainer(args):
   title, info = report.Header(
       'The planner through the trainer',
       dict(models=','.join(models), devices=args.devices, top=args.top,
-           warmup=args.warmup, steps=args.steps))
-  rows, results = [], []
+           warmup=args.warmup, steps=args.steps, passes=args.passes))
+  rows, results, refused = [], [], []
   for model in models:
     workdir = tempfile.mkdtemp(prefix='gpipe_plan_trainer_')
     report.Log('planning %s for %d devices' % (model, args.devices))
-    plan_seconds, profile_path, _ = _Plan(model, args.devices, workdir,
-                                          args.repeats)
+    plan_seconds, phases, profile_path, plan_path = _Plan(
+        model, args.devices, workdir, args.repeats)
     profile = profile_lib.Load(profile_path)
     # The planner's search with its defaults (no cap: every shape runs).
     result = search.Search(profile, args.devices, None)
+    shortlist = Shortlist(result.candidates, args.top)
+    paths = []
+    for i, c in enumerate(shortlist):
+      paths.append(os.path.join(workdir, 'candidate_%d.json' % i))
+      choice.Save(choice.FromCandidate(c, args.devices, None, model),
+                  paths[-1])
+    runs = [[] for _ in shortlist]
+    failed = {}
+    for n in range(max(args.passes, 1)):
+      for i, c in enumerate(shortlist):
+        if i in failed:
+          continue
+        report.Log('  training %s with %s (pass %d)' % (model, c.config.label,
+                                                       n + 1))
+        try:
+          runs[i].append(_Train(model, paths[i], args.devices, args.warmup,
+                                args.steps, profile.batch,
+                                os.path.join(workdir, 'run_%d_%d' % (i, n)),
+                                c.prediction.step_seconds))
+        except timed_run.TimedRunError as e:
+          # A configuration the planner offers but the trainer refuses: a
+          # finding of its own, reported; the others still run.
+          report.Log('  the trainer refused %s: %s' % (c.config.label, e))
+          failed[i] = str(e)
     measured = []
-    for i, c in enumerate(Shortlist(result.candidates, args.top)):
-      path = os.path.join(workdir, 'candidate_%d.json' % i)
-      choice.Save(choice.FromCandidate(c, args.devices, None, model), path)
-      report.Log('  training %s with %s' % (model, c.config.label))
-      seconds, steps = _Train(model, path, args.devices, args.warmup,
-                              args.steps, profile.batch,
-                              os.path.join(workdir, 'run_%d' % i))
+    for i, c in enumerate(shortlist):
+      if i in failed:
+        refused.append(dict(model=model, config=c.config.label, pick=i == 0,
+                            error=failed[i]))
+        continue
+      seconds, steps = min(runs[i], key=lambda run: run[0])
       predicted = c.prediction.step_seconds
+      # The planner's own measurement of it (the prediction) or its fit's.
       measured.append(dict(config=c.config.label, pick=i == 0,
+                           reference=bool(c.measured),
                            predicted_ms=1e3 * predicted,
                            measured_ms=1e3 * seconds,
+                           passes_ms=[1e3 * run[0] for run in runs[i]],
                            step_ms=[1e3 * s for s in steps],
                            error=predicted / seconds - 1))
+    if not measured:
+      continue
     fastest = min(m['measured_ms'] for m in measured)
-    pick = measured[0]
-    # The planner fits its trainer costs to these: not a test of it.
-    references = set((profile.trainer_reference or {}).get('configs', ()))
-    for m in measured:
-      m['reference'] = m['config'] in references
-    tested = [m for m in measured if not m['reference']] or measured
+    pick = measured[0] if measured[0]['pick'] else None
+    planned = choice.Load(plan_path)
+
+    def Largest(kind):
+      errors = [abs(m['error']) for m in measured if m['reference'] == kind]
+      return max(errors) if errors else None
+
     results.append(dict(
-        model=model, plan_seconds=plan_seconds,
+        model=model, plan_seconds=plan_seconds, phases=phases,
         trainer_ms=1e3 * profile.trainer_seconds,
         task_factors=(profile.factors[0]._asdict() if profile.factors
                       else None),
-        pick_is_fastest=pick['measured_ms'] <= fastest * (1 + PICK_TOLERANCE),
-        largest_error=max(abs(m['error']) for m in tested),
+        fit_error=result.fit_error,
+        pick_is_plan=planned.config == result.best.config,
+        pick_is_fastest=(pick is not None and pick['measured_ms'] <=
+                         fastest * (1 + PICK_TOLERANCE)),
+        largest_error=max(abs(m['error']) for m in measured),
+        largest_error_measured=Largest(True),
+        largest_error_extrapolated=Largest(False),
         configurations=measured))
     for m in measured:
       rows.append([model, m['config'] + (' (pick)' if m['pick'] else '') +
-                   (' (fitted)' if m['reference'] else ''),
-                   '%.1f' % m['predicted_ms'], '%.1f' % m['measured_ms'],
+                   (' (measured in planning)' if m['reference'] else
+                    ' (extrapolated)'),
+                   '%.1f' % m['predicted_ms'],
+                   ' / '.join('%.1f' % x for x in m['passes_ms']),
                    '%+.0f%%' % (100 * m['error'])])
-    report.Log('  %s: planned in %.0f s; pick %s measured %.1f ms (fastest '
-               '%.1f ms)' % (model, plan_seconds, pick['config'],
-                             pick['measured_ms'], fastest))
+    report.Log('  %s: planned in %.0f s; pick %s measured %s (fastest '
+               '%.1f ms)' % (model, plan_seconds, result.best.config.label,
+                             '%.1f ms' % pick['measured_ms'] if pick else
+                             'refused by the trainer', fastest))
+  def Percent(x):
+    return '-' if x is None else '%.0f%%' % (100 * x)
+
   summary = report.Table(
       ['model', 'planning (s)', 'trainer adds (ms)', 'task factors F/B/W',
-       'largest error (not fitted)', 'pick is the fastest measured'],
+       "fit's error on its references", 'largest error, measured in planning',
+       'largest error, extrapolated', 'pick is the fastest measured'],
       [[r['model'], '%.0f' % r['plan_seconds'], '%.1f' % r['trainer_ms'],
         '/'.join('%.2f' % r['task_factors'][k] for k in 'FBW')
-        if r['task_factors'] else '-',
-        '%.0f%%' % (100 * r['largest_error']),
+        if r['task_factors'] else '-', Percent(r['fit_error']),
+        Percent(r['largest_error_measured']),
+        Percent(r['largest_error_extrapolated']),
         'yes' if r['pick_is_fastest'] else 'no'] for r in results])
+  notes = ['The trainer refused %s of %s%s: %s' % (
+      r['config'], r['model'], ' (the pick)' if r['pick'] else '',
+      r['error']) for r in refused]
   markdown = '\n'.join([
       title, report.Table(['model', 'configuration', 'predicted step (ms)',
-                           'trainer step (ms)', 'error'], rows), '',
+                           'trainer step (ms), each pass', 'error'], rows),
+      ''] + notes + ['',
       summary, ''])
   print(markdown, flush=True)
 
@@ -189,6 +260,6 @@ def PlanTrainer(args):
     fig.tight_layout()
     return fig
 
-  report.Write(args, dict(markdown=markdown, machine=info, models=results),
-               Plot)
+  report.Write(args, dict(markdown=markdown, machine=info, models=results,
+                          refused=refused), Plot)
   return results

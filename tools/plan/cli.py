@@ -16,7 +16,11 @@ and measures the hand-over between two such worker processes (or takes
 not here). The layers' figures give relative costs; the absolute task
 times, the hand-over's latency and what the trainer's step adds come from
 traced reference runs of the trainer itself (``tools/plan/trainer_step.py``,
-``gpipe.plan.trainer_fit``). Each phase logs how long it took.
+``gpipe.plan.trainer_fit``), all in one trainer process started while the
+layers are measured. A configuration the trainer ran is predicted by its
+measured step; the others by the fitted simulator, ranked as if as long as
+the fit's largest error on the measured ones makes them
+(``gpipe.plan.search.Measured``). Each phase logs how long it took.
 """
 
 import argparse
@@ -153,16 +157,16 @@ def MeasureProfile(args, log, cap=None):
     A profile.Profile.
   """
   # pylint: disable=g-import-not-at-top
-  from gpipe.plan import calibrate
   from gpipe.plan import profiling
-  from tools.benchmark import runner
   from tools.plan import model_profile
   from tools.trainer import model_select
   # pylint: enable=g-import-not-at-top
-  described = model_profile.Describe(args.model, args.model_params_override)
-  cfg = model_select.ModelParams(args.model, 'Train',
-                                 args.model_params_override)
-  slots, traffic = model_profile.OptimizerCosts(cfg)
+  with _Timed('describing the model', log):
+    described = model_profile.Describe(args.model,
+                                       args.model_params_override)
+    cfg = model_select.ModelParams(args.model, 'Train',
+                                   args.model_params_override)
+    slots, traffic = model_profile.OptimizerCosts(cfg)
   # From the built variables: seconds, where measuring takes minutes.
   search.CheckCapHoldsWeights(
       profiling.LayerParamBytes(described.params.layers,
@@ -174,6 +178,29 @@ def MeasureProfile(args, log, cap=None):
   if (args.handover_latency is None) != (args.handover_bandwidth is None):
     raise ValueError('give both --handover_latency and --handover_bandwidth, '
                      'or neither (measured)')
+  with contextlib.ExitStack() as stack:
+    started = None
+    if args.trainer_step:
+      # Its imports and workers start while the layers are measured.
+      from tools.plan import trainer_step  # pylint: disable=g-import-not-at-top
+      started = stack.enter_context(trainer_step.Start(
+          args.model, args.model_params_override, args.devices))
+      trainer_step.WarmUp(started, args.model, len(described.params.layers),
+                          described.batch, args.devices)
+    profile = _MeasureLayers(args, log, described, rows, dtypes, slots,
+                             traffic)
+    if started is not None:
+      profile = _FitToTheTrainer(args, log, profile, started)
+  return profile
+
+
+def _MeasureLayers(args, log, described, rows, dtypes, slots, traffic):
+  """The layers' profile (and the hand-over), calibrated if asked."""
+  # pylint: disable=g-import-not-at-top
+  from gpipe.plan import calibrate
+  from gpipe.plan import profiling
+  from tools.benchmark import runner
+  # pylint: enable=g-import-not-at-top
   config = tf.compat.v1.ConfigProto(
       intra_op_parallelism_threads=INTRA_OP_THREADS,
       inter_op_parallelism_threads=INTER_OP_THREADS)
@@ -214,30 +241,47 @@ def MeasureProfile(args, log, cap=None):
             batch_dim=described.params.batch_dim,
             num_layers=args.calibrate_layers,
             handover=args.handover_latency is None, log=log)
-  if args.trainer_step:
-    # After the cluster above is gone: the trainer starts its own workers.
-    from tools.plan import trainer_step  # pylint: disable=g-import-not-at-top
-    try:
-      with _Timed("timing the trainer's step", log):
-        measured = trainer_step.Measure(
-            args.model, args.model_params_override, profile, args.devices,
-            log=log)
-    except trainer_step.TrainerStepError as e:
-      log('warning: %s; the predictions leave out what the trainer\'s step '
-          'adds to the pipeline\'s' % e)
-      return profile
-    for ref in measured:
-      log('the trainer\'s step of %s: %.1f ms (%d traced tasks)' % (
-          ref.config.label, 1e3 * ref.seconds, len(ref.tasks)))
-    profile = trainer_fit.Fit(profile, measured, log=log)
-    for ref in measured:
-      log('  fitted prediction of %s: %.1f ms' % (
-          ref.config.label,
-          1e3 * simulator.Predict(profile, ref.config).step_seconds))
-    profile = profile.Replace(trainer_reference=dict(
-        configs=[r.config.label for r in measured], devices=args.devices,
-        seconds=[r.seconds for r in measured]))
   return profile
+
+
+def _FitToTheTrainer(args, log, profile, started):
+  """`profile` fitted to the trainer's reference runs (trainer_fit.Fit).
+
+  Args:
+    args: the parsed flags.
+    log: a print-like function for progress.
+    profile: the layers' profile.Profile.
+    started: the trainer's process (``trainer_step.Start``).
+
+  Returns:
+    The fitted profile with its ``trainer_reference`` (or `profile` itself,
+    with a warning, when the trainer's runs failed).
+  """
+  from tools.plan import trainer_step  # pylint: disable=g-import-not-at-top
+  try:
+    with _Timed("timing the trainer's step", log):
+      measured = trainer_step.Measure(started, profile, args.devices,
+                                      log=log)
+  except trainer_step.TrainerStepError as e:
+    log('warning: %s; the predictions leave out what the trainer\'s step '
+        'adds to the pipeline\'s' % e)
+    return profile
+  for ref in measured:
+    log('the trainer\'s step of %s: %.1f ms (%d traced tasks)' % (
+        ref.config.label, 1e3 * ref.seconds, len(ref.tasks)))
+  fitted = trainer_fit.Fit(profile, measured, log=log)
+  for ref in measured:
+    log('  fitted prediction of %s: %.1f ms' % (
+        ref.config.label,
+        1e3 * simulator.Predict(fitted, ref.config).step_seconds))
+  record = trainer_fit.ReferenceRecord(profile, fitted, measured,
+                                       args.devices)
+  log('the fit\'s largest error: %.0f%% on the measured steps, %.0f%% on '
+      'one left out of the fit (the search uses the measured steps, and '
+      'ranks the others as if %.0f%% longer)' % (
+          100 * record['own_error'], 100 * record['fit_error'],
+          100 * record['fit_error']))
+  return fitted.Replace(trainer_reference=record)
 
 
 def Plan(args, log=print):
@@ -306,7 +350,8 @@ def main(argv=None):
   args = _Parser().parse_args(argv)
   log = lambda *a: print(*a, file=sys.stderr, flush=True)
   try:
-    result, _ = Plan(args, log)
+    with _Timed('planning', log):
+      result, _ = Plan(args, log)
   except (ValueError, RuntimeError) as e:  # Bad input, workers not serving.
     print('plan: error: %s' % e, file=sys.stderr, flush=True)
     return 1

@@ -10,11 +10,11 @@ another takes longer than the layers timed alone. On this machine kind
 predictions from the layers and a separate calibration run were half the
 step off either way.
 
-``Measure`` runs the trainer binary itself (``python -m tools.trainer
---plan=FILE``, with the pinned worker processes the planner's figures are
-for) for a few steps of two or three reference configurations
-(``References``),
-tracing one step of each in its warm-up:
+``Measure`` runs the trainer itself (its ``--plan=FILE`` training on the
+pinned worker processes the planner's figures are for; all of them in one
+process on the same workers: ``tools/trainer/timed_run.py``) for a few
+steps of two or three reference configurations (``References``), tracing
+one step of each in its warm-up:
 
 * data-parallel: the whole model as one stage, one micro-batch, a replica
   per device ('gpipe': F and an unsplit backward): every device computes
@@ -37,6 +37,7 @@ and fits one scale, the trainer's fixed cost of a step and (with the third)
 a task call's cost to the untraced steps. With one device, or a model with fewer layers than devices, only
 the first reference runs.
 """
+import collections
 import contextlib
 import os
 import shutil
@@ -51,7 +52,9 @@ from tools.trainer import timed_run
 
 # Steps run before the timed ones (graph optimization, first allocations;
 # the second is traced), and the timed ones, in intervals of
-# timed_run.LOG_EVERY steps (the median of the intervals' mean steps).
+# timed_run.LOG_EVERY steps (the median of the intervals' mean steps); a
+# model of a few milliseconds a step runs as many intervals of more steps
+# (timed_run.IntervalSteps).
 WARMUP_STEPS = 4
 TIMED_STEPS = 12
 
@@ -111,17 +114,88 @@ def _Unpinned():
     os.sched_setaffinity(0, pinned)
 
 
-def Measure(model, override, profile, devices, log=None,
-            timed_steps=TIMED_STEPS, timeout=900):
-  """The trainer's median step of each reference configuration.
+class Started(
+    collections.namedtuple('Started', ['model', 'runs', 'workdir',
+                                       'timed_steps'])):
+  """The trainer's process for the references, started (``Start``).
+
+  Attributes:
+    model: the registered model.
+    runs: its timed_run.TrainerRuns.
+    workdir: a directory of its own (plans, logdirs).
+    timed_steps: steps timed after ``WARMUP_STEPS`` in each run.
+  """
+
+  __slots__ = ()
+
+
+@contextlib.contextmanager
+def Start(model, override, devices, timed_steps=TIMED_STEPS):
+  """Starts the trainer's process for ``Measure``; yields a Started.
+
+  Its imports and its `devices` worker processes start now, while the
+  caller measures the layers the references' cuts need; it runs nothing
+  until ``Measure`` sends it the references. It is stopped, and its
+  directory removed, at the end of the block.
 
   Args:
     model: the registered model.
     override: its --model_params_override text.
-    profile: its profile.Profile (the batch, the layers).
     devices: local worker processes to run on (the devices planned for).
-    log: a print-like function, or None.
     timed_steps: steps timed after ``WARMUP_STEPS``.
+  """
+  workdir = tempfile.mkdtemp(prefix='gpipe_trainer_step_')
+  try:
+    with _Unpinned():
+      runs = timed_run.TrainerRuns(model, devices, WARMUP_STEPS, timed_steps,
+                                   os.path.join(workdir, 'runs'), override)
+    with runs:
+      yield Started(model, runs, workdir, timed_steps)
+  finally:
+    shutil.rmtree(workdir, ignore_errors=True)  # The checkpoints too.
+
+
+def WarmUp(started, model, num_layers, batch, devices):
+  """Has the started process build the data-parallel reference's graph.
+
+  That reference's cut needs no measured layer (the whole model is one
+  stage): its plan is written before the layers are measured, and the
+  process builds (and drops) its graph meanwhile, on a core the layers'
+  measuring leaves it (``timed_run.TrainerRuns.WarmUp``).
+
+  Args:
+    started: what ``Start`` yielded.
+    model: the registered model.
+    num_layers: the pipeline's layers.
+    batch: examples per step.
+    devices: the devices planned for.
+  """
+  config = simulator.Configuration(devices if batch % devices == 0 else 1, 1,
+                                   (num_layers,), 1, 'gpipe', 'never')
+  if config.num_devices != devices:
+    return
+  path = os.path.join(started.workdir, 'warm_up.json')
+  # Only built, never run: nothing is predicted.
+  choice.Save(choice.Plan(
+      model=model, config=config, task_costs=None, num_devices=devices,
+      memory_per_device=None, predicted=dict(
+          step_seconds=0.0, examples_per_second=0.0, bubble=0.0,
+          peak_bytes=[])), path)
+  started.runs.WarmUp(path)
+
+
+def Measure(started, profile, devices, log=None, timeout=900):
+  """The trainer's median step of each reference configuration.
+
+  The references run one after another in the process ``Start`` started,
+  on the same worker processes: the trainer's imports and its workers'
+  start are paid once (and overlap the layers' measuring).
+
+  Args:
+    started: what ``Start`` yielded (used once).
+    profile: the model's profile.Profile (the batch, the layers).
+    devices: the devices planned for (the started process's workers).
+    log: a print-like function, or None.
     timeout: seconds each trainer run may take.
 
   Returns:
@@ -129,18 +203,40 @@ def Measure(model, override, profile, devices, log=None,
     untraced step (seconds), the traced step's tasks.
 
   Raises:
-    TrainerStepError: the trainer failed or printed no step times.
+    TrainerStepError: the trainer failed or printed no step times, or no
+      reference runs on all `devices` (a batch they do not divide).
   """
-  return [trainer_fit.Reference(config, *_MeasureOne(
-      model, override, profile, config, log, timed_steps, timeout))
-          for config in References(profile, devices)]
+  configs = [c for c in References(profile, devices)
+             if c.num_devices == devices]
+  if not configs:
+    raise TrainerStepError(
+        'no reference configuration runs on all %d devices (a batch of %d '
+        'they do not divide)' % (devices, profile.batch))
+  paths = []
+  for i, config in enumerate(configs):
+    paths.append(os.path.join(started.workdir, 'reference_%d.json' % i))
+    _SavePlan(started.model, profile, config, paths[-1])
+    if log:
+      n = timed_run.IntervalSteps(Predicted(profile, config))
+      log('timing the trainer\'s own step: %s on %d worker process(es), %d '
+          'steps, logged every %d' % (
+              config.label, config.num_devices,
+              (WARMUP_STEPS + started.timed_steps) * n // timed_run.LOG_EVERY,
+              n))
+  # A step of a few milliseconds is timed over longer intervals.
+  intervals = [timed_run.IntervalSteps(Predicted(profile, c)) for c in configs]
+  try:
+    runs = started.runs.Run(paths, profile.batch, timeout * len(configs),
+                            log=log, intervals=intervals)
+  except timed_run.TimedRunError as e:
+    raise TrainerStepError('the reference runs of %s: %s' % (
+        ', '.join(c.label for c in configs), e)) from e
+  return [trainer_fit.Reference(config, statistics.median(seconds), tasks)
+          for config, (seconds, tasks) in zip(configs, runs)]
 
 
-def _MeasureOne(model, override, profile, config, log, timed_steps,
-                timeout):
-  """(median step seconds, traced tasks) of `config` (see ``Measure``)."""
-  workdir = tempfile.mkdtemp(prefix='gpipe_trainer_step_')
-  plan_path = os.path.join(workdir, 'reference_plan.json')
+def _SavePlan(model, profile, config, path):
+  """Writes the plan of reference `config` (the layers' prediction)."""
   predicted = simulator.Predict(_Bare(profile), config)
   choice.Save(choice.Plan(
       model=model, config=config, task_costs=None,
@@ -148,22 +244,7 @@ def _MeasureOne(model, override, profile, config, log, timed_steps,
       predicted=dict(step_seconds=predicted.step_seconds,
                      examples_per_second=predicted.examples_per_second,
                      bubble=predicted.bubble,
-                     peak_bytes=list(predicted.peak_bytes))), plan_path)
-  if log:
-    log('timing the trainer\'s own step: %s on %d worker process(es), %d '
-        'steps' % (config.label, config.num_devices,
-                   WARMUP_STEPS + timed_steps))
-  try:
-    with _Unpinned():
-      seconds, tasks = timed_run.TracedStepSeconds(
-          model, plan_path, config.num_devices, profile.batch, WARMUP_STEPS,
-          timed_steps, os.path.join(workdir, 'run'), override, timeout)
-  except timed_run.TimedRunError as e:
-    raise TrainerStepError('the reference run of %s: %s' %
-                           (config.label, e)) from e
-  finally:
-    shutil.rmtree(workdir, ignore_errors=True)  # Its checkpoint too.
-  return statistics.median(seconds), tasks
+                     peak_bytes=list(predicted.peak_bytes))), path)
 
 
 def _Bare(profile):

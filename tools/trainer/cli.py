@@ -108,8 +108,13 @@ def _PlanFromFlags(asked):
           'fprop_dtype', 'loop_stages')))
 
 
-def SettleFromFlags():
-  """The RunConfig of the command line (run_config.Settle)."""
+def SettleFromFlags(workers=None):
+  """The RunConfig of the command line (run_config.Settle).
+
+  Args:
+    workers: running local workers for --worker_processes (run_config.Settle),
+      or None to start them.
+  """
   asked = settings_lib.FromFlags(FLAGS)
   plan = _PlanFromFlags(asked)
   if plan is not None:
@@ -117,7 +122,8 @@ def SettleFromFlags():
     asked = dataclasses.replace(asked, **planned.RunSettings(plan))
   return run_config.Settle(
       asked, plan=plan,
-      input_seed=asked.seed if FLAGS['seed'].present else None)
+      input_seed=asked.seed if FLAGS['seed'].present else None,
+      workers=workers)
 
 
 def Main(run, echo):

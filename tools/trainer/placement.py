@@ -140,6 +140,25 @@ def LaidOutDevices(worker_processes=0, cluster_spec='', device_type='auto',
   return list(placement.devices) if placement.exact else None
 
 
+def WorkerArgs(pin_cores=False, log_dir=None, devices_per_task=0):
+  """The local_cluster.LocalCluster arguments of --worker_processes."""
+  return dict(pin_cores=pin_cores, log_dir=log_dir,
+              cpu_devices=max(1, devices_per_task))
+
+
+def StartLocalWorkers(num, pin_cores=False, log_dir=None,
+                      devices_per_task=0):
+  """`num` local workers as a run with --worker_processes=num starts them.
+
+  For ``Placement(workers=...)``: several runs on the same workers.
+
+  Returns:
+    A running local_cluster.LocalCluster (the caller stops it).
+  """
+  return local_cluster.LocalCluster(
+      num, **WorkerArgs(pin_cores, log_dir, devices_per_task))
+
+
 class Placement:
   """Stage devices, the session target/config, and worker liveness."""
 
@@ -148,7 +167,7 @@ class Placement:
                device_type='auto', devices_per_task=0,
                connect_timeout_secs=10.0, plan_only=False, environ=None,
                worker_wait_secs=300, session_graph_optimizer=False,
-               compiled=False):
+               compiled=False, workers=None):
     """Sets up (and for worker_processes, starts) the devices.
 
     Args:
@@ -178,6 +197,11 @@ class Placement:
       compiled: the stages are XLA-compiled (--xla): with Grappler on, the
         passes that rewrite compiled functions into ops XLA lacks are off
         (gpipe.xla.SessionConfig).
+      workers: a running local_cluster.LocalCluster of worker_processes
+        workers, started as ``StartLocalWorkers`` does, to use instead of
+        starting them (several runs in one process, as the planner's timed
+        runs: ``tools/trainer/timed_run.py``); ``Stop`` leaves it running
+        and ``Restart`` is refused.
 
     Raises:
       ValueError: conflicting or impossible flags, named.
@@ -213,8 +237,8 @@ class Placement:
     # among them; None: the servers' own cluster (UseServers).
     self.session_cluster = None
     self.live_workers = None
-    self._worker_args = dict(pin_cores=pin_cores, log_dir=log_dir,
-                             cpu_devices=max(1, devices_per_task))
+    self._worker_args = WorkerArgs(pin_cores, log_dir, devices_per_task)
+    self._borrowed = workers
     description = None if worker_processes else cluster_spec_lib.Resolve(
         cluster_spec, environ=environ, slurm=False)
     if device_type == 'tpu':
@@ -249,7 +273,13 @@ class Placement:
           num, 'cpu', self._worker_args['cpu_devices'])
       self.target = 'grpc://localhost'
       return
-    self.cluster = local_cluster.LocalCluster(num, **self._worker_args)
+    if self._borrowed is not None:
+      if self._borrowed.num_workers != num:
+        raise ValueError('%d running local workers given for a run of %d' %
+                         (self._borrowed.num_workers, num))
+      self.cluster = self._borrowed
+    else:
+      self.cluster = local_cluster.LocalCluster(num, **self._worker_args)
     self.task_devices = self.cluster.task_devices
     self.target = self.cluster.target
 
@@ -407,7 +437,8 @@ class Placement:
         session_cluster=self.session_cluster)
 
   def Stop(self):
-    if self.cluster is not None:
+    """Stops the local workers it started (not those it was given)."""
+    if self.cluster is not None and self.cluster is not self._borrowed:
       self.cluster.Stop()
 
   def Restart(self):
@@ -425,7 +456,7 @@ class Placement:
     if self.cluster is None and self.remote is not None:
       self.WaitForRemoteTasks()
       return
-    if self.cluster is None:
+    if self.cluster is None or self.cluster is self._borrowed:
       raise WorkerRestartError(
           'the trainer can only restart local worker processes it started '
           '(--worker_processes)')

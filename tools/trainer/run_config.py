@@ -145,7 +145,7 @@ def _PlanLayout(train, where, data_parallel, loop_stages):
   return placement
 
 
-def Settle(asked, plan=None, input_seed=None, environ=None):
+def Settle(asked, plan=None, input_seed=None, environ=None, workers=None):
   """Decides the run: params, placement, stage devices (see module doc).
 
   Args:
@@ -155,6 +155,8 @@ def Settle(asked, plan=None, input_seed=None, environ=None):
       None.
     input_seed: the input order seed, when given on the command line.
     environ: the environment TF_CONFIG is read from (default os.environ).
+    workers: running local workers for --worker_processes
+      (``placement.Placement``'s `workers`), or None to start them.
 
   Returns:
     A RunConfig. With worker_processes the workers are running: the caller
@@ -204,7 +206,7 @@ def Settle(asked, plan=None, input_seed=None, environ=None):
   placement = placement_lib.Placement(
       model_select.MaxStages(train) * asked.data_parallel,
       log_dir=os.path.join(settings['logdir'], 'workers'),
-      worker_wait_secs=asked.worker_wait_secs, **where)
+      worker_wait_secs=asked.worker_wait_secs, workers=workers, **where)
   try:
     _SetDevices(train, test, placement, asked.data_parallel,
                 asked.loop_stages)

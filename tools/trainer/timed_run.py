@@ -1,16 +1,30 @@
 """A few timed steps of the trainer binary on a plan, in a child process.
 
-The planner times its reference configurations this way
-(``tools/plan/trainer_step.py``) and the plan benchmark the configurations it
-checks (``tools/benchmark/plan_trainer.py``): the trainer itself, on the
-pinned local worker processes the planner's figures are for, logging every
-few steps as a run does, its checkpoints out of the way.
+The plan benchmark times the configurations it checks this way
+(``tools/benchmark/plan_trainer.py``): the trainer itself (``StepSeconds``:
+``python -m tools.trainer --plan=FILE``), on the pinned local worker
+processes the planner's figures are for, logging every few steps as a run
+does, its checkpoints out of the way.
+
+The planner times its reference configurations (``tools/plan/
+trainer_step.py``) with ``TrainerRuns``: one child process
+(``python -m tools.trainer.timed_run``, the trainer's flags and ``--plans``)
+starts the workers once and runs the trainer's own training (``cli.Main``:
+its placement, graph, session and loop) on each plan in turn on those same
+workers, each in a logdir of its own. It is started before the plans exist
+(they are sent on its stdin), so its start overlaps the planner's
+measuring of the layers. A trainer's start (its imports and its
+workers: a third to a half of a short run's time) is paid once, not once
+per configuration; each configuration still builds its graph and pays its
+first steps as a run of its own does.
 """
 
 import glob
+import math
 import os
 import subprocess
 import sys
+import time
 
 from gpipe.measure import timeline
 from gpipe.runtime import child_env
@@ -19,9 +33,37 @@ from tools.trainer import progress
 # Steps between progress lines: each line's examples/s gives its interval's
 # mean step, with the console, step-log and TensorBoard flushes a run pays.
 LOG_EVERY = 4
+# A model of a few milliseconds a step logs less often (``IntervalSteps``):
+# an interval of at least this long, at most this many steps.
+MIN_INTERVAL_SECONDS = 0.2
+MAX_INTERVAL_STEPS = 64
+
+
+def IntervalSteps(step_seconds):
+  """Steps between progress lines for a step of about `step_seconds`.
+
+  Four steps of a few milliseconds are timed to within a few tens of
+  percent only (the console and summary flushes of each line, the clock's
+  and the scheduler's granularity): such a step is timed over an interval of
+  at least ``MIN_INTERVAL_SECONDS``.
+
+  Args:
+    step_seconds: the step's expected length (a prediction will do).
+
+  Returns:
+    A multiple of LOG_EVERY in [LOG_EVERY, MAX_INTERVAL_STEPS].
+  """
+  wanted = MIN_INTERVAL_SECONDS / max(step_seconds, 1e-6)
+  steps = LOG_EVERY * int(math.ceil(wanted / LOG_EVERY))
+  return int(min(max(steps, LOG_EVERY), MAX_INTERVAL_STEPS))
 
 # The repository: the children's working directory and path.
 ROOT = child_env.ROOT
+
+# What the child of ``TracedRuns`` prints before each plan's run, and where
+# that run's logdir is under the child's --logdir.
+PLAN_MARKER = 'timed_run: plan %d'
+RUN_DIR = 'run_%d'
 
 
 def Environment():
@@ -34,7 +76,7 @@ class TimedRunError(RuntimeError):
 
 
 def StepSeconds(model, plan_path, workers, batch, warmup, steps, logdir,
-                override='', timeout=None):
+                override='', timeout=None, log_every=LOG_EVERY):
   """The mean step (seconds) of each logged interval after `warmup` steps.
 
   No step is traced (``TracedStepSeconds`` traces one).
@@ -44,12 +86,13 @@ def StepSeconds(model, plan_path, workers, batch, warmup, steps, logdir,
     plan_path: a plan file (``--plan=FILE``) for `workers` devices.
     workers: local worker processes, pinned one per core.
     batch: examples per step.
-    warmup: steps left out (a multiple of ``LOG_EVERY`` keeps intervals
+    warmup: steps left out (a multiple of `log_every` keeps intervals
       whole).
     steps: steps timed after them.
     logdir: the run's directory.
     override: --model_params_override text.
     timeout: seconds the trainer may take, or None.
+    log_every: steps between progress lines (``IntervalSteps``).
 
   Returns:
     A list of seconds, one per logged interval.
@@ -59,7 +102,7 @@ def StepSeconds(model, plan_path, workers, batch, warmup, steps, logdir,
       (with its last line).
   """
   return _Run(model, plan_path, workers, batch, warmup, steps, logdir,
-              override, timeout, trace=False)
+              override, timeout, trace=False, log_every=log_every)
 
 
 def TracedStepSeconds(model, plan_path, workers, batch, warmup, steps,
@@ -82,24 +125,197 @@ def TracedStepSeconds(model, plan_path, workers, batch, warmup, steps,
                         'least 2 steps, not %d' % warmup)
   seconds = _Run(model, plan_path, workers, batch, warmup, steps, logdir,
                  override, timeout, trace=True)
+  return seconds, _TracedTasks(logdir)
+
+
+def _Args(model, workers, total, logdir, override, trace,
+          log_every=LOG_EVERY):
+  """The trainer's flags of a timed run of `total` steps."""
+  args = ['--model=' + model, '--logdir=' + logdir,
+          '--worker_processes=%d' % workers, '--pin_cores',
+          '--eval_after_train=false'] + _StepFlags(total, log_every, trace)
+  if override:
+    args.append('--model_params_override=' + override)
+  return args
+
+
+class TrainerRuns:
+  """One child process training on several plans in turn, on the same workers.
+
+  The child (this module's ``main``) imports the trainer and starts
+  `workers` pinned local worker processes as soon as it is created, then
+  waits for plan files on its stdin: ``Run`` sends them and collects each
+  run's logged intervals and traced step. The caller may do other work
+  meanwhile (the planner measures the layers whose costs the reference
+  plans' cuts need). Use as a context manager: the child is killed if it
+  is still running at the end.
+  """
+
+  def __init__(self, model, workers, warmup, steps, logdir, override=''):
+    """Starts the child.
+
+    Args:
+      model: the registered model.
+      workers: local worker processes, pinned one per core.
+      warmup: steps left out of each run's timed intervals (at least 2: the
+        second is traced).
+      steps: steps timed after them.
+      logdir: the child's directory (each run's is RUN_DIR under it).
+      override: --model_params_override text.
+
+    Raises:
+      TimedRunError: `warmup` < 2.
+    """
+    if warmup < 2 or warmup % LOG_EVERY or steps % LOG_EVERY:
+      raise TimedRunError('warm up for at least 2 steps (the second is '
+                          'traced) and time whole intervals: multiples of '
+                          '%d, not %d and %d' % (LOG_EVERY, warmup, steps))
+    self._warmup = warmup
+    self._total = warmup + steps
+    self._logdir = logdir
+    os.makedirs(logdir, exist_ok=True)
+    self._output_path = os.path.join(logdir, 'output.txt')
+    self._output = open(self._output_path, 'w')
+    self._started = time.time()
+    args = ([sys.executable, '-m', 'tools.trainer.timed_run'] +
+            _Args(model, workers, self._total, logdir, override, trace=True) +
+            ['--plans=-'])
+    self._child = subprocess.Popen(
+        args, cwd=ROOT, env=Environment(), stdin=subprocess.PIPE,
+        stdout=self._output, stderr=subprocess.STDOUT, text=True)
+
+  def __enter__(self):
+    return self
+
+  def __exit__(self, *unused):
+    self.Close()
+
+  def Close(self):
+    """Kills the child if it still runs; closes its output."""
+    if self._child.poll() is None:
+      self._child.kill()
+      self._child.wait()
+    self._output.close()
+
+  def WarmUp(self, plan_path):
+    """Has the child build `plan_path`'s training graph while it waits.
+
+    Client work only (one core; nothing runs on the workers): the first
+    graph a process builds pays a one-time set-up the runs then skip.
+    """
+    try:
+      self._child.stdin.write(WARM_UP + plan_path + '\n')
+      self._child.stdin.flush()
+    except BrokenPipeError:
+      pass  # It failed: Run says why.
+
+  def Run(self, plan_paths, batch, timeout=None, log=None, intervals=None):
+    """``TracedStepSeconds`` of each plan, run one after another.
+
+    Args:
+      plan_paths: plan files, each for the child's workers.
+      batch: examples per step.
+      timeout: seconds the child may take from now, or None.
+      log: a print-like function, or None.
+      intervals: per plan, the steps between progress lines
+        (``IntervalSteps``), or None for LOG_EVERY: the run's warm-up and
+        timed steps are as many intervals as ``__init__``'s take of four
+        steps.
+
+    Returns:
+      A list, per plan, of (seconds per logged interval, the traced step's
+      timeline.TaskTimes).
+
+    Raises:
+      TimedRunError: the child timed out, failed, or printed no step times
+        for a plan (with its last line).
+    """
+    sent = time.time()
+    intervals = intervals or [LOG_EVERY] * len(plan_paths)
+    warmups = [self._warmup * n // LOG_EVERY for n in intervals]
+    lines = ['%s\t%d\t%d\n' % (p, self._total * n // LOG_EVERY, n)
+             for p, n in zip(plan_paths, intervals)]
+    try:
+      self._child.stdin.write(''.join(lines))
+      self._child.stdin.close()
+    except BrokenPipeError:
+      pass  # It failed before reading them: its output says why.
+    try:
+      self._child.wait(timeout)
+    except subprocess.TimeoutExpired as e:
+      self.Close()
+      raise TimedRunError('the trainer did not finish %d steps of each of %s '
+                          'in %d s' % (self._total, ', '.join(plan_paths),
+                                       timeout)) from e
+    self._output.flush()
+    with open(self._output_path) as f:
+      output = f.read()
+    parts = SplitByPlan(output, len(plan_paths))
+    out = []
+    for i, (path, text) in enumerate(zip(plan_paths, parts)):
+      seconds = progress.StepSeconds(text, batch, warmups[i])
+      if not seconds:
+        lines = [l for l in (text or output).splitlines() if l.strip()]
+        raise TimedRunError('the trainer failed with %s (exit status %d): %s'
+                            % (path, self._child.returncode,
+                               lines[-1] if lines else 'no output'))
+      out.append((seconds, _TracedTasks(os.path.join(self._logdir,
+                                                     RUN_DIR % i))))
+    if self._child.returncode:
+      lines = [l for l in output.splitlines() if l.strip()]
+      raise TimedRunError('the trainer failed after its runs (exit status '
+                          '%d): %s' % (self._child.returncode,
+                                       lines[-1] if lines else 'no output'))
+    if log:
+      for line in output.splitlines():
+        if line.startswith('timed_run: warmed up'):
+          log(line)
+      log('%d trainer runs in one process took %.1f s after the plans were '
+          'sent (%.1f s after it started)' % (
+              len(plan_paths), time.time() - sent,
+              time.time() - self._started))
+    return out
+
+
+def SplitByPlan(output, count):
+  """The child's output of each of `count` plans (PLAN_MARKER lines apart).
+
+  Returns:
+    `count` strings; '' for a plan the child did not reach.
+  """
+  parts = [''] * count
+  current = None
+  for line in output.splitlines(keepends=True):
+    for i in range(count):
+      if line.strip() == PLAN_MARKER % (i + 1):
+        current = i
+        break
+    else:
+      if current is not None:
+        parts[current] += line
+  return parts
+
+
+def _TracedTasks(logdir):
+  """The stage tasks of the trace the run in `logdir` wrote ([]: none)."""
   paths = sorted(glob.glob(os.path.join(logdir, '**', '*.trace.json'),
-                          recursive=True))
-  return seconds, timeline.ReadChromeTrace(paths[0]) if paths else []
+                           recursive=True))
+  return timeline.ReadChromeTrace(paths[0]) if paths else []
+
+
+def _StepFlags(total, log_every, trace):
+  """The flags of a run's steps: `total`, logged, checkpointed at the end."""
+  return ['--max_steps=%d' % total, '--log_every_n_steps=%d' % log_every,
+          '--checkpoint_every_n_steps=%d' % (10 * total),
+          '--trace_every_n_steps=%d' % (10 * total if trace else 0)]
 
 
 def _Run(model, plan_path, workers, batch, warmup, steps, logdir, override,
-         timeout, trace):
+         timeout, trace, log_every=LOG_EVERY):
   """The trainer's logged intervals (see ``StepSeconds``)."""
   total = warmup + steps
-  args = [sys.executable, '-m', 'tools.trainer', '--model=' + model,
-          '--logdir=' + logdir, '--plan=' + plan_path,
-          '--worker_processes=%d' % workers, '--pin_cores',
-          '--max_steps=%d' % total, '--log_every_n_steps=%d' % LOG_EVERY,
-          '--checkpoint_every_n_steps=%d' % (10 * total),
-          '--trace_every_n_steps=%d' % (10 * total if trace else 0),
-          '--eval_after_train=false']
-  if override:
-    args.append('--model_params_override=' + override)
+  args = ([sys.executable, '-m', 'tools.trainer', '--plan=' + plan_path] +
+          _Args(model, workers, total, logdir, override, trace, log_every))
   try:
     done = subprocess.run(args, cwd=ROOT, env=Environment(),
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -115,3 +331,113 @@ def _Run(model, plan_path, workers, batch, warmup, steps, logdir, override,
     raise TimedRunError('the trainer failed with %s (exit status %d): %s' % (
         plan_path, done.returncode, lines[-1] if lines else 'no output'))
   return seconds
+
+
+# A line of the child's stdin asking it to build a plan's training graph
+# and drop it (``TrainerRuns.WarmUp``), not to train.
+WARM_UP = 'warm-up:'
+
+
+def _Plans(flag, stdin):
+  """The plan files of --plans: its list, or ['-']: stdin's lines to EOF.
+
+  A line of stdin may be WARM_UP and a plan file: yielded as it is.
+  """
+  if list(flag) != ['-']:
+    yield from flag
+    return
+  for line in stdin:
+    if line.strip():
+      yield line.strip()
+
+
+def _PlanLine(line):
+  """(plan file, max_steps or None, log_every or None) of a stdin line.
+
+  A line is a plan file, or a plan file, its run's steps and the steps
+  between its progress lines, tab-separated (``TrainerRuns.Run``).
+  """
+  parts = line.split('\t')
+  if len(parts) == 3:
+    return parts[0], int(parts[1]), int(parts[2])
+  return line, None, None
+
+
+def _Main(unused_argv):
+  """The child of ``TrainerRuns``: each of --plans on the same workers."""
+  # pylint: disable=g-import-not-at-top
+  from absl import flags
+  from tools.trainer import cli
+  from tools.trainer import placement as placement_lib
+  # pylint: enable=g-import-not-at-top
+  flags_ = flags.FLAGS
+  if not flags_.plans or not flags_.worker_processes:
+    raise ValueError('give --plans and --worker_processes')
+  base = flags_.logdir
+  echo = lambda *a: print(*a, flush=True)
+  workers = placement_lib.StartLocalWorkers(
+      flags_.worker_processes, pin_cores=flags_.pin_cores,
+      log_dir=os.path.join(base, 'workers'),
+      devices_per_task=flags_.devices_per_task)
+  try:
+    i = 0
+    for plan in _Plans(flags_.plans, sys.stdin):
+      if plan.startswith(WARM_UP):
+        flags_.plan = plan[len(WARM_UP):]
+        flags_.logdir = os.path.join(base, 'warm_up')
+        _WarmUp(cli.SettleFromFlags(workers=workers), echo)
+        continue
+      flags_.plan, total, log_every = _PlanLine(plan)
+      if total:
+        flags_.max_steps = total
+        flags_.log_every_n_steps = log_every
+        flags_.checkpoint_every_n_steps = 10 * total
+        flags_.trace_every_n_steps = 10 * total
+      flags_.logdir = os.path.join(base, RUN_DIR % i)
+      i += 1
+      echo(PLAN_MARKER % i)
+      code = cli.Main(cli.SettleFromFlags(workers=workers), echo)
+      if code:
+        return code
+  finally:
+    workers.Stop()
+  return 0
+
+
+def _WarmUp(run, echo):
+  """Builds `run`'s training graph and drops it: nothing runs on a worker.
+
+  The first graph a process builds pays for what TensorFlow and Lingvo set
+  up once (gradient functions, layer classes, tracing machinery): seconds
+  the first timed run would otherwise pay beyond the others.
+  """
+  # pylint: disable=g-import-not-at-top
+  from tools.trainer import model_graph
+  # pylint: enable=g-import-not-at-top
+  started = time.time()
+  model_graph.Build(run.train, run.placement, 'train', run.seed)
+  echo('timed_run: warmed up in %.1f s' % (time.time() - started))
+
+
+def main():
+  """``python -m tools.trainer.timed_run``: the trainer's flags, --plans."""
+  # pylint: disable=g-import-not-at-top
+  from tools.trainer import cli  # First: it makes Lingvo importable.
+  from absl import app
+  from absl import flags
+  from absl import logging
+  from lingvo import compat as tf
+  from tools.trainer import settings
+  # pylint: enable=g-import-not-at-top
+  del cli  # Imported for its flags and its imports' order.
+  flags.adopt_module_key_flags(settings)
+  flags.DEFINE_list('plans', [], 'plan files (--plan=FILE), trained one '
+                    "after another on the same local workers; '-': the "
+                    'lines of stdin, read as each run ends')
+  logging.set_verbosity(logging.WARNING)
+  tf.get_logger().setLevel('WARNING')
+  app.run(_Main)
+
+
+if __name__ == '__main__':
+  main()
