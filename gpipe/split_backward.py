@@ -98,6 +98,15 @@ _SWAPPABLE = {'MatMul': ('transpose_a', 'transpose_b'),
               'BatchMatMulV2': ('adj_x', 'adj_y')}
 
 
+def _SameConstant(a, b):
+  """Whether tensors `a` and `b` are Const ops of one value."""
+  if a.op.type != 'Const' or b.op.type != 'Const':
+    return False
+  x = tf.make_ndarray(a.op.get_attr('value'))
+  y = tf.make_ndarray(b.op.get_attr('value'))
+  return x.dtype == y.dtype and x.shape == y.shape and bool((x == y).all())
+
+
 class _Piece:
   """A subset of G's ops as one graph function: feeds -> outputs."""
 
@@ -428,6 +437,10 @@ class SplitStageFunctions(stage_lib.StageFunctions):
         self._w_merge.append(('shared', None))
       elif mb.ref() in passed:
         self._w_merge.append(('sum', None))
+      elif _SameConstant(mb, wh):
+        # A constant of the stage (e.g. a scale the layer multiplies by):
+        # every micro-batch reads the same one.
+        self._w_merge.append(('shared', None))
       else:
         try:
           axis = weight_batching.ConcatAxis(mb.name, mb.shape, wh.shape, m)

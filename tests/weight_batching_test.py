@@ -53,6 +53,13 @@ class _ScaledByMean(base_layer.BaseLayer):
     return x * theta.w + tf.reduce_mean(x) * theta.w
 
 
+class _ScaledByConstant(_ScaledByMean):
+  """x (w 0.5) + x: its weight gradient reads the constant 0.5."""
+
+  def FProp(self, theta, x):
+    return x * (theta.w * 0.5) + x
+
+
 class _SequenceDense(base_layer.BaseLayer):
   """tanh([b, 2, 4] x [4, 4]) on [b, 8]: a batch matmul reading a weight."""
 
@@ -219,6 +226,20 @@ class WeightBatchingTest(test_utils.TestCase, parameterized.TestCase):
           ValueError, r'stage 0 \(scaled0\): the weight gradient reads '
           r'.*shape \(\) per micro-batch.*batched_weight_gradients=False'):
         net.FProp(net.theta, tf.ones([4, 8], tf.float64))
+
+  def testAWeightGradientReadingAConstantMatchesUnpipelined(self):
+    # A constant of the stage (a Transformer's attention scale) is the same
+    # for every micro-batch: read once, not stacked (it was refused).
+    with self.session(graph=tf.Graph(), config=CONFIG) as sess:
+      layers = [_ScaledByConstant.Params().Set(name='scaled%d' % i,
+                                               dtype=tf.float64)
+                for i in range(2)]
+      net = spt.Pipeline('zb_h1', layers, 2, 4, remat='never',
+                         stage_sizes=[1, 1], batched_weight_gradients=True,
+                         dtype=tf.float64)
+      rng = np.random.RandomState(7)
+      spt.AssertMatches(self, net, (tf.constant(rng.randn(8, 8)),),
+                        tf.constant(rng.randn(8, 8)), sess)
 
   def testBfloat16GradientsCloseToFloat32(self):
     grads = {}
