@@ -58,7 +58,8 @@ class RunSessionEndTest(test_utils.TestCase):
 
   def _Run(self, loop, sess):
     with self.assertRaises(_Lost):
-      loop._RunSession(sess, None, None, None, None, None, None, None)
+      loop._RunSession(sess, types.SimpleNamespace(
+          built=None, saver=None, fetches=None), None, None, None)
 
   def testAnElasticRunClosesTheSessionItEndedIn(self):
     sess = _Session()
