@@ -38,6 +38,7 @@ from gpipe import weight_batching
 from gpipe.compat import tf_internal
 from gpipe.schedules import pipeline_tasks
 from lingvo import compat as tf
+import numpy as np
 
 # Attributes that tie an op to others of its original graph.
 _DROPPED_ATTRS = ('_class',)
@@ -99,12 +100,19 @@ _SWAPPABLE = {'MatMul': ('transpose_a', 'transpose_b'),
 
 
 def _SameConstant(a, b):
-  """Whether tensors `a` and `b` are Const ops of one value."""
+  """Whether tensors `a` and `b` are one Const of the stage, in two traces.
+
+  The same op (by name: the feeds of the two traces are paired by position)
+  with the same value.
+  """
   if a.op.type != 'Const' or b.op.type != 'Const':
+    return False
+  if a.op.name != b.op.name or a.value_index != b.value_index:
     return False
   x = tf.make_ndarray(a.op.get_attr('value'))
   y = tf.make_ndarray(b.op.get_attr('value'))
-  return x.dtype == y.dtype and x.shape == y.shape and bool((x == y).all())
+  return (x.dtype == y.dtype and x.shape == y.shape and
+          bool(np.array_equal(x, y, equal_nan=x.dtype.kind in 'fc')))
 
 
 class _Piece:

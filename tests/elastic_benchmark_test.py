@@ -65,6 +65,16 @@ class ElasticBenchmarkTest(test_utils.TestCase):
     # Steps the reference did not log are not compared.
     self.assertEqual(0, elastic.CompareLosses(
         [dict(step=9, loss=1.0)], reference)['steps'])
+    # A step logged twice (a first try, then its redo) counts once, as
+    # redone; a NaN loss is no match.
+    twice = run[:5] + [dict(step=5, loss=0.4 * 3)] + run[5:]
+    self.assertEqual(6, elastic.CompareLosses(twice, reference)['steps'])
+    nan = elastic.CompareLosses(run[:2] + [dict(step=3, loss=float('nan'))],
+                                reference)
+    self.assertEqual((float('inf'), 3), (nan['max_relative'], nan['at_step']))
+    # R x M of a shape's label.
+    self.assertEqual(4, elastic._MicroBatchesPerStep('R=1 K=2 M=4 gpipe'))
+    self.assertEqual(4, elastic._MicroBatchesPerStep('R=2 K=2 M=2 zb_v v=2'))
 
   def testTheStartUpIsTheRunsFirstNotAMoves(self):
     path = os.path.join(self.create_tempdir().full_path, 'trainer.log')
@@ -148,6 +158,32 @@ class ElasticBenchmarkTest(test_utils.TestCase):
     self.assertEqual([], elastic._Override(args))
     self.assertEqual(['--model_params_override=a.b=1'],
                      elastic._Override(args, 'a.b=1'))
+
+  def testAFailedRunIsReportedAndTheOthersStillAre(self):
+    def Failed(model, args, workdir):
+      raise elastic.ElasticBenchmarkError('the trainer failed (exit 1):\n'
+                                          'trainer: error: no such param')
+
+    restart = dict(startup_secs=31.0, secs=8.0, redone=3,
+                   kill_to_first_step=10.0)
+    stdout = io.StringIO()
+    with mock.patch.object(elastic, 'LossAndReturn', Failed), \
+        mock.patch.object(elastic, 'Restart', lambda *a: restart), \
+        contextlib.redirect_stdout(stdout):
+      cli.main(['elastic', '--models', 'a.A', '--scenarios',
+                'loss_and_return,restart'])
+    text = stdout.getvalue()
+    self.assertIn('| a.A | 31.0 | 10.0 | 8.0 | 3 |', text)
+    self.assertIn('a.A: loss_and_return failed: trainer: error: no such param',
+                  text)
+
+  def testShapeFlagsAndWorkersAreChecked(self):
+    for argv, error in (
+        (['--workers', '1'], '--workers=1: a run that loses a worker needs 2'),
+        (['--shape_flags=--model_params_override=x=1'],
+         '--shape_flags may not set --model_params_override')):
+      with self.assertRaisesRegex(elastic.ElasticBenchmarkError, error):
+        elastic.Elastic(cli._Parser().parse_args(['elastic'] + argv))  # pylint: disable=protected-access
 
   def testQuickTrainsTheToyModelWithoutTheThrottledRun(self):
     # pylint: disable=protected-access

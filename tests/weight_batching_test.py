@@ -54,10 +54,11 @@ class _ScaledByMean(base_layer.BaseLayer):
 
 
 class _ScaledByConstant(_ScaledByMean):
-  """x (w 0.5) + x: its weight gradient reads the constant 0.5."""
+  """x (w 0.5) + x (w c): its weight gradient reads the constants 0.5, c."""
 
   def FProp(self, theta, x):
-    return x * (theta.w * 0.5) + x
+    scales = tf.constant(np.linspace(0.1, 0.8, self.params.dim), x.dtype)
+    return x * (theta.w * 0.5) + x * (theta.w * scales) + x
 
 
 class _SequenceDense(base_layer.BaseLayer):

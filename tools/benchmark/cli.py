@@ -309,7 +309,8 @@ def _Parser():
   p.add_argument('--model_params_override', default='',
                  help='the trainer\'s --model_params_override for every run '
                  '(e.g. \'task.dtype=float64; input.feature_dtype=float64\' '
-                 'to compare losses to float64 rounding)')
+                 'for the image models, to compare losses to float64 '
+                 'rounding)')
   p.add_argument('--compare_losses', default=True,
                  action=argparse.BooleanOptionalAction,
                  help='also train uninterrupted in the starting shape and '

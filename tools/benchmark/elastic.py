@@ -45,6 +45,7 @@ event marked.
 """
 
 import json
+import math
 import os
 import re
 import signal
@@ -278,6 +279,9 @@ def LossAndReturn(model, args, workdir):
   if args.compare_losses:
     compared = CompareLosses(records, _ReferenceRecords(model, args,
                                                         workdir))
+    # Rounding only where every shape kept R x M (the micro-batches).
+    compared['rm_kept'] = len({_MicroBatchesPerStep(s) for s in (
+        shrink['old'], shrink['new'], grow['new'])}) == 1
   rates = _Rates(records, _Batch(model), {grow['first_step']})
   shrunk_at = _FirstStepTime(records, shrink['first_step'])
   grown_at = _FirstStepTime(records, grow['first_step'])
@@ -321,17 +325,26 @@ def CompareLosses(records, reference):
     |loss - reference| / |reference| over them, at_step: where).
   """
   want = {r['step']: r['loss'] for r in reference}
+  got = {r['step']: r['loss'] for r in records}  # A step's newest record.
   worst, at = 0.0, None
   steps = 0
-  for r in records:
-    if r['step'] not in want:
+  for step in sorted(got):
+    if step not in want:
       continue
     steps += 1
-    rel = abs(r['loss'] - want[r['step']]) / max(abs(want[r['step']]), 1e-30)
+    if not (math.isfinite(got[step]) and math.isfinite(want[step])):
+      return dict(steps=steps, max_relative=math.inf, at_step=step)
+    rel = abs(got[step] - want[step]) / max(abs(want[step]), 1e-30)
     if rel >= worst:
-      worst, at = rel, r['step']
+      worst, at = rel, step
   return dict(steps=steps, max_relative=worst if steps else None,
               at_step=at)
+
+
+def _MicroBatchesPerStep(shape):
+  """R x M of a shape's label ('R=2 K=2 M=2 gpipe')."""
+  found = dict(re.findall(r'\b([RM])=(\d+)', shape))
+  return int(found.get('R', 1)) * int(found.get('M', 1))
 
 
 def _WorkerPids(log_path, count):
@@ -471,15 +484,39 @@ def _Fmt(value, spec='%.1f'):
   return spec % value if value is not None else '-'
 
 
+def _LossColumn(losses):
+  if not losses or not losses['steps']:
+    return '-'
+  text = '%.1e (%d steps)' % (losses['max_relative'], losses['steps'])
+  if losses.get('rm_kept') is False:
+    text += ', R x M changed'
+  return text
+
+
 def Elastic(args):
   """A lost, a returned and a throttled worker (see the module doc)."""
   models = [m for m in args.models.split(',') if m] or list(MODELS)
+  if args.workers < 2:
+    raise ElasticBenchmarkError('--workers=%d: a run that loses a worker '
+                                'needs 2 or more' % args.workers)
+  for flag in _ShapeFlags(args):
+    if flag.split('=')[0] in ('--model_params_override', '--worker_processes',
+                              '--cluster_spec', '--elastic', '--model',
+                              '--logdir'):
+      raise ElasticBenchmarkError(
+          '--shape_flags may not set %s (the benchmark sets it; use '
+          '--model_params_override for the model)' % flag.split('=')[0])
   title, info = report.Header('--elastic: a lost, a returned and a slow worker',
                               dict(models=','.join(models), steps=args.steps,
                                    loss_step=args.loss_step,
                                    return_after=args.return_after,
                                    checkpoint_every=args.checkpoint_every,
-                                   throttle_cores=args.throttle_cores))
+                                   throttle_cores=args.throttle_cores,
+                                   workers=args.workers,
+                                   shape_flags=' '.join(_ShapeFlags(args)),
+                                   model_params_override=(
+                                       args.model_params_override),
+                                   compare_losses=args.compare_losses))
   results = []
   for model in models:
     workdir = tempfile.mkdtemp(prefix='gpipe_elastic_bench_')
@@ -490,7 +527,11 @@ def Elastic(args):
         continue
       report.Log('%s: %s (%s)' % (model, name, workdir))
       os.makedirs(os.path.join(workdir, name))
-      result[name] = fn(model, args, os.path.join(workdir, name))
+      try:
+        result[name] = fn(model, args, os.path.join(workdir, name))
+      except ElasticBenchmarkError as e:  # The other runs still report.
+        report.Log('%s: %s failed: %s' % (model, name, e))
+        result.setdefault('errors', {})[name] = str(e)[-2000:]
     results.append(result)
   lines = [title]
   rows = []
@@ -502,9 +543,7 @@ def Elastic(args):
                    _Fmt(lr['startup_secs']), _Fmt(lr['kill_to_first_step']),
                    _Fmt(lr['shrink_secs']), lr['shrink_redone'],
                    _Fmt(lr['grow_secs']), lr['grow_redone'],
-                   '%.1e (%d steps)' % (lr['losses']['max_relative'],
-                                        lr['losses']['steps'])
-                   if lr.get('losses') and lr['losses']['steps'] else '-'])
+                   _LossColumn(lr.get('losses'))])
   if rows:
     lines += ['### A worker lost, then back (%d workers from a cluster '
               'file)' % args.workers,
@@ -549,6 +588,10 @@ def Elastic(args):
               'Steps of the rebalancing run leave out its traced ones (every '
               '%d-th) and the ones after them (the trace is processed '
               'then); the static runs trace none.' % TRACE_EVERY, '']
+  for r in results:
+    for name, error in sorted(r.get('errors', {}).items()):
+      lines += ['%s: %s failed: %s' % (r['model'], name,
+                                       error.strip().splitlines()[-1]), '']
   print('\n'.join(lines))
 
   report.Write(args, dict(machine=info, results=results),
