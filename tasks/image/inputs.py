@@ -1,6 +1,8 @@
 """Image inputs: tensorflow-datasets classification sets and offline digits.
 
-Every example is ``{'image': float32 [size, size, channels], 'label': int32}``.
+Every example is ``{'image': float32 [size, size, channels], 'label': int32}``
+(``p.feature_dtype=tf.float64``: the same images, computed in float32 and
+widened, for a float64 model compared to rounding error).
 
 * `TfdsImageInput` reads a prepared tfds data set (imagenet2012 from its
   manual download dir, cifar10, cifar100, and the paper's transfer sets that
