@@ -48,6 +48,16 @@ def _Profile(**fields):
   return profile.Replace(layers=layers)
 
 
+def _CallCostCase():
+  """(bare profile, its truth with a call cost, the truth's 3 references)."""
+  bare = _Profile()
+  truth = bare.Replace(
+      factors=(profile_lib.Factors(rows=4, F=2.0, B=3.0, W=1.5, BW=2.5,
+                                   R=2.0),),
+      call_seconds=0.4, trainer_seconds=0.75)
+  return bare, truth, _References(truth, bare, 2)
+
+
 class TrainerFitTest(absltest.TestCase):
 
   def testRecoversTaskTimesAndTheFixedCost(self):
@@ -83,12 +93,7 @@ class TrainerFitTest(absltest.TestCase):
       self.assertAlmostEqual(got / want, 1.0, delta=0.05, msg=c.label)
 
   def testTheThirdReferenceGivesTheCostOfACall(self):
-    bare = _Profile()
-    truth = bare.Replace(
-        factors=(profile_lib.Factors(rows=4, F=2.0, B=3.0, W=1.5, BW=2.5,
-                                     R=2.0),),
-        call_seconds=0.4, trainer_seconds=0.75)
-    refs = _References(truth, bare, 2)
+    bare, truth, refs = _CallCostCase()
     fitted = trainer_fit.Fit(bare, refs)
     # A waiting task's dispatch shows in the traced hand-over delays too:
     # the fit may share the call's cost with the hand-over's latency.
@@ -125,12 +130,7 @@ class TrainerFitTest(absltest.TestCase):
     self.assertBetween(scale, trainer_fit.MIN_SCALE, trainer_fit.MAX_SCALE)
 
   def testTheRecordOfTheReferencesIsWhatTheSearchMeasures(self):
-    bare = _Profile()
-    truth = bare.Replace(
-        factors=(profile_lib.Factors(rows=4, F=2.0, B=3.0, W=1.5, BW=2.5,
-                                     R=2.0),),
-        call_seconds=0.4, trainer_seconds=0.75)
-    refs = _References(truth, bare, 2)
+    bare, truth, refs = _CallCostCase()
     # The data-parallel reference ran 30% slower than its truth (a loaded
     # machine): the fit cannot match every reference.
     refs[0] = refs[0]._replace(seconds=1.3 * refs[0].seconds)
@@ -166,12 +166,7 @@ class TrainerFitTest(absltest.TestCase):
     self.assertAlmostEqual(trainer_fit.FitError(fitted, exact), 0.0)
 
   def testThreeReferencesFitThemselvesButNotOneLeftOut(self):
-    bare = _Profile()
-    truth = bare.Replace(
-        factors=(profile_lib.Factors(rows=4, F=2.0, B=3.0, W=1.5, BW=2.5,
-                                     R=2.0),),
-        call_seconds=0.4, trainer_seconds=0.75)
-    refs = _References(truth, bare, 2)
+    bare, truth, refs = _CallCostCase()
     # Consistent references: each is predicted well by the others.
     self.assertLess(trainer_fit.LeaveOneOutError(bare, refs), 0.06)
     # The looped one runs 40% slower than any cost of a call explains when
