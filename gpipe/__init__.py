@@ -38,7 +38,8 @@ public names are imported on first use).
                   the devices), memory_cap.py and cpu_quota.py (a
                   worker's memory cap and CPU quota; cgroups.py),
                   background.py (work in a thread of its own; RunIsolated
-                  for scratch layers),
+                  for scratch layers), netns.py (joining a network
+                  namespace),
                   session_cluster.py (a session over any set of running
                   servers: the survivors of a lost one, a replacement)
   2  measure/     what a step did and what a model holds: timeline.py (the

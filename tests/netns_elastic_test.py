@@ -30,7 +30,6 @@ from gpipe.runtime import cgroups
 from gpipe.runtime import cpu_quota
 from lingvo import compat as tf
 from lingvo.core import test_utils
-import numpy as np
 from params import toy
 from tests import netns_testlib
 from tests import trainer_testlib
@@ -193,24 +192,9 @@ class NetnsElasticTest(test_utils.TestCase):
     self.assertEqual(['rebalance'], [e['kind'] for e in events], out)
     move = events[0]
     self.assertEqual(0, move['steps_redone'])
-    # The traced steps after the move take less time than before it (the
-    # first traced step of each run left out: it builds and warms up).
-    spans = summaries.Read(logdir)['pipeline/span_sec']
-    before = [v for s, v in spans if 2 < s <= move['checkpoint_step']]
-    after = [v for s, v in spans if s > move['first_step']]
-    self.assertLess(np.median(after), 0.8 * np.median(before),
-                    (before, after))
-    # The cut does not change the math: an uninterrupted run's losses.
-    reference = os.path.join(work, 'reference')
-    code, _, err = trainer_testlib.RunInProcess(
-        logdir=reference, max_steps=steps,
-        model_params_override=trainer_testlib.WIDE_TOY,
-        **trainer_testlib.ResumableSettings(1000))
-    self.assertEqual(0, code, err)
-    got = trainer_testlib.Losses(logdir)
-    want = trainer_testlib.Losses(reference)
-    self.assertEqual([s for s, _ in want], [s for s, _ in got])
-    self.assertAllClose([l for _, l in want], [l for _, l in got], rtol=1e-5)
+    # Faster after the move, with an uninterrupted run's losses.
+    trainer_testlib.AssertFasterAfterTheMoveWithUninterruptedLosses(
+        self, logdir, move, steps, os.path.join(work, 'reference'))
 
 
 if __name__ == '__main__':

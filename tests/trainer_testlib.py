@@ -12,6 +12,7 @@ import tempfile
 from gpipe.compat import lingvo_import  # pylint: disable=unused-import
 from absl import flags
 from absl.testing import flagsaver
+import numpy as np
 from gpipe.runtime import child_env
 from gpipe.runtime import forked_workers
 from tests import polling
@@ -19,6 +20,7 @@ from tests import procfs
 from tools.trainer import checkpoints
 from tools.trainer import cli
 from tools.trainer import progress
+from tools.trainer import summaries
 
 if not flags.FLAGS.is_parsed():
   # Under pytest nobody parses the flags: use their defaults (tf.test.main
@@ -144,6 +146,34 @@ def OnePipelineFloat64Losses(logdir, max_steps):
   if code:
     raise AssertionError('the reference run failed (%d): %s' % (code, err))
   return Losses(logdir)
+
+
+def AssertFasterAfterTheMoveWithUninterruptedLosses(test, logdir, move, steps,
+                                                    reference_logdir):
+  """A WIDE_TOY run's rebalance `move` made it faster and kept its losses.
+
+  The traced steps after the move take less time than before it (the first
+  traced step of each run left out: it builds and warms up), and every loss
+  equals an uninterrupted run's (trained here, in `reference_logdir`).
+
+  Args:
+    test: the TestCase.
+    logdir: the rebalanced run's logdir (its summaries and step log).
+    move: its rebalance event (tools.trainer.elastic.ReadEvents).
+    steps: the steps it trained.
+    reference_logdir: a fresh logdir for the uninterrupted run.
+  """
+  spans = summaries.Read(logdir)['pipeline/span_sec']
+  before = [v for s, v in spans if 2 < s <= move['checkpoint_step']]
+  after = [v for s, v in spans if s > move['first_step']]
+  test.assertLess(np.median(after), 0.8 * np.median(before), (before, after))
+  code, _, err = RunInProcess(logdir=reference_logdir, max_steps=steps,
+                              model_params_override=WIDE_TOY,
+                              **ResumableSettings(1000))
+  test.assertEqual(0, code, err)
+  got, want = Losses(logdir), Losses(reference_logdir)
+  test.assertEqual([s for s, _ in want], [s for s, _ in got])
+  test.assertAllClose([l for _, l in want], [l for _, l in got], rtol=1e-5)
 
 
 def TrainerCommand(*args, module='tools.trainer'):

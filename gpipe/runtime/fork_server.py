@@ -43,6 +43,9 @@ import threading
 import traceback
 import types
 
+from gpipe.runtime import netns
+
+
 def _Reply(out, **message):
   out.write(json.dumps(message) + '\n')
   out.flush()
@@ -74,19 +77,6 @@ def _DieWithParent(parent):
     os._exit(1)  # pylint: disable=protected-access
 
 
-def _JoinNetworkNamespace(name):
-  """Moves this (single-threaded) process into network namespace `name`."""
-  import ctypes  # pylint: disable=g-import-not-at-top
-  libc = ctypes.CDLL(None, use_errno=True)
-  fd = os.open(name if name.startswith('/') else '/var/run/netns/' + name,
-               os.O_RDONLY)
-  try:
-    if libc.setns(fd, 0x40000000):  # CLONE_NEWNET
-      raise OSError(ctypes.get_errno(), 'setns into %s failed' % name)
-  finally:
-    os.close(fd)
-
-
 def _Detach(request, requests, replies):
   """In a fork: its own session, descriptors, directory and environment.
 
@@ -110,7 +100,7 @@ def _Detach(request, requests, replies):
   for fd in {out, err, null}:
     os.close(fd)
   if request.get('netns'):
-    _JoinNetworkNamespace(request['netns'])
+    netns.Join(request['netns'])
   os.chdir(request.get('cwd') or '/')
   os.environ.clear()
   os.environ.update(request.get('env') or {})
@@ -226,7 +216,7 @@ def _Program(request, requests, replies, own_server, server):
     os._exit(code)  # pylint: disable=protected-access
 
 
-def _ForkSubServer(requests, replies, netns=None):
+def _ForkSubServer(requests, replies, namespace=None):
   """Forks a detached fork server for a program to be forked next.
 
   Returns:
@@ -248,8 +238,8 @@ def _ForkSubServer(requests, replies, netns=None):
         null = os.open(os.devnull, os.O_RDONLY)
         os.dup2(null, 0)  # The parent server's requests.
         os.close(null)
-        if netns:  # Its workers serve where the program connects.
-          _JoinNetworkNamespace(netns)
+        if namespace:  # Its workers serve where the program connects.
+          netns.Join(namespace)
         Serve(os.fdopen(requests_r, 'r'), os.fdopen(answers_w, 'w'))
     finally:
       os._exit(0)  # pylint: disable=protected-access

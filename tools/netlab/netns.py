@@ -56,7 +56,6 @@ made here, for tests to skip with that reason.
 """
 
 import atexit
-import ctypes
 import fcntl
 import os
 import re
@@ -72,6 +71,7 @@ import time
 from gpipe.runtime import child_env
 from gpipe.runtime import forked_workers
 from gpipe.runtime import liveness
+from gpipe.runtime import netns as netns_lib
 
 PREFIX = 'gpnl'
 SUBNET = '10.213.0'
@@ -83,7 +83,6 @@ MAX_HOSTS = FIRST_RELAY - FIRST_HOST
 DEFAULT_PORT = 2222
 LOCK_DIR = '/run/gpipe-netlab'
 ROOT = child_env.ROOT
-_CLONE_NEWNET = 0x40000000
 _NAME = re.compile(r'^(%s\d+x[0-9a-f]+)-' % PREFIX)
 _unavailable = []
 
@@ -198,13 +197,7 @@ def InNamespace(ns, fn):
   result = []
 
   def Run():
-    libc = ctypes.CDLL(None, use_errno=True)
-    fd = os.open('/var/run/netns/%s' % ns, os.O_RDONLY)
-    try:
-      if libc.setns(fd, _CLONE_NEWNET):
-        raise OSError(ctypes.get_errno(), 'setns into %s failed' % ns)
-    finally:
-      os.close(fd)
+    netns_lib.Join(ns)
     result.append(fn())
 
   def Guarded():
