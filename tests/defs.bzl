@@ -38,14 +38,15 @@ def gpipe_py_test_group(name, tests, main = "tf", size = "large", deps = [], dat
       size: Bazel test size of the group (sets the timeout).
       deps: Python dependencies of every file.
       data: data files of every file.
-      **kwargs: passed to the group's py_test.
+      **kwargs: passed to the group's py_test; its tags (e.g. "no-sandbox")
+        also to each file's own target.
     """
     if kwargs.get("shard_count", 1) > len(tests):
         fail("%s: %d shards of %d files: a shard would run nothing" %
              (name, kwargs["shard_count"], len(tests)))
     for test in tests:
         gpipe_py_test(name = test, size = size, deps = deps, data = data,
-                      tags = ["manual"])
+                      tags = ["manual"] + kwargs.get("tags", []))
     native.py_test(
         name = name,
         srcs = ["test_group.py"] + [test + ".py" for test in tests],
