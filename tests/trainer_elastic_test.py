@@ -265,7 +265,7 @@ class TrainerElasticGrowTest(_Helpers, test_utils.TestCase):
                       task, addresses[task].split(':')[1])))
 
     Write()
-    pids = cluster_testlib.StartDetached([Worker(t) for t in range(4)])
+    pids = cluster_testlib.StartForked([Worker(t) for t in range(4)])
     max_steps = 800
     try:
       with self._Trainer(logdir, '--cluster_spec=@' + spec,
@@ -280,7 +280,7 @@ class TrainerElasticGrowTest(_Helpers, test_utils.TestCase):
         try:
           addresses[2] = 'localhost:%d' % local_cluster.FreePort()
           Write()
-          pids[2:3] = cluster_testlib.StartDetached([Worker(2)])
+          pids[2:3] = cluster_testlib.StartForked([Worker(2)])
         finally:
           os.kill(trainer.proc.pid, signal.SIGCONT)
         code, log = trainer.Wait(240)
