@@ -12,6 +12,7 @@ import json
 import os
 import re
 import signal
+import time
 
 from gpipe.plan import profile as profile_lib
 from gpipe.runtime import local_cluster
@@ -266,7 +267,11 @@ class TrainerElasticGrowTest(_Helpers, test_utils.TestCase):
 
     Write()
     pids = cluster_testlib.StartDetached([Worker(t) for t in range(4)])
-    max_steps = 800
+    # The grow comes at the first checkpoint after the watch's first round
+    # once the trainer runs again (the hold below outlasts the round's
+    # period): at the latest POLL_SECS of steps and a checkpoint period
+    # later (about 150 steps on a fast machine), as a rule at step 20.
+    max_steps = 300
     try:
       with self._Trainer(logdir, '--cluster_spec=@' + spec,
                          '--worker_wait_secs=1',
@@ -275,12 +280,16 @@ class TrainerElasticGrowTest(_Helpers, test_utils.TestCase):
         trainer.WaitFor(lambda: 'elastic: first step in' in trainer.Log(),
                         'the run to shrink')
         # Its supervisor starts task 2 on another port, and says so in the
-        # file; the trainer waits meanwhile, so that it cannot end first.
+        # file; the trainer waits meanwhile, so that it cannot end first,
+        # for at least the watch's period: its next round reads the file as
+        # soon as it runs again (one period later if a round was under way).
         os.kill(trainer.proc.pid, signal.SIGSTOP)
+        held = time.monotonic()
         try:
           addresses[2] = 'localhost:%d' % local_cluster.FreePort()
           Write()
           pids[2:3] = cluster_testlib.StartDetached([Worker(2)])
+          time.sleep(max(0.0, elastic.POLL_SECS - (time.monotonic() - held)))
         finally:
           os.kill(trainer.proc.pid, signal.SIGCONT)
         code, log = trainer.Wait(240)
