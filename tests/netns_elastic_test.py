@@ -25,6 +25,7 @@ import os
 import re
 import signal
 import tempfile
+import time
 
 from gpipe.runtime import cgroups
 from gpipe.runtime import cpu_quota
@@ -39,7 +40,11 @@ from tools.trainer import elastic
 from tools.trainer import summaries
 
 EVERY = 10
-MAX_STEPS = 600
+# The grow comes at the first checkpoint after the watch's first round once
+# the trainer runs again (held past the round's period below): at most
+# POLL_SECS of steps and a checkpoint period after the shrink, the later
+# moves a few steps after it (the trainer held while each worker is killed).
+MAX_STEPS = 300
 PORT = netns.DEFAULT_PORT
 FLAGS = trainer_testlib.ResumableFlags(EVERY) + [
     '--model_params_override=' + toy.FLOAT64_OVERRIDE, '--elastic',
@@ -90,12 +95,16 @@ class NetnsElasticTest(test_utils.TestCase):
                             lambda: 'elastic: first step in' in log(),
                             'the run to shrink')
       # The supervisor brings task 2 up on host 4 and says so in the file;
-      # the trainer waits meanwhile, so that it cannot end first.
+      # the trainer waits meanwhile, so that it cannot end first, for at
+      # least the watch's period: its next round reads the file as soon as
+      # it runs again (one period later if a round was under way).
       os.kill(trainer.pid, signal.SIGSTOP)
+      held = time.monotonic()
       try:
         addresses[2] = '%s:%d' % (lab.host_addresses[4], PORT)
         Write()
         workers.append(Serve(2, 4))
+        time.sleep(max(0.0, elastic.POLL_SECS - (time.monotonic() - held)))
       finally:
         os.kill(trainer.pid, signal.SIGCONT)
       # Grown back: now two losses in a row, the second during the move the
@@ -170,7 +179,9 @@ class NetnsElasticTest(test_utils.TestCase):
     work = tempfile.mkdtemp()
     logdir = os.path.join(work, 'run')
     log_path = os.path.join(work, 'trainer.log')
-    steps = 60
+    # The move comes at the checkpoint of step 10 (20 on a loaded machine):
+    # at least 9 traced steps after it.
+    steps = 40
     with netns.Lab(2) as lab, netns.Workers(lab) as workers:
       # Host 1 is a slow host: its worker gets 0.3 cores.
       with cpu_quota.CpuQuota('gpipe_netns_test_%d' % os.getpid(),

@@ -12,6 +12,7 @@ import json
 import os
 import re
 import signal
+import time
 
 from gpipe.plan import profile as profile_lib
 from gpipe.runtime import local_cluster
@@ -41,13 +42,24 @@ def _Steps(logdir):
   return len(trainer_testlib.StepLog(logdir))
 
 
+# The runs that lose workers: the last loss comes by about step 35 (each 15
+# steps into a shape), over 2 s of steps before the end on a fast machine
+# (the test polls every 0.05 s); of one length, so that the cases of a
+# shard share their uninterrupted reference.
+LOSS_RUN_STEPS = 200
+# {steps: the reference's losses}, trained once per process.
+_REFERENCES = {}
+
+
 class _Helpers:
   """Shared by the test cases below."""
 
   def _Reference(self, steps):
     """Losses of one pipeline of 4 micro-batches, uninterrupted, here."""
-    logdir = self.create_tempdir().full_path
-    return trainer_testlib.OnePipelineFloat64Losses(logdir, steps), logdir
+    if steps not in _REFERENCES:
+      _REFERENCES[steps] = trainer_testlib.OnePipelineFloat64Losses(
+          self.create_tempdir().full_path, steps)
+    return _REFERENCES[steps]
 
   def _AssertLossesOf(self, reference, got):
     self.assertEqual([s for s, _ in reference[:len(got)]],
@@ -91,7 +103,7 @@ class TrainerElasticTest(_Helpers, test_utils.TestCase):
 
   def testLostWorkersShrinkTheRunToTheSurvivorsWithTheSameLosses(self):
     logdir = self.create_tempdir().full_path
-    max_steps = 400
+    max_steps = LOSS_RUN_STEPS
     with self._Trainer(logdir, '--worker_processes=4',
                        '--max_steps=%d' % max_steps) as trainer:
       pids = trainer.WorkerPids()
@@ -137,14 +149,14 @@ class TrainerElasticTest(_Helpers, test_utils.TestCase):
                                    for i, e in enumerate(events)],
                      tags['trainer/replans'])
     self.assertLen(tags['trainer/recovery_secs'], 2)
-    reference, _ = self._Reference(max_steps)
+    reference = self._Reference(max_steps)
     for history in before:
       self._AssertLossesOf(reference, history)
     self._AssertLossesOf(reference, recovered)
 
   def testALossDuringTheMoveIsPartOfIt(self):
     logdir = self.create_tempdir().full_path
-    max_steps = 200
+    max_steps = LOSS_RUN_STEPS
     with self._Trainer(logdir, '--worker_processes=4',
                        '--max_steps=%d' % max_steps) as trainer:
       pids = trainer.WorkerPids()
@@ -164,7 +176,7 @@ class TrainerElasticTest(_Helpers, test_utils.TestCase):
     self.assertEqual(events[0]['step_before'] - events[0]['checkpoint_step'],
                      events[0]['steps_redone'])
     self.assertGreater(events[0]['steps_redone'], 0)
-    reference, _ = self._Reference(max_steps)
+    reference = self._Reference(max_steps)
     self._AssertLossesOf(reference, _Losses(logdir))
 
   def testShapesFromTheRunsProfile(self):
@@ -175,7 +187,7 @@ class TrainerElasticTest(_Helpers, test_utils.TestCase):
     profile_lib.Save(plan_testlib.UniformProfile(
         4, batch=32, model=trainer_testlib.TOY, param_bytes=33280.0),
                      os.path.join(logdir, planned.PROFILE_FILE))
-    max_steps = 300
+    max_steps = LOSS_RUN_STEPS
     with self._Trainer(logdir, '--worker_processes=4',
                        '--max_steps=%d' % max_steps) as trainer:
       pids = trainer.WorkerPids()
@@ -192,7 +204,7 @@ class TrainerElasticTest(_Helpers, test_utils.TestCase):
         r"K=3 M=4 1f1b -> R=1 K=4 M=4 gpipe v=2 \(profile: ")
     self.assertEqual(['profile', 'profile'],
                      [e['how'] for e in elastic.ReadEvents(logdir)])
-    reference, _ = self._Reference(max_steps)
+    reference = self._Reference(max_steps)
     self._AssertLossesOf(reference, _Losses(logdir))
 
   def testARestartFirstThenSurvivorsThatCannotHoldTheModelStop(self):
@@ -266,7 +278,11 @@ class TrainerElasticGrowTest(_Helpers, test_utils.TestCase):
 
     Write()
     pids = cluster_testlib.StartForked([Worker(t) for t in range(4)])
-    max_steps = 800
+    # The grow comes at the first checkpoint after the watch's first round
+    # once the trainer runs again (the hold below outlasts the round's
+    # period): at the latest POLL_SECS of steps and a checkpoint period
+    # later (about 150 steps on a fast machine), as a rule at step 20.
+    max_steps = 300
     try:
       with self._Trainer(logdir, '--cluster_spec=@' + spec,
                          '--worker_wait_secs=1',
@@ -275,12 +291,16 @@ class TrainerElasticGrowTest(_Helpers, test_utils.TestCase):
         trainer.WaitFor(lambda: 'elastic: first step in' in trainer.Log(),
                         'the run to shrink')
         # Its supervisor starts task 2 on another port, and says so in the
-        # file; the trainer waits meanwhile, so that it cannot end first.
+        # file; the trainer waits meanwhile, so that it cannot end first,
+        # for at least the watch's period: its next round reads the file as
+        # soon as it runs again (one period later if a round was under way).
         os.kill(trainer.proc.pid, signal.SIGSTOP)
+        held = time.monotonic()
         try:
           addresses[2] = 'localhost:%d' % local_cluster.FreePort()
           Write()
           pids[2:3] = cluster_testlib.StartForked([Worker(2)])
+          time.sleep(max(0.0, elastic.POLL_SECS - (time.monotonic() - held)))
         finally:
           os.kill(trainer.proc.pid, signal.SIGCONT)
         code, log = trainer.Wait(240)
@@ -311,7 +331,7 @@ class TrainerElasticGrowTest(_Helpers, test_utils.TestCase):
         summaries.Read(logdir)['trainer/devices'])
     # The last checkpoint goes on in any shape: here one stage in this
     # process, two more steps with the uninterrupted run's losses.
-    reference, _ = self._Reference(max_steps + 2)
+    reference = self._Reference(max_steps + 2)
     self._AssertLossesOf(reference, recovered)
     code, _, err = trainer_testlib.RunInProcess(
         logdir=logdir, max_steps=max_steps + 2, num_stages=1,
