@@ -1,10 +1,8 @@
 """Workers launched the TensorFlow way, with several devices each.
 
 Two ``python -m gpipe.worker`` tasks read TF_CONFIG, each with 2 virtual CPU
-devices standing in for a host's GPUs: the first started by a launcher that
-exits (as ssh or a batch system would) and serving on, the second (and a
-server of another job) forked from the tests' fork server, which spares
-their imports of TensorFlow. The trainer finds their devices, lays out
+devices standing in for a host's GPUs, started by a launcher that exits (as
+ssh or a batch system would). The trainer finds their devices, lays out
 R x K stages on them (``device:CPU:1`` too) and trains with the losses of
 the same model in one process, in two sessions on the same workers. Bad
 descriptions, unreachable tasks and servers that are not the task asked for
@@ -68,8 +66,7 @@ class ClusterWorkersTest(test_utils.TestCase):
             '--cluster', json.dumps({'ps': [cls.ps]}), '--job', 'ps',
             '--task', '0'),
         env={}, address=cls.ps, log=os.path.join(cls.tmp, 'ps.log')))
-    cls.pids = (cluster_testlib.StartDetached(started[:1]) +
-                cluster_testlib.StartForked(started[1:]))
+    cls.pids = cluster_testlib.StartDetached(started)
     # The reference: the same model and micro-batches in this process.
     cls.ref_dir = os.path.join(cls.tmp, 'reference')
     code, _, err = _Run(logdir=cls.ref_dir, num_stages=4,
