@@ -28,7 +28,7 @@ EVERY = 10
 REFERENCE_STEPS = 200
 # The partition test waits it out: short, yet many times the longest session
 # run of the toy model (start-up and its first two steps take 1.5 s here).
-STEP_TIMEOUT_SECS = 8
+STEP_TIMEOUT_SECS = 10
 # What the trainer was doing when a worker was lost.
 DOING = r'(during step \d+|while saving the checkpoint of step \d+)'
 
