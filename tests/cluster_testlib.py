@@ -35,17 +35,14 @@ for w in workers:
         start_new_session=True))
 deadline = time.time() + float(sys.argv[2])
 for w, p in zip(workers, procs):
-  while True:
-    reason = liveness.Probe(w['address'], 5.0)
-    if reason is None:
-      break
-    if p.poll() is not None or time.time() > deadline:
-      for other in procs:
-        other.kill()
-      print(json.dumps({'failed': w['address'], 'code': p.poll(),
-                        'reason': reason}))
-      sys.exit(1)
-    time.sleep(0.1)
+  reason = liveness.AwaitServing(w['address'], lambda: p.poll() is None,
+                                 deadline)
+  if reason is not None:
+    for other in procs:
+      other.kill()
+    print(json.dumps({'failed': w['address'], 'code': p.poll(),
+                      'reason': reason}))
+    sys.exit(1)
 print(json.dumps({'pids': [p.pid for p in procs]}))
 '''
 
@@ -121,15 +118,12 @@ def StartForked(workers, timeout=120):
       return StartDetached(workers, timeout)
   deadline = time.time() + timeout
   for w, proc in zip(workers, procs):
-    while True:
-      reason = liveness.Probe(w['address'], 5.0)
-      if reason is None:
-        break
-      if proc.poll() is not None or time.time() > deadline:
-        for other in procs:
-          other.kill()
-        with open(w['log']) as f:
-          raise RuntimeError('worker %s did not serve (%s, exit code %s): %s'
-                             % (w['address'], reason, proc.poll(), f.read()))
-      time.sleep(0.1)
+    reason = liveness.AwaitServing(
+        w['address'], lambda p=proc: p.poll() is None, deadline)
+    if reason is not None:
+      for other in procs:
+        other.kill()
+      with open(w['log']) as f:
+        raise RuntimeError('worker %s did not serve (%s, exit code %s): %s'
+                           % (w['address'], reason, proc.poll(), f.read()))
   return [proc.pid for proc in procs]

@@ -47,6 +47,24 @@ class LivenessTest(test_utils.TestCase):
                      'within 1 s: is something else listening there?', reason)
     self.assertBetween(took, 0.9, 3)
 
+  def testAwaitServingEndsWhenServedWhenTheProcessEndsOrAtTheDeadline(self):
+    server = tf.distribute.Server.create_local_server()
+    served = server.target[len('grpc://'):]
+    self.assertIsNone(liveness.AwaitServing(served, lambda: True,
+                                            time.time() + 5))
+    # A closed port: probed until its process is gone, or until the deadline.
+    checks = []
+    reason = liveness.AwaitServing(
+        _ClosedPort(), lambda: checks.append(1) or len(checks) < 3,
+        time.time() + 60, poll_secs=0.01)
+    self.assertEqual('cannot connect: Connection refused', reason)
+    self.assertLen(checks, 3)
+    start = time.time()
+    self.assertEqual('cannot connect: Connection refused',
+                     liveness.AwaitServing(_ClosedPort(), lambda: True,
+                                           start + 0.3, poll_secs=0.05))
+    self.assertBetween(time.time() - start, 0.3, 3)
+
   def testUnknownHostIsNamed(self):
     reason = liveness.Probe('no-such-host.invalid:2222', timeout_secs=3)
     self.assertTrue(reason.startswith('cannot connect: ') or

@@ -105,3 +105,23 @@ def Probe(address, timeout_secs=3.0, connect_only=False):
     return reason
   rpc_secs = max(_MIN_RPC_SECS, timeout_secs - (time.time() - start))
   return _GetStatus(address, timeout_secs, rpc_secs)
+
+
+def AwaitServing(address, running, deadline, poll_secs=0.1):
+  """Probes `address` until its server answers, its process ends or time's up.
+
+  Args:
+    address: 'host:port' of the server.
+    running: a function of no arguments, false once the process that should
+      serve there has exited.
+    deadline: the time.time() after which it stops probing.
+    poll_secs: the pause between probes.
+
+  Returns:
+    None once the server answers; else the last probe's reason (see `Probe`).
+  """
+  while True:
+    reason = Probe(address, 5.0)
+    if reason is None or not running() or time.time() > deadline:
+      return reason
+    time.sleep(poll_secs)
