@@ -96,6 +96,14 @@ class PlanCliTest(absltest.TestCase):
     self.assertLessEqual(len(layer_runs), profile.num_layers)
     self.assertEqual(trainer_runs, [3])
     self.assertIn('3 trainer runs in one process took', err)
+    # The first (data-parallel) reference's graph was built while the
+    # layers were measured, and its run took it; the others built theirs.
+    self.assertIn('%s 1 ahead in' % timed_run.BUILT_AHEAD_LINE, err)
+    self.assertIn('%s: kept the training graph built ahead' %
+                  (timed_run.PLAN_MARKER % 1), err)
+    for i in (2, 3):
+      self.assertIn('%s: built the training graph in' %
+                    (timed_run.PLAN_MARKER % i), err)
     self.assertNotIn('calibrat', err)
     # The trainer's own step, timed data-parallel and pipelined over the
     # two devices (split backward); the task factors come from their
