@@ -191,11 +191,15 @@ class TrainerRunsTest(absltest.TestCase):
 
   def testAStepOfAFewMillisecondsIsTimedOverLongerIntervals(self):
     # 60 ms: four steps; 5 ms: 0.2 s of steps, whole multiples of four;
-    # never more than 64.
+    # never more than 128.
     self.assertEqual(timed_run.IntervalSteps(0.06), 4)
     self.assertEqual(timed_run.IntervalSteps(0.027), 8)
     self.assertEqual(timed_run.IntervalSteps(0.005), 40)
-    self.assertEqual(timed_run.IntervalSteps(1e-5), 64)
+    self.assertEqual(timed_run.IntervalSteps(0.0025), 80)
+    self.assertEqual(timed_run.IntervalSteps(1e-5), 128)
+    # The benchmark's longer intervals: 0.5 s of a 4 ms step.
+    self.assertEqual(timed_run.IntervalSteps(0.004, 0.5), 128)
+    self.assertEqual(timed_run.IntervalSteps(0.022, 0.5), 24)
 
   def testAPlacementOnGivenWorkersLeavesThemRunning(self):
     from tools.trainer import placement as placement_lib  # pylint: disable=g-import-not-at-top

@@ -37,24 +37,25 @@ LOG_EVERY = 4
 # A model of a few milliseconds a step logs less often (``IntervalSteps``):
 # an interval of at least this long, at most this many steps.
 MIN_INTERVAL_SECONDS = 0.2
-MAX_INTERVAL_STEPS = 64
+MAX_INTERVAL_STEPS = 128
 
 
-def IntervalSteps(step_seconds):
+def IntervalSteps(step_seconds, min_seconds=MIN_INTERVAL_SECONDS):
   """Steps between progress lines for a step of about `step_seconds`.
 
   Four steps of a few milliseconds are timed to within a few tens of
   percent only (the console and summary flushes of each line, the clock's
   and the scheduler's granularity): such a step is timed over an interval of
-  at least ``MIN_INTERVAL_SECONDS``.
+  at least `min_seconds`.
 
   Args:
     step_seconds: the step's expected length (a prediction will do).
+    min_seconds: the shortest interval wanted.
 
   Returns:
     A multiple of LOG_EVERY in [LOG_EVERY, MAX_INTERVAL_STEPS].
   """
-  wanted = MIN_INTERVAL_SECONDS / max(step_seconds, 1e-6)
+  wanted = min_seconds / max(step_seconds, 1e-6)
   steps = LOG_EVERY * int(math.ceil(wanted / LOG_EVERY))
   return int(min(max(steps, LOG_EVERY), MAX_INTERVAL_STEPS))
 
