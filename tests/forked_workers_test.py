@@ -118,6 +118,27 @@ class ForkedWorkersTest(test_utils.TestCase):
       self.assertEqual([-signal.SIGKILL] * 4, codes)
       self.assertEqual(-signal.SIGKILL, worker.wait(timeout=5))
 
+  def testAPrestartedServerServesTheFirstWorker(self):
+    # An environment of its own: a fork server no other test started.
+    env = dict(os.environ, GPIPE_PRESTART_TEST='1')
+    key = (forked_workers.ImportTimeKeyText(child_env.Environment(env)), ())
+    servers = forked_workers._servers  # pylint: disable=protected-access
+    self.assertNotIn(key, servers)
+    forked_workers.Prestart(env)
+    # Started in the background, before any worker is asked for.
+    polling.WaitUntil(lambda: key in servers and servers[key].Serving(),
+                      'the prestarted fork server to serve',
+                      timeout_secs=60)
+    server = servers[key].proc.pid
+    worker = forked_workers.Start(
+        ['--cluster', '{"worker": ["localhost:%d"]}' %
+         local_cluster.FreePort(), '--task', '0'], env=env)
+    try:
+      self.assertEqual(server, _Parent(worker.pid))
+    finally:
+      worker.kill()
+      worker.wait(timeout=10)
+
   def testWorkersOfAKilledForkServerStayKnownAndKillable(self):
     with local_cluster.LocalCluster(2) as cluster:
       server = _Parent(cluster.pids[0])

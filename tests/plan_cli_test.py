@@ -96,6 +96,14 @@ class PlanCliTest(absltest.TestCase):
     self.assertLessEqual(len(layer_runs), profile.num_layers)
     self.assertEqual(trainer_runs, [3])
     self.assertIn('3 trainer runs in one process took', err)
+    # The first (data-parallel) reference's graph was built while the
+    # layers were measured, and its run took it; the others built theirs.
+    self.assertIn('%s 1 ahead in' % timed_run.BUILT_AHEAD_LINE, err)
+    self.assertIn('%s: kept the training graph built ahead' %
+                  (timed_run.PLAN_MARKER % 1), err)
+    for i in (2, 3):
+      self.assertIn('%s: built the training graph in' %
+                    (timed_run.PLAN_MARKER % i), err)
     self.assertNotIn('calibrat', err)
     # The trainer's own step, timed data-parallel and pipelined over the
     # two devices (split backward); the task factors come from their
@@ -183,11 +191,15 @@ class TrainerRunsTest(absltest.TestCase):
 
   def testAStepOfAFewMillisecondsIsTimedOverLongerIntervals(self):
     # 60 ms: four steps; 5 ms: 0.2 s of steps, whole multiples of four;
-    # never more than 64.
+    # never more than 128.
     self.assertEqual(timed_run.IntervalSteps(0.06), 4)
     self.assertEqual(timed_run.IntervalSteps(0.027), 8)
     self.assertEqual(timed_run.IntervalSteps(0.005), 40)
-    self.assertEqual(timed_run.IntervalSteps(1e-5), 64)
+    self.assertEqual(timed_run.IntervalSteps(0.0025), 80)
+    self.assertEqual(timed_run.IntervalSteps(1e-5), 128)
+    # The benchmark's longer intervals: 0.5 s of a 4 ms step.
+    self.assertEqual(timed_run.IntervalSteps(0.004, 0.5), 128)
+    self.assertEqual(timed_run.IntervalSteps(0.022, 0.5), 24)
 
   def testAPlacementOnGivenWorkersLeavesThemRunning(self):
     from tools.trainer import placement as placement_lib  # pylint: disable=g-import-not-at-top

@@ -373,6 +373,29 @@ class ForkedProcess:
     self.send_signal(signal.SIGTERM)
 
 
+def Prestart(env=None):
+  """Starts the fork server ``Start`` will use, in a background thread.
+
+  Its imports (seconds) then overlap the caller's own work before its first
+  worker (the planner describes the model meanwhile); a ``Start`` made
+  before the server is ready waits for it, as it would for one it started.
+  Nothing is said if it fails: the first ``Start`` tries again and says why.
+
+  Args:
+    env: the environment ``Start`` will be given (None: this process's).
+  """
+  if not Enabled():
+    return
+
+  def Run():
+    try:
+      _ServerFor(child_env.Environment(env))
+    except ForkServerError:
+      pass  # Start says why.
+
+  threading.Thread(target=Run, name='fork server start', daemon=True).start()
+
+
 def Start(argv, log_path=None, core=None, netns=None, env=None):
   """A ForkedProcess serving `argv` as a worker (see ForkedProcess).
 

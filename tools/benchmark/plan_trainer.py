@@ -47,6 +47,11 @@ MODELS = ('image.AmoebaNetD_Digits', 'mt.NumbersSmall', 'mt.NumbersTiny',
           'toy.PipelinedDigitsMlp')
 # The pick counts as the fastest when within this of the fastest measured.
 PICK_TOLERANCE = 0.05
+# The shortest logged interval of a run (timed_run.IntervalSteps): a step of
+# a few milliseconds is timed over hundreds of steps per interval (one of a
+# few intervals the trainer's own flushes or a burst of other work may
+# slow).
+MIN_INTERVAL_SECONDS = 0.5
 
 def _Family(schedule):
   return 'zero bubble' if schedule.startswith('zb') else schedule
@@ -118,10 +123,11 @@ def _Train(model, plan_path, devices, warmup, steps, batch, logdir,
   """The trainer's median step (s) with the plan, and each interval's.
 
   A step predicted at a few milliseconds is logged over more steps, as the
-  planner's references are (``timed_run.IntervalSteps``): `warmup` and
-  `steps` count intervals of ``timed_run.LOG_EVERY`` steps then.
+  planner's references are (``timed_run.IntervalSteps``, intervals of at
+  least MIN_INTERVAL_SECONDS): `warmup` and `steps` count intervals of
+  ``timed_run.LOG_EVERY`` steps then.
   """
-  n = timed_run.IntervalSteps(predicted)
+  n = timed_run.IntervalSteps(predicted, MIN_INTERVAL_SECONDS)
   scale = lambda k: -(-k // timed_run.LOG_EVERY) * n
   seconds = timed_run.StepSeconds(model, plan_path, devices, batch,
                                   scale(warmup), scale(steps), logdir,

@@ -38,6 +38,7 @@ from gpipe.plan import simulator
 from gpipe.plan import trainer_fit
 from gpipe.schedules import registry
 from gpipe import precision
+from gpipe.runtime import forked_workers
 from gpipe.runtime import local_cluster
 from lingvo import compat as tf
 
@@ -161,6 +162,10 @@ def MeasureProfile(args, log, cap=None):
   from tools.plan import model_profile
   from tools.trainer import model_select
   # pylint: enable=g-import-not-at-top
+  if cap is None:
+    # The hand-over's workers' fork server imports while the model is
+    # described (with a cap, nothing starts before the cap is checked).
+    forked_workers.Prestart()
   with _Timed('describing the model', log):
     described = model_profile.Describe(args.model,
                                        args.model_params_override)
@@ -181,7 +186,8 @@ def MeasureProfile(args, log, cap=None):
   with contextlib.ExitStack() as stack:
     started = None
     if args.trainer_step:
-      # Its imports and workers start while the layers are measured.
+      # Its imports and workers start while the layers are measured, and it
+      # builds its first reference's graph meanwhile.
       from tools.plan import trainer_step  # pylint: disable=g-import-not-at-top
       started = stack.enter_context(trainer_step.Start(
           args.model, args.model_params_override, args.devices))

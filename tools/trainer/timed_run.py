@@ -25,6 +25,7 @@ import os
 import subprocess
 import sys
 import time
+import traceback
 
 from gpipe.measure import timeline
 from gpipe.runtime import child_env
@@ -36,24 +37,25 @@ LOG_EVERY = 4
 # A model of a few milliseconds a step logs less often (``IntervalSteps``):
 # an interval of at least this long, at most this many steps.
 MIN_INTERVAL_SECONDS = 0.2
-MAX_INTERVAL_STEPS = 64
+MAX_INTERVAL_STEPS = 128
 
 
-def IntervalSteps(step_seconds):
+def IntervalSteps(step_seconds, min_seconds=MIN_INTERVAL_SECONDS):
   """Steps between progress lines for a step of about `step_seconds`.
 
   Four steps of a few milliseconds are timed to within a few tens of
   percent only (the console and summary flushes of each line, the clock's
   and the scheduler's granularity): such a step is timed over an interval of
-  at least ``MIN_INTERVAL_SECONDS``.
+  at least `min_seconds`.
 
   Args:
     step_seconds: the step's expected length (a prediction will do).
+    min_seconds: the shortest interval wanted.
 
   Returns:
     A multiple of LOG_EVERY in [LOG_EVERY, MAX_INTERVAL_STEPS].
   """
-  wanted = MIN_INTERVAL_SECONDS / max(step_seconds, 1e-6)
+  wanted = min_seconds / max(step_seconds, 1e-6)
   steps = LOG_EVERY * int(math.ceil(wanted / LOG_EVERY))
   return int(min(max(steps, LOG_EVERY), MAX_INTERVAL_STEPS))
 
@@ -198,10 +200,13 @@ class TrainerRuns:
     self._output.close()
 
   def WarmUp(self, plan_path):
-    """Has the child build `plan_path`'s training graph while it waits.
+    """Has the child build the first run's training graph while it waits.
 
-    Client work only (one core; nothing runs on the workers): the first
-    graph a process builds pays a one-time set-up the runs then skip.
+    Client work only (one core; nothing runs on the workers). `plan_path`
+    must be the configuration of the first plan ``Run`` sends (its
+    predictions may differ): that run then takes the graph as built
+    (``train_loop.TrainLoop.BuildAhead``); another configuration builds its
+    own, as without this.
     """
     try:
       self._child.stdin.write(WARM_UP + plan_path + '\n')
@@ -268,8 +273,13 @@ class TrainerRuns:
                                        lines[-1] if lines else 'no output'))
     if log:
       for line in output.splitlines():
-        if line.startswith('timed_run: warmed up'):
+        if line.startswith(BUILT_AHEAD_LINE):
           log(line)
+      for i, text in enumerate(parts):
+        for line in text.splitlines():
+          if line.startswith(('built the training graph',
+                              'kept the training graph')):
+            log('%s: %s' % (PLAN_MARKER % (i + 1), line))
       log('%d trainer runs in one process took %.1f s after the plans were '
           'sent (%.1f s after it started)' % (
               len(plan_paths), time.time() - sent,
@@ -333,9 +343,11 @@ def _Run(model, plan_path, workers, batch, warmup, steps, logdir, override,
   return seconds
 
 
-# A line of the child's stdin asking it to build a plan's training graph
-# and drop it (``TrainerRuns.WarmUp``), not to train.
+# A line of the child's stdin asking it to build the next run's training
+# graph ahead (``TrainerRuns.WarmUp``), not to train yet; and the start of
+# the line it prints then.
 WARM_UP = 'warm-up:'
+BUILT_AHEAD_LINE = 'timed_run: built the graph of run'
 
 
 def _Plans(flag, stdin):
@@ -364,15 +376,37 @@ def _PlanLine(line):
 
 
 def _Main(unused_argv):
-  """The child of ``TrainerRuns``: each of --plans on the same workers."""
+  """The child of ``TrainerRuns``: each of --plans on the same workers.
+
+  Ends the process without the interpreter's cleanup, which would close
+  the runs' sessions left open on the stopped workers.
+  """
+  code = 1
+  try:
+    code = _RunPlans()
+  except Exception:  # pylint: disable=broad-except
+    traceback.print_exc()
+  finally:
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)  # pylint: disable=protected-access
+
+
+def _RunPlans():
+  """_Main's runs; returns the exit status (a failed run's)."""
   # pylint: disable=g-import-not-at-top
   from absl import flags
   from tools.trainer import cli
   from tools.trainer import placement as placement_lib
+  from tools.trainer import train_loop
   # pylint: enable=g-import-not-at-top
   flags_ = flags.FLAGS
   if not flags_.plans or not flags_.worker_processes:
     raise ValueError('give --plans and --worker_processes')
+  # As the trainer binary's (tools/trainer/__main__.py): each run's session
+  # is left open, not closed (which deregisters its graph on every worker:
+  # seconds between two runs); the workers stop with the process.
+  train_loop.LEAVE_LOCAL_SESSIONS_OPEN = True
   base = flags_.logdir
   echo = lambda *a: print(*a, flush=True)
   workers = placement_lib.StartLocalWorkers(
@@ -384,8 +418,8 @@ def _Main(unused_argv):
     for plan in _Plans(flags_.plans, sys.stdin):
       if plan.startswith(WARM_UP):
         flags_.plan = plan[len(WARM_UP):]
-        flags_.logdir = os.path.join(base, 'warm_up')
-        _WarmUp(cli.SettleFromFlags(workers=workers), echo)
+        flags_.logdir = os.path.join(base, RUN_DIR % i)
+        _BuildAhead(cli.SettleFromFlags(workers=workers), i, echo)
         continue
       flags_.plan, total, log_every = _PlanLine(plan)
       if total:
@@ -404,19 +438,19 @@ def _Main(unused_argv):
   return 0
 
 
-def _WarmUp(run, echo):
-  """Builds `run`'s training graph and drops it: nothing runs on a worker.
+def _BuildAhead(run, index, echo):
+  """Builds the training graph of run `index` (0-based) ahead of its run.
 
-  The first graph a process builds pays for what TensorFlow and Lingvo set
-  up once (gradient functions, layer classes, tracing machinery): seconds
-  the first timed run would otherwise pay beyond the others.
+  Nothing runs on a worker: the run's loop takes the graph when its plan
+  arrives (``train_loop.TrainLoop.BuildAhead``).
   """
   # pylint: disable=g-import-not-at-top
-  from tools.trainer import model_graph
+  from tools.trainer import train_loop
   # pylint: enable=g-import-not-at-top
   started = time.time()
-  model_graph.Build(run.train, run.placement, 'train', run.seed)
-  echo('timed_run: warmed up in %.1f s' % (time.time() - started))
+  train_loop.TrainLoop.BuildAhead(run, echo=lambda *a: None)
+  echo('%s %d ahead in %.1f s' % (BUILT_AHEAD_LINE, index + 1,
+                                  time.time() - started))
 
 
 def main():

@@ -77,10 +77,11 @@ _LOOPS_STARTED = []
 # How long the main thread waits for a session run between two looks at
 # the loop's signals (_RunInThread).
 _WAIT_SLICE_SECS = 0.2
-# The training graph of this process's last loop that could restart:
-# [(its configuration's key, NestedMap(built, saver, init, input_init,
-# skips, fetches))], for the next loop of the same configuration; emptied
-# when the run's training ends (ForgetKeptGraph).
+# The training graph of this process's last loop that could restart, or
+# one built ahead (TrainLoop.BuildAhead): [(its configuration's key,
+# NestedMap(built, saver, init, input_init, skips, fetches), where it came
+# from)], for the next loop of the same configuration; emptied when the
+# run's training ends (ForgetKeptGraph).
 _KEPT = []
 
 
@@ -176,8 +177,13 @@ class TrainLoop:
     self._signals = None
     self._interrupted = None
     # Start-up phases up to the second step, written to startup.json: from
-    # the trainer's start, or after a restart from this loop's.
+    # the trainer's start, or after a restart from this loop's (``Run``).
     self._graph_ops = None
+    self._first_loop = None
+    self._startup = None
+
+  def _StartLog(self):
+    """Starts the start-up log: this loop's run starts."""
     self._first_loop = not _LOOPS_STARTED
     if _LOOPS_STARTED:
       self._startup = startup.StartupLog(origin=time.time())
@@ -186,6 +192,33 @@ class TrainLoop:
       self._startup.Mark('trainer start (imports, flags, workers)',
                          time.time() - startup.TrainerStartTime())
     _LOOPS_STARTED.append(True)
+
+  @classmethod
+  def BuildAhead(cls, run, echo=print):
+    """Builds `run`'s training graph now, for its loop to take as kept.
+
+    A caller that knows the run it starts next (``tools/trainer/
+    timed_run.py``, while the planner measures the layers) builds its graph
+    while the workers have nothing to run; the run's own loop then finds it
+    kept, as a restarted loop finds its own, and starts from the session.
+    Nothing runs on a worker, and no loop counts as started.
+
+    Args:
+      run: the RunConfig the next loop will train.
+      echo: prints a console line.
+
+    Returns:
+      True if the graph was built; False if `run` resumes from a checkpoint
+      in its logdir (its loop builds then: the checkpoint is checked
+      against the graph).
+    """
+    loop = cls(run, echo=echo)
+    loop._startup = startup.StartupLog(origin=time.time())  # Not written.
+    cfg, resume = loop._TrainParams()
+    if resume:
+      return False
+    loop._Build(cfg, resume, keep=True)
+    return True
 
   def _TrainParams(self):
     """The Train() params, positioned after the batches already consumed."""
@@ -213,14 +246,11 @@ class TrainLoop:
     return bool(self._run.max_worker_restarts or self._placement.elastic)
 
   def _KeyOf(self, cfg):
-    """What a kept graph must have been built for to serve `cfg` (or None).
+    """What a kept graph must have been built for to serve `cfg`.
 
-    None when this run cannot restart (nothing is kept). The input's
-    position is not part of it (fed at initialization); the logdir is (the
-    saver writes there).
+    The input's position is not part of it (fed at initialization); the
+    logdir is (the saver writes there).
     """
-    if not self._Restartable():
-      return None
     cfg = cfg.Copy()
     if 'skip_batches' in cfg.input:
       cfg.input.skip_batches = 0
@@ -229,21 +259,30 @@ class TrainLoop:
             placement.session_cluster is not None, placement.distributed,
             placement.num_cpus, tuple(placement.devices or ()))
 
-  def _Build(self, cfg, resume):
+  def _Build(self, cfg, resume, keep=False):
     """The training graph, saver and ops: built, or kept from the last loop.
+
+    Args:
+      cfg: the Train() params (``_TrainParams``).
+      resume: the checkpoint the run resumes from, or None.
+      keep: keep the graph for the next loop of this configuration even if
+        this run cannot restart (``BuildAhead``).
 
     Returns:
       NestedMap(built, saver, init, input_init, skips, fetches): input_init
       (None without such inputs) initializes the inputs' iterators, which
       read the batches to skip from the placeholders `skips`.
     """
-    key = self._KeyOf(cfg)
+    # A graph is kept for a run that may restart or built ahead for it:
+    # none is looked for otherwise.
+    key = (self._KeyOf(cfg) if keep or _KEPT or self._Restartable() else
+           None)
     if key is not None and _KEPT and _KEPT[0][0] == key:
-      parts = _KEPT[0][1]
+      parts, origin = _KEPT[0][1], _KEPT[0][2]
       self._graph_ops = len(parts.built.graph.get_operations())
-      self._echo('kept the training graph of the last run (the same '
-                 'configuration): a new session, no rebuild')
-      with self._startup.Phase('graph kept from the last run'):
+      self._echo('kept the training graph %s (the same configuration): a '
+                 'new session, no rebuild' % origin)
+      with self._startup.Phase('graph kept %s' % origin):
         if self._watch is not None:
           self._watch.Built(parts.built.model)
         if resume:
@@ -281,12 +320,14 @@ class TrainLoop:
         built=built, saver=saver, init=init, input_init=input_init,
         skips=built.graph.get_collection(dataset_input.SKIPS),
         fetches=fetches)
-    if key is not None:
-      _KEPT.append((key, parts))
+    if keep or self._Restartable():
+      _KEPT.append((key, parts, 'built ahead' if keep else
+                    'of the last run'))
     return parts
 
   def Run(self):
     """Trains to max_steps; returns (global step, path of last checkpoint)."""
+    self._StartLog()
     cfg, resume = self._TrainParams()
     max_steps = self._run.max_steps or cfg.task.train.max_steps
     parts = self._Build(cfg, resume)
