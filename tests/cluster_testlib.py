@@ -79,24 +79,14 @@ def StartDetached(workers, timeout=120):
   return result['pids']
 
 
-
 def StartForked(workers, timeout=120):
   """Starts `WorkerCommand` workers as forks; returns once each serves.
 
   Each is a process of its own, in a session of its own, that exits with
   this process (see ``gpipe.runtime.forked_workers``); it is killed by pid
   like a detached one. Where forking is off or fails, `StartDetached`.
-
-  Args:
-    workers: dicts as `StartDetached`'s; each 'cmd' a `WorkerCommand`.
-    timeout: seconds to wait for all of them to serve.
-
-  Returns:
-    The workers' process ids.
-
-  Raises:
-    RuntimeError: a worker exited or did not serve in time (its log is in
-      the message).
+  Arguments, result and errors as `StartDetached`'s; each 'cmd' must be a
+  `WorkerCommand`.
   """
   prefix = WorkerCommand()
   if not forked_workers.Enabled():
