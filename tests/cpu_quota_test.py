@@ -31,7 +31,8 @@ class CpuQuotaTest(absltest.TestCase):
                             stdout=subprocess.PIPE, text=True)
     held = subprocess.Popen([sys.executable, '-c', _SPIN],
                             stdout=subprocess.PIPE, text=True)
-    with cpu_quota.CpuQuota('gpipe_test_%d' % os.getpid(), 0.2) as quota:
+    with cpu_quota.CpuQuota('gpipe_quota_test_held_%d' % os.getpid(),
+                            0.2) as quota:
       quota.Add(held.pid)
       rounds_free = int(free.communicate()[0])
       rounds_held = int(held.communicate()[0])
@@ -49,7 +50,8 @@ class CpuQuotaTest(absltest.TestCase):
     reason = _Available()
     if reason:
       return
-    with cpu_quota.CpuQuota('gpipe_test_%d' % os.getpid(), 1) as quota:
+    with cpu_quota.CpuQuota('gpipe_quota_test_whole_%d' % os.getpid(),
+                            1) as quota:
       with self.assertRaisesRegex(cpu_quota.CpuQuotaError,
                                   'could not put process 999999999'):
         quota.Add(999999999)

@@ -129,6 +129,8 @@ class ForkedWorkersTest(test_utils.TestCase):
     polling.WaitUntil(lambda: key in servers and servers[key].Serving(),
                       'the prestarted fork server to serve',
                       timeout_secs=60)
+    # Its TensorFlow import idles for the rest of the process otherwise.
+    self.addCleanup(servers[key]._Break)  # pylint: disable=protected-access
     server = servers[key].proc.pid
     worker = forked_workers.Start(
         ['--cluster', '{"worker": ["localhost:%d"]}' %

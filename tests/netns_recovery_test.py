@@ -26,9 +26,10 @@ TOY = netns_testlib.TOY
 EVERY = 10
 # Longer than any run of the tests: compared as a prefix.
 REFERENCE_STEPS = 200
-# The partition test waits it out: short, yet many times the longest session
-# run of the toy model (start-up and its first two steps take 1.5 s here).
-STEP_TIMEOUT_SECS = 10
+STEP_TIMEOUT_SECS = 15
+# The partition test's run waits its step timeout out: shorter, yet many
+# times the toy model's start-up and first two steps (1.5 s here).
+PARTITION_STEP_TIMEOUT_SECS = 10
 # What the trainer was doing when a worker was lost.
 DOING = r'(during step \d+|while saving the checkpoint of step \d+)'
 
@@ -167,15 +168,16 @@ class NetnsRecoveryTest(test_utils.TestCase):
     self._AssertLossesOfAnUninterruptedRun()
 
   def testPartitionIsNamedAfterTheStepTimeoutAndARerunResumes(self):
-    proc = self._Start('--max_steps=1000000')
+    proc = self._Start('--max_steps=1000000',
+                       '--step_timeout_secs=%d' % PARTITION_STEP_TIMEOUT_SECS)
     self._AfterCheckpoint(proc)
     self.lab.SetLink(1, False)
-    log = self._StoppedLog(proc, timeout=STEP_TIMEOUT_SECS + 120)
+    log = self._StoppedLog(proc, timeout=PARTITION_STEP_TIMEOUT_SECS + 120)
     self.assertRegex(
         log, r'trainer: error: the session did not finish %s within the step '
         r'timeout \(%d s\): %s does not answer \(no answer within 3 s\)\. The '
-        r'last checkpoint \(.*\) is intact' % (DOING, STEP_TIMEOUT_SECS,
-                                               self._Task(1, 1)))
+        r'last checkpoint \(.*\) is intact' % (
+            DOING, PARTITION_STEP_TIMEOUT_SECS, self._Task(1, 1)))
     # Nothing written is lost: the newest checkpoint reads, and the step
     # log holds every step up to the cut.
     newest = checkpoints.Newest(self.logdir)

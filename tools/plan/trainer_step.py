@@ -160,8 +160,8 @@ def WarmUp(started, model, num_layers, batch, devices):
 
   That reference's cut needs no measured layer (the whole model is one
   stage): its plan is written before the layers are measured, and the
-  process builds (and drops) its graph meanwhile, on a core the layers'
-  measuring leaves it (``timed_run.TrainerRuns.WarmUp``).
+  process builds its graph meanwhile, on a core the layers' measuring leaves
+  it, and that reference's run takes it (``timed_run.TrainerRuns.WarmUp``).
 
   Args:
     started: what ``Start`` yielded.

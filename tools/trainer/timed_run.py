@@ -15,8 +15,10 @@ workers, each in a logdir of its own. It is started before the plans exist
 (they are sent on its stdin), so its start overlaps the planner's
 measuring of the layers. A trainer's start (its imports and its
 workers: a third to a half of a short run's time) is paid once, not once
-per configuration; each configuration still builds its graph and pays its
-first steps as a run of its own does.
+per configuration. The first configuration's graph is built ahead, while
+the layers are measured (``WarmUp``, ``TrainLoop.BuildAhead``); each other
+configuration builds its graph and every one pays its first steps as a run
+of its own does.
 """
 
 import glob
