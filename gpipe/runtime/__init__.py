@@ -20,6 +20,8 @@
 * ``memory_cap``: a memory cap per worker process;
 * ``cpu_quota``: a CPU quota for running processes (a throttled worker);
 * ``cgroups``: the Linux cgroup v1 controllers both use;
+* ``netns``: joining a Linux network namespace (setns), for a process
+  forked into a host of a lab or a thread of its own;
 * ``background``: work in a thread of its own (a session run watched
   while it runs), its value or error kept; ``RunIsolated`` for layers built
   outside the one Lingvo is constructing (counting, timing, profiling).
