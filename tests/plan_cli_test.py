@@ -91,19 +91,24 @@ class PlanCliTest(absltest.TestCase):
     profile = profile_lib.Load(path)
     self.assertGreater(profile.num_layers, 1)
     # The planner's budget, counted: each layer once per size (equal layers
-    # once), three traced trainer runs in one trainer process, no separate
-    # calibration.
+    # once), three traced trainer runs in one trainer process and, the
+    # toy's steps being a few milliseconds, each again after them, no
+    # separate calibration.
     self.assertLessEqual(len(layer_runs), profile.num_layers)
-    self.assertEqual(trainer_runs, [3])
-    self.assertIn('3 trainer runs in one process took', err)
+    self.assertEqual(trainer_runs, [6])
+    self.assertIn('6 trainer runs in one process took', err)
     # The first (data-parallel) reference's graph was built while the
     # layers were measured, and its run took it; the others built theirs.
     self.assertIn('%s 1 ahead in' % timed_run.BUILT_AHEAD_LINE, err)
     self.assertIn('%s: kept the training graph built ahead' %
                   (timed_run.PLAN_MARKER % 1), err)
-    for i in (2, 3):
+    for i in range(2, 7):
       self.assertIn('%s: built the training graph in' %
                     (timed_run.PLAN_MARKER % i), err)
+    # Each reference's step is the faster of its two runs' medians.
+    runs = re.findall(r"the trainer's step of (.*) in 2 runs: ([\d.]+), "
+                      r"([\d.]+) ms \(the faster counts\)", err)
+    self.assertLen(runs, 3, err)
     self.assertNotIn('calibrat', err)
     # The trainer's own step, timed data-parallel and pipelined over the
     # two devices (split backward); the task factors come from their
@@ -113,6 +118,10 @@ class PlanCliTest(absltest.TestCase):
                      ['gpipe R=2 K=1 M=1 never', 'zb_h1 R=1 K=2 M=2 never',
                       'zb_v R=1 K=4 v=2 M=2 never'],
                      err)
+    self.assertEqual([label for label, _, _ in runs],
+                     [label for label, _ in measured])
+    for (_, a, b), (_, ms) in zip(runs, measured):
+      self.assertAlmostEqual(float(ms), min(float(a), float(b)), delta=0.051)
     self.assertEqual([c.label for c in trainer_step.References(profile, 2)],
                      profile.trainer_reference['configs'])
     self.assertEqual([f.rows for f in profile.factors], [profile.batch // 2])

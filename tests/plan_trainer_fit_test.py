@@ -1,5 +1,7 @@
 """The fit of a profile's absolute times to traced reference runs."""
 
+import os
+
 from absl.testing import absltest
 from gpipe.measure import timeline
 from gpipe.plan import profile as profile_lib
@@ -8,6 +10,7 @@ from gpipe.plan import simulator
 from gpipe.plan import trainer_fit
 from tests import plan_testlib
 from tools.plan import trainer_step
+from tools.trainer import timed_run
 
 # How much a traced step slows every task down in these synthetic runs.
 TRACE_SLOWDOWN = 1.3
@@ -191,6 +194,72 @@ class TrainerFitTest(absltest.TestCase):
       self.assertEqual(a[:4], b[:4])
       for x, y in zip(a[4:], b[4:]):
         self.assertAlmostEqual(x, y)
+
+
+class _FakeRuns:
+  """timed_run.TrainerRuns' part Measure uses: per plan file, a step.
+
+  Each run of a plan has its next median step from `steps[path's index]`;
+  the traced tasks name the run.
+  """
+
+  def __init__(self, steps):
+    self.steps = steps
+    self.sent = []
+
+  def Run(self, plan_paths, batch, timeout=None, log=None, intervals=None):
+    del batch, timeout, log
+    self.sent.append((list(plan_paths), list(intervals)))
+    out, seen = [], {}
+    for path in plan_paths:
+      i = int(path[-len('0.json'):-len('.json')])
+      run = seen.get(i, 0)
+      seen[i] = run + 1
+      s = self.steps[i][run]
+      out.append(([0.9 * s, 1.3 * s, s], ['run %d of %d' % (run, i)]))
+    return out
+
+
+class MeasureTest(absltest.TestCase):
+  """trainer_step.Measure's runs: a short step's reference runs again."""
+
+  def _Measure(self, profile, steps, **kwargs):
+    runs = _FakeRuns(steps)
+    started = trainer_step.Started('toy', runs, self.create_tempdir().full_path,
+                                   trainer_step.TIMED_STEPS)
+    return runs, trainer_step.Measure(started, profile, 2, **kwargs)
+
+  def testAShortStepRunsAgainAfterTheOthersAndTheFasterRunCounts(self):
+    # Layers of 0.1 ms: every reference's step is a few milliseconds.
+    profile = _Profile(forward=1e-4, backward=1e-4, weight=1e-4)
+    runs, refs = self._Measure(profile, [[5e-3, 4e-3], [6e-3, 7e-3],
+                                         [3e-3, 3e-3]])
+    (paths, intervals), = runs.sent
+    names = [os.path.basename(p) for p in paths]
+    self.assertEqual(names, ['reference_%d.json' % i for i in (0, 1, 2, 0, 1,
+                                                               2)])
+    self.assertEqual(intervals[:3], intervals[3:])
+    self.assertTrue(all(n > timed_run.LOG_EVERY for n in intervals))
+    # Each run's median; the faster of a reference's two; the first run's
+    # traced tasks.
+    self.assertEqual([r.seconds for r in refs], [4e-3, 6e-3, 3e-3])
+    self.assertEqual([r.tasks for r in refs],
+                     [['run 0 of %d' % i] for i in range(3)])
+    self.assertEqual([r.config for r in refs],
+                     trainer_step.References(profile, 2))
+    # Runs asked for: once each.
+    runs, refs = self._Measure(profile, [[5e-3], [6e-3], [3e-3]],
+                               short_step_runs=1)
+    self.assertLen(runs.sent[0][0], 3)
+    self.assertEqual([r.seconds for r in refs], [5e-3, 6e-3, 3e-3])
+
+  def testALongStepRunsOnce(self):
+    # Layers of a second: every step far above 50 ms.
+    runs, refs = self._Measure(_Profile(), [[2.0], [3.0], [4.0]])
+    (paths, intervals), = runs.sent
+    self.assertLen(paths, 3)
+    self.assertEqual(intervals, [timed_run.LOG_EVERY] * 3)
+    self.assertEqual([r.seconds for r in refs], [2.0, 3.0, 4.0])
 
 
 if __name__ == '__main__':

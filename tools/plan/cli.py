@@ -17,7 +17,8 @@ not here). The layers' figures give relative costs; the absolute task
 times, the hand-over's latency and what the trainer's step adds come from
 traced reference runs of the trainer itself (``tools/plan/trainer_step.py``,
 ``gpipe.plan.trainer_fit``), all in one trainer process started while the
-layers are measured. A configuration the trainer ran is predicted by its
+layers are measured; a reference of a short step runs twice, the faster
+counting. A configuration the trainer ran is predicted by its
 measured step; the others by the fitted simulator, ranked as if as long as
 the fit's largest error on the measured ones makes them
 (``gpipe.plan.search.Measured``). Each phase logs how long it took.
@@ -111,6 +112,11 @@ def _Parser():
                       '(tools/plan/trainer_step.py) so that predictions '
                       'include what its step adds to the pipeline\'s: '
                       'input, Lingvo\'s learner, its client process')
+  parser.add_argument('--short_step_runs', type=int, default=None,
+                      help="runs of each of the trainer's reference "
+                      'configurations whose step is under 50 ms, the '
+                      'faster counting (default: 2; a few milliseconds a '
+                      'step vary between runs: tools/plan/trainer_step.py)')
   parser.add_argument('--calibrate_layers', type=int, default=None,
                       help='calibrate on the first N layers on a small '
                       'batch instead of the whole model (one too large '
@@ -266,8 +272,11 @@ def _FitToTheTrainer(args, log, profile, started):
   from tools.plan import trainer_step  # pylint: disable=g-import-not-at-top
   try:
     with _Timed("timing the trainer's step", log):
-      measured = trainer_step.Measure(started, profile, args.devices,
-                                      log=log)
+      measured = trainer_step.Measure(
+          started, profile, args.devices, log=log,
+          short_step_runs=(trainer_step.SHORT_STEP_RUNS
+                           if args.short_step_runs is None
+                           else args.short_step_runs))
   except trainer_step.TrainerStepError as e:
     log('warning: %s; the predictions leave out what the trainer\'s step '
         'adds to the pipeline\'s' % e)
@@ -299,6 +308,9 @@ def Plan(args, log=print):
   if args.devices < 1:
     raise ValueError('--devices=%d: give the devices to plan for, >= 1' %
                      args.devices)
+  if args.short_step_runs is not None and args.short_step_runs < 1:
+    raise ValueError('--short_step_runs=%d: give the runs of a short '
+                     'reference, >= 1' % args.short_step_runs)
   if args.profile:
     profile = profile_lib.Load(args.profile)
     search.CheckCapHoldsWeights(
