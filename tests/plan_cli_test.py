@@ -107,7 +107,7 @@ class PlanCliTest(absltest.TestCase):
                     (timed_run.PLAN_MARKER % i), err)
     # Each reference's step is the faster of its two runs' medians.
     runs = re.findall(r"the trainer's step of (.*) in 2 runs: ([\d.]+), "
-                      r"([\d.]+) ms \(the faster counts\)", err)
+                      r"([\d.]+) ms \(run [12], the fastest, counts\)", err)
     self.assertLen(runs, 3, err)
     self.assertNotIn('calibrat', err)
     # The trainer's own step, timed data-parallel and pipelined over the

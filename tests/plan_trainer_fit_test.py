@@ -221,7 +221,7 @@ class _FakeRuns:
 
 
 class MeasureTest(absltest.TestCase):
-  """trainer_step.Measure's runs: a short step's reference runs again."""
+  """trainer_step.Measure's runs: a model of short steps runs each again."""
 
   def _Measure(self, profile, steps, **kwargs):
     runs = _FakeRuns(steps)
@@ -229,38 +229,67 @@ class MeasureTest(absltest.TestCase):
                                    trainer_step.TIMED_STEPS)
     return runs, trainer_step.Measure(started, profile, 2, **kwargs)
 
-  def testAShortStepRunsAgainAfterTheOthersAndTheFasterRunCounts(self):
+  def _Names(self, runs):
+    (paths, _), = runs.sent
+    return [int(os.path.basename(p)[len('reference_'):-len('.json')])
+            for p in paths]
+
+  def testShortStepsRunAgainAfterTheOthersAndTheFastestRunCounts(self):
     # Layers of 0.1 ms: every reference's step is a few milliseconds.
     profile = _Profile(forward=1e-4, backward=1e-4, weight=1e-4)
+    logged = []
     runs, refs = self._Measure(profile, [[5e-3, 4e-3], [6e-3, 7e-3],
-                                         [3e-3, 3e-3]])
-    (paths, intervals), = runs.sent
-    names = [os.path.basename(p) for p in paths]
-    self.assertEqual(names, ['reference_%d.json' % i for i in (0, 1, 2, 0, 1,
-                                                               2)])
+                                         [3e-3, 3e-3]], log=logged.append)
+    self.assertEqual(self._Names(runs), [0, 1, 2, 0, 1, 2])
+    intervals = runs.sent[0][1]
     self.assertEqual(intervals[:3], intervals[3:])
     self.assertTrue(all(n > timed_run.LOG_EVERY for n in intervals))
-    # Each run's median; the faster of a reference's two; the first run's
-    # traced tasks.
+    # The fastest run's median and its own traced step (a tie: the first).
     self.assertEqual([r.seconds for r in refs], [4e-3, 6e-3, 3e-3])
     self.assertEqual([r.tasks for r in refs],
-                     [['run 0 of %d' % i] for i in range(3)])
+                     [['run 1 of 0'], ['run 0 of 1'], ['run 0 of 2']])
     self.assertEqual([r.config for r in refs],
                      trainer_step.References(profile, 2))
-    # Runs asked for: once each.
+    self.assertIn("the trainer's step of %s in 2 runs: 5.0, 4.0 ms (run 2, "
+                  'the fastest, counts)' % refs[0].config.label, logged)
+    # Three runs: round after round.
+    runs, refs = self._Measure(profile, [[5e-3, 4e-3, 2e-3], [6e-3] * 3,
+                                         [3e-3, 1e-3, 3e-3]],
+                               short_step_runs=3)
+    self.assertEqual(self._Names(runs), [0, 1, 2] * 3)
+    self.assertEqual([r.seconds for r in refs], [2e-3, 6e-3, 1e-3])
+    self.assertEqual([r.tasks for r in refs],
+                     [['run 2 of 0'], ['run 0 of 1'], ['run 1 of 2']])
+    # Once each when asked; fewer than one is refused.
     runs, refs = self._Measure(profile, [[5e-3], [6e-3], [3e-3]],
                                short_step_runs=1)
-    self.assertLen(runs.sent[0][0], 3)
+    self.assertEqual(self._Names(runs), [0, 1, 2])
     self.assertEqual([r.seconds for r in refs], [5e-3, 6e-3, 3e-3])
+    with self.assertRaisesRegex(ValueError, 'at least once'):
+      self._Measure(profile, [[5e-3], [6e-3], [3e-3]], short_step_runs=0)
+
+  def testOneShortReferenceRunsEveryReferenceAgain(self):
+    # The data-parallel and looped references predicted under 50 ms (40 and
+    # 46 ms), the pipelined one over it (55 ms).
+    profile = _Profile(forward=1.2e-3, backward=1.2e-3, weight=1.2e-3)
+    predicted = [trainer_step.Predicted(profile, c)
+                 for c in trainer_step.References(profile, 2)]
+    self.assertLess(min(predicted), trainer_step.SHORT_STEP_SECONDS)
+    self.assertGreater(max(predicted), trainer_step.SHORT_STEP_SECONDS)
+    runs, refs = self._Measure(profile, [[5e-2, 4e-2], [6e-2, 7e-2],
+                                         [8e-2, 9e-2]])
+    self.assertEqual(self._Names(runs), [0, 1, 2, 0, 1, 2])
+    self.assertEqual([r.seconds for r in refs], [4e-2, 6e-2, 8e-2])
 
   def testALongStepRunsOnce(self):
     # Layers of a second: every step far above 50 ms.
-    runs, refs = self._Measure(_Profile(), [[2.0], [3.0], [4.0]])
-    (paths, intervals), = runs.sent
-    self.assertLen(paths, 3)
-    self.assertEqual(intervals, [timed_run.LOG_EVERY] * 3)
+    logged = []
+    runs, refs = self._Measure(_Profile(), [[2.0], [3.0], [4.0]],
+                               log=logged.append)
+    self.assertEqual(self._Names(runs), [0, 1, 2])
+    self.assertEqual(runs.sent[0][1], [timed_run.LOG_EVERY] * 3)
     self.assertEqual([r.seconds for r in refs], [2.0, 3.0, 4.0])
-
+    self.assertFalse([l for l in logged if ' runs' in l], logged)
 
 if __name__ == '__main__':
   absltest.main()

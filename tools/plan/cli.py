@@ -17,8 +17,8 @@ not here). The layers' figures give relative costs; the absolute task
 times, the hand-over's latency and what the trainer's step adds come from
 traced reference runs of the trainer itself (``tools/plan/trainer_step.py``,
 ``gpipe.plan.trainer_fit``), all in one trainer process started while the
-layers are measured; a reference of a short step runs twice, the faster
-counting. A configuration the trainer ran is predicted by its
+layers are measured; a model of short steps runs each reference twice, the
+faster run counting. A configuration the trainer ran is predicted by its
 measured step; the others by the fitted simulator, ranked as if as long as
 the fit's largest error on the measured ones makes them
 (``gpipe.plan.search.Measured``). Each phase logs how long it took.
@@ -114,9 +114,10 @@ def _Parser():
                       'input, Lingvo\'s learner, its client process')
   parser.add_argument('--short_step_runs', type=int, default=None,
                       help="runs of each of the trainer's reference "
-                      'configurations whose step is under 50 ms, the '
-                      'faster counting (default: 2; a few milliseconds a '
-                      'step vary between runs: tools/plan/trainer_step.py)')
+                      'configurations when one is predicted (from the '
+                      'layers) under 50 ms a step, the fastest counting '
+                      '(default: 2; a few milliseconds a step vary between '
+                      'runs: tools/plan/trainer_step.py)')
   parser.add_argument('--calibrate_layers', type=int, default=None,
                       help='calibrate on the first N layers on a small '
                       'batch instead of the whole model (one too large '

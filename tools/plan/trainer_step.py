@@ -57,14 +57,17 @@ from tools.trainer import timed_run
 # (timed_run.IntervalSteps).
 WARMUP_STEPS = 4
 TIMED_STEPS = 12
-# Runs of each reference whose step is short (timed_run.IntervalSteps above
-# timed_run.LOG_EVERY: under 50 ms). Two runs of the same configuration of a
-# few milliseconds a step differ by up to a third here (the client's and
-# the workers' threads share the cores, and a few milliseconds are a few
-# scheduler slices), more than the intervals within one run: every
-# reference runs once, then the short ones again, and each takes its faster
-# run's median, as the plan benchmark takes the fastest of its passes. A
-# long step's runs agree within a few percent: it runs once.
+# A model whose references are predicted (from the layers alone) under
+# SHORT_STEP_SECONDS a step runs each SHORT_STEP_RUNS times. Two runs of the
+# same configuration of a few milliseconds a step differ by up to a third
+# here (the client's and the workers' threads share the cores, and a few
+# milliseconds are a few scheduler slices), more than the intervals within
+# one run: every reference runs once, then every one again, in the same
+# order, and each takes its fastest run (its median and its traced step),
+# as the plan benchmark takes the fastest of its passes. All of a model's
+# references or none run again, so that the fit compares like with like.
+# A long step's runs agree within a few percent: they run once.
+SHORT_STEP_SECONDS = 0.05
 SHORT_STEP_RUNS = 2
 
 class TrainerStepError(RuntimeError):
@@ -199,9 +202,10 @@ def Measure(started, profile, devices, log=None, timeout=900,
 
   The references run one after another in the process ``Start`` started,
   on the same worker processes: the trainer's imports and its workers'
-  start are paid once (and overlap the layers' measuring). A reference of
-  a short step runs `short_step_runs` times, the repeats after every
-  reference's first run (``SHORT_STEP_RUNS``); its faster run counts.
+  start are paid once (and overlap the layers' measuring). When any
+  reference's step is predicted under SHORT_STEP_SECONDS, all of them run
+  `short_step_runs` times, round after round, and each counts its fastest
+  run.
 
   Args:
     started: what ``Start`` yielded (used once).
@@ -209,17 +213,21 @@ def Measure(started, profile, devices, log=None, timeout=900,
     devices: the devices planned for (the started process's workers).
     log: a print-like function, or None.
     timeout: seconds each trainer run may take.
-    short_step_runs: runs of a reference whose step is under 50 ms (>= 1).
+    short_step_runs: runs of each reference of a model of short steps.
 
   Returns:
     A list of trainer_fit.References: the configuration, the median
-    untraced step (seconds) of its faster run, the first run's traced
+    untraced step (seconds) of its fastest run, and that run's traced
     tasks.
 
   Raises:
     TrainerStepError: the trainer failed or printed no step times, or no
       reference runs on all `devices` (a batch they do not divide).
+    ValueError: `short_step_runs` < 1.
   """
+  if short_step_runs < 1:
+    raise ValueError('short_step_runs=%d: a reference runs at least once'
+                     % short_step_runs)
   configs = [c for c in References(profile, devices)
              if c.num_devices == devices]
   if not configs:
@@ -227,9 +235,9 @@ def Measure(started, profile, devices, log=None, timeout=900,
         'no reference configuration runs on all %d devices (a batch of %d '
         'they do not divide)' % (devices, profile.batch))
   # A step of a few milliseconds is timed over longer intervals, and again.
-  intervals = [timed_run.IntervalSteps(Predicted(profile, c)) for c in configs]
-  again = [i for i, n in enumerate(intervals) if n > timed_run.LOG_EVERY
-           for _ in range(max(short_step_runs, 1) - 1)]
+  predicted = [Predicted(profile, c) for c in configs]
+  intervals = [timed_run.IntervalSteps(p) for p in predicted]
+  rounds = (short_step_runs if min(predicted) < SHORT_STEP_SECONDS else 1)
   paths = []
   for i, config in enumerate(configs):
     paths.append(os.path.join(started.workdir, 'reference_%d.json' % i))
@@ -240,8 +248,8 @@ def Measure(started, profile, devices, log=None, timeout=900,
               config.label, config.num_devices,
               (WARMUP_STEPS + started.timed_steps) * intervals[i] //
               timed_run.LOG_EVERY, intervals[i],
-              ', in %d runs' % (1 + again.count(i)) if i in again else ''))
-  order = list(range(len(configs))) + again
+              ', in %d runs' % rounds if rounds > 1 else ''))
+  order = [i for _ in range(rounds) for i in range(len(configs))]
   try:
     runs = started.runs.Run([paths[i] for i in order], profile.batch,
                             timeout * len(order), log=log,
@@ -249,17 +257,19 @@ def Measure(started, profile, devices, log=None, timeout=900,
   except timed_run.TimedRunError as e:
     raise TrainerStepError('the reference runs of %s: %s' % (
         ', '.join(c.label for c in configs), e)) from e
-  medians = [[] for _ in configs]
-  for i, (seconds, _) in zip(order, runs):
-    medians[i].append(statistics.median(seconds))
-  if log:
-    for config, m in zip(configs, medians):
-      if len(m) > 1:
-        log('the trainer\'s step of %s in %d runs: %s ms (the faster '
-            'counts)' % (config.label, len(m),
-                         ', '.join('%.1f' % (1e3 * x) for x in m)))
-  return [trainer_fit.Reference(config, min(m), tasks)
-          for config, m, (_, tasks) in zip(configs, medians, runs)]
+  # Per reference, (median, traced tasks) of each of its runs.
+  found = [[] for _ in configs]
+  for i, (seconds, tasks) in zip(order, runs):
+    found[i].append((statistics.median(seconds), tasks))
+  fastest = [min(range(len(f)), key=lambda k, f=f: f[k][0]) for f in found]
+  if log and rounds > 1:
+    for config, f, k in zip(configs, found, fastest):
+      log('the trainer\'s step of %s in %d runs: %s ms (run %d, the '
+          'fastest, counts)' % (config.label, len(f),
+                                 ', '.join('%.1f' % (1e3 * m) for m, _ in f),
+                                 k + 1))
+  return [trainer_fit.Reference(config, *f[k])
+          for config, f, k in zip(configs, found, fastest)]
 
 
 def _SavePlan(model, profile, config, path):
