@@ -6,6 +6,7 @@ import io
 import json
 import os
 import re
+import sys
 import tempfile
 from unittest import mock
 
@@ -73,8 +74,9 @@ class PlanCliTest(absltest.TestCase):
     real_one = profiling._MeasureOne
 
     def CountedRun(runs, plan_paths, *args, **kwargs):
-      trainer_runs.append(len(plan_paths))
-      return real_run(runs, plan_paths, *args, **kwargs)
+      result = real_run(runs, plan_paths, *args, **kwargs)
+      trainer_runs.append((len(plan_paths), len(result)))
+      return result
 
     def CountedOne(*args, **kwargs):
       layer_runs.append(args[2])  # The rows.
@@ -95,7 +97,9 @@ class PlanCliTest(absltest.TestCase):
     # toy's steps being a few milliseconds, each again after them, no
     # separate calibration.
     self.assertLessEqual(len(layer_runs), profile.num_layers)
-    self.assertEqual(trainer_runs, [6])
+    self.assertEqual(trainer_runs, [(3, 6)])
+    self.assertRegex(err, r'the fastest reference took [\d.]+ ms a step, '
+                     r'under 50 ms: each runs 2 times')
     self.assertIn('6 trainer runs in one process took', err)
     # The first (data-parallel) reference's graph was built while the
     # layers were measured, and its run took it; the others built theirs.
@@ -181,6 +185,27 @@ class PlanCliTest(absltest.TestCase):
     self.assertIn('cannot read the profile', err)
 
 
+# A stand-in for timed_run's child: per stdin line (plan, steps, interval), its
+# marker, a progress line per interval at the plan's rate (its file's name,
+# plus 3 per run before it), its end; a plan named 0 fails. %s: what it does
+# before the first run.
+_FAKE_CHILD = """
+import os, sys, time
+%s
+for i, line in enumerate(sys.stdin, 1):
+  path, steps, every = line.split('\\t')
+  print('timed_run: plan %%d' %% i, flush=True)
+  rate = int(os.path.basename(path)[:-len('.json')])
+  if not rate:
+    print('bad plan', flush=True)
+    sys.exit(3)
+  for step in range(int(every), int(steps) + 1, int(every)):
+    print('step %%d/%%s loss 1.0, %%.1f examples/s' %% (
+        step, steps, rate + 3 * (i - 1)), flush=True)
+  print('timed_run: plan %%d ended' %% i, flush=True)
+"""
+
+
 class TrainerRunsTest(absltest.TestCase):
   """The planner's reference runs: one trainer process, the same workers."""
 
@@ -197,6 +222,48 @@ class TrainerRunsTest(absltest.TestCase):
     # A line may give the run's steps and its logging period.
     self.assertEqual(timed_run._PlanLine('a.json\t64\t16'), ('a.json', 64, 16))
     self.assertEqual(timed_run._PlanLine('a.json'), ('a.json', None, None))
+
+  def _Runs(self, fake_child):
+    """A TrainerRuns whose child is `fake_child` (Python source)."""
+    logdir = self.create_tempdir().full_path
+    return timed_run.TrainerRuns(
+        'toy', 2, 4, 8, logdir,
+        command=[sys.executable, '-c', _FAKE_CHILD % fake_child])
+
+  def testASecondRoundIsAskedForOnceTheFirstEnded(self):
+    seen = []
+
+    def Again(first):
+      # Called once, after both first runs ended: ask for 1 and 0 again.
+      seen.append([round(4.0 / s[0], 1) for s, _ in first])
+      return [1, 0]
+
+    with self._Runs('') as runs:
+      out = runs.Run(['/p/10.json', '/p/20.json'], batch=4, timeout=60,
+                     intervals=[4, 8], again=Again)
+    self.assertEqual(seen, [[10.0, 23.0]])
+    # Runs in order: the two, then 1 and 0 again (each its plan's rate, 3
+    # added per run before it).
+    self.assertEqual([round(4.0 / s[0], 1) for s, _ in out],
+                     [10.0, 23.0, 26.0, 19.0])
+    self.assertEqual([len(s) for s, _ in out], [2, 2, 2, 2])
+
+  def testAFailedFirstRoundIsSaidAndNoSecondIsAskedFor(self):
+    again = mock.Mock(return_value=[0])
+    with self._Runs('') as runs:
+      with self.assertRaisesRegex(timed_run.TimedRunError,
+                                  r'failed with /p/0.json \(exit status 3\)'
+                                  r': bad plan'):
+        runs.Run(['/p/10.json', '/p/0.json'], batch=4, timeout=60,
+                 again=again)
+    again.assert_not_called()
+
+  def testAFirstRoundPastItsTimeoutStopsTheChild(self):
+    with self._Runs('time.sleep(600)') as runs:
+      with self.assertRaisesRegex(timed_run.TimedRunError,
+                                  'did not finish 12 steps'):
+        runs.Run(['/p/10.json'], batch=4, timeout=1, again=lambda r: [0])
+      self.assertIsNotNone(runs._child.poll())
 
   def testAStepOfAFewMillisecondsIsTimedOverLongerIntervals(self):
     # 60 ms: four steps; 5 ms: 0.2 s of steps, whole multiples of four;

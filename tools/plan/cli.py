@@ -114,8 +114,8 @@ def _Parser():
                       'input, Lingvo\'s learner, its client process')
   parser.add_argument('--short_step_runs', type=int, default=None,
                       help="runs of each of the trainer's reference "
-                      'configurations when one is predicted (from the '
-                      'layers) under 50 ms a step, the fastest counting '
+                      'configurations when the fastest took under 50 ms a '
+                      'step in its first run, the fastest run counting '
                       '(default: 2; a few milliseconds a step vary between '
                       'runs: tools/plan/trainer_step.py)')
   parser.add_argument('--calibrate_layers', type=int, default=None,

@@ -57,16 +57,18 @@ from tools.trainer import timed_run
 # (timed_run.IntervalSteps).
 WARMUP_STEPS = 4
 TIMED_STEPS = 12
-# A model whose references are predicted (from the layers alone) under
-# SHORT_STEP_SECONDS a step runs each SHORT_STEP_RUNS times. Two runs of the
+# A model whose fastest reference measured under SHORT_STEP_SECONDS a step
+# in the trainer runs each reference SHORT_STEP_RUNS times. Two runs of the
 # same configuration of a few milliseconds a step differ by up to a third
 # here (the client's and the workers' threads share the cores, and a few
 # milliseconds are a few scheduler slices), more than the intervals within
-# one run: every reference runs once, then every one again, in the same
-# order, and each takes its fastest run (its median and its traced step),
-# as the plan benchmark takes the fastest of its passes. All of a model's
-# references or none run again, so that the fit compares like with like.
-# A long step's runs agree within a few percent: they run once.
+# one run: every reference runs once, then, when the first round's steps
+# are short, every one again in the same order, and each takes its fastest
+# run (its median and its traced step), as the plan benchmark takes the
+# fastest of its passes. All of a model's references or none run again, so
+# that the fit compares like with like. A step of 80 ms or more varies by a
+# few percent between runs: its references run once (the default model
+# plans in no more time than before).
 SHORT_STEP_SECONDS = 0.05
 SHORT_STEP_RUNS = 2
 
@@ -202,10 +204,10 @@ def Measure(started, profile, devices, log=None, timeout=900,
 
   The references run one after another in the process ``Start`` started,
   on the same worker processes: the trainer's imports and its workers'
-  start are paid once (and overlap the layers' measuring). When any
-  reference's step is predicted under SHORT_STEP_SECONDS, all of them run
-  `short_step_runs` times, round after round, and each counts its fastest
-  run.
+  start are paid once (and overlap the layers' measuring). When the
+  fastest reference's step is under SHORT_STEP_SECONDS in the first round,
+  all of them run `short_step_runs` times, round after round, and each
+  counts its fastest run.
 
   Args:
     started: what ``Start`` yielded (used once).
@@ -234,35 +236,43 @@ def Measure(started, profile, devices, log=None, timeout=900,
     raise TrainerStepError(
         'no reference configuration runs on all %d devices (a batch of %d '
         'they do not divide)' % (devices, profile.batch))
-  # A step of a few milliseconds is timed over longer intervals, and again.
-  predicted = [Predicted(profile, c) for c in configs]
-  intervals = [timed_run.IntervalSteps(p) for p in predicted]
-  rounds = (short_step_runs if min(predicted) < SHORT_STEP_SECONDS else 1)
+  # A step of a few milliseconds is timed over longer intervals.
+  intervals = [timed_run.IntervalSteps(Predicted(profile, c)) for c in configs]
   paths = []
   for i, config in enumerate(configs):
     paths.append(os.path.join(started.workdir, 'reference_%d.json' % i))
     _SavePlan(started.model, profile, config, paths[-1])
     if log:
       log('timing the trainer\'s own step: %s on %d worker process(es), %d '
-          'steps, logged every %d%s' % (
+          'steps, logged every %d' % (
               config.label, config.num_devices,
               (WARMUP_STEPS + started.timed_steps) * intervals[i] //
-              timed_run.LOG_EVERY, intervals[i],
-              ', in %d runs' % rounds if rounds > 1 else ''))
-  order = [i for _ in range(rounds) for i in range(len(configs))]
+              timed_run.LOG_EVERY, intervals[i]))
+
+  def Again(first):
+    """The rounds after the first when its fastest step is short."""
+    fastest = min(statistics.median(seconds) for seconds, _ in first)
+    if fastest >= SHORT_STEP_SECONDS or short_step_runs < 2:
+      return []
+    if log:
+      log('the fastest reference took %.1f ms a step, under %.0f ms: each '
+          'runs %d times, the fastest run counting' % (
+              1e3 * fastest, 1e3 * SHORT_STEP_SECONDS, short_step_runs))
+    return list(range(len(configs))) * (short_step_runs - 1)
+
   try:
-    runs = started.runs.Run([paths[i] for i in order], profile.batch,
-                            timeout * len(order), log=log,
-                            intervals=[intervals[i] for i in order])
+    runs = started.runs.Run(paths, profile.batch,
+                            timeout * len(configs) * short_step_runs,
+                            log=log, intervals=intervals, again=Again)
   except timed_run.TimedRunError as e:
     raise TrainerStepError('the reference runs of %s: %s' % (
         ', '.join(c.label for c in configs), e)) from e
-  # Per reference, (median, traced tasks) of each of its runs.
+  # Per reference, (median, traced tasks) of each of its runs, in order.
   found = [[] for _ in configs]
-  for i, (seconds, tasks) in zip(order, runs):
-    found[i].append((statistics.median(seconds), tasks))
+  for k, (seconds, tasks) in enumerate(runs):
+    found[k % len(configs)].append((statistics.median(seconds), tasks))
   fastest = [min(range(len(f)), key=lambda k, f=f: f[k][0]) for f in found]
-  if log and rounds > 1:
+  if log and len(runs) > len(configs):
     for config, f, k in zip(configs, found, fastest):
       log('the trainer\'s step of %s in %d runs: %s ms (run %d, the '
           'fastest, counts)' % (config.label, len(f),

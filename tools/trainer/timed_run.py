@@ -67,6 +67,8 @@ ROOT = child_env.ROOT
 # What the child of ``TracedRuns`` prints before each plan's run, and where
 # that run's logdir is under the child's --logdir.
 PLAN_MARKER = 'timed_run: plan %d'
+# What it prints when that plan's run ended (its logdir flushed).
+DONE_MARKER = 'timed_run: plan %d ended'
 RUN_DIR = 'run_%d'
 
 
@@ -155,7 +157,8 @@ class TrainerRuns:
   is still running at the end.
   """
 
-  def __init__(self, model, workers, warmup, steps, logdir, override=''):
+  def __init__(self, model, workers, warmup, steps, logdir, override='',
+               command=None):
     """Starts the child.
 
     Args:
@@ -166,6 +169,9 @@ class TrainerRuns:
       steps: steps timed after them.
       logdir: the child's directory (each run's is RUN_DIR under it).
       override: --model_params_override text.
+      command: the child's command line, or None for this module's
+        ``main`` with the trainer's flags (a test's stand-in speaks its
+        protocol: PLAN_MARKER, progress lines, DONE_MARKER per stdin line).
 
     Raises:
       TimedRunError: `warmup` < 2.
@@ -181,9 +187,10 @@ class TrainerRuns:
     self._output_path = os.path.join(logdir, 'output.txt')
     self._output = open(self._output_path, 'w')
     self._started = time.time()
-    args = ([sys.executable, '-m', 'tools.trainer.timed_run'] +
-            _Args(model, workers, self._total, logdir, override, trace=True) +
-            ['--plans=-'])
+    args = command or (
+        [sys.executable, '-m', 'tools.trainer.timed_run'] +
+        _Args(model, workers, self._total, logdir, override, trace=True) +
+        ['--plans=-'])
     self._child = subprocess.Popen(
         args, cwd=ROOT, env=Environment(), stdin=subprocess.PIPE,
         stdout=self._output, stderr=subprocess.STDOUT, text=True)
@@ -216,7 +223,8 @@ class TrainerRuns:
     except BrokenPipeError:
       pass  # It failed: Run says why.
 
-  def Run(self, plan_paths, batch, timeout=None, log=None, intervals=None):
+  def Run(self, plan_paths, batch, timeout=None, log=None, intervals=None,
+          again=None):
     """``TracedStepSeconds`` of each plan, run one after another.
 
     Args:
@@ -228,9 +236,14 @@ class TrainerRuns:
         (``IntervalSteps``), or None for LOG_EVERY: the run's warm-up and
         timed steps are as many intervals as ``__init__``'s take of four
         steps.
+      again: None, or a function called with the results of `plan_paths`'
+        runs once they ended (as returned) that returns the indices of the
+        plans to run again after them, in that order ([]: none), each with
+        its interval; their results follow the others'.
 
     Returns:
-      A list, per plan, of (seconds per logged interval, the traced step's
+      A list, per run (each of `plan_paths`, then the runs `again` asked
+      for), of (seconds per logged interval, the traced step's
       timeline.TaskTimes).
 
     Raises:
@@ -238,36 +251,30 @@ class TrainerRuns:
         for a plan (with its last line).
     """
     sent = time.time()
-    intervals = intervals or [LOG_EVERY] * len(plan_paths)
-    warmups = [self._warmup * n // LOG_EVERY for n in intervals]
-    lines = ['%s\t%d\t%d\n' % (p, self._total * n // LOG_EVERY, n)
-             for p, n in zip(plan_paths, intervals)]
+    deadline = None if timeout is None else sent + timeout
+    paths = list(plan_paths)
+    intervals = list(intervals or [LOG_EVERY] * len(paths))
+    self._Send(paths, intervals)
+    if again is not None:
+      self._AwaitRun(len(paths), deadline, timeout, paths)
+      repeat = list(again(self._Results(paths, intervals, batch)))
+      paths += [paths[k] for k in repeat]
+      intervals += [intervals[k] for k in repeat]
+      self._Send(paths[len(plan_paths):], intervals[len(plan_paths):])
     try:
-      self._child.stdin.write(''.join(lines))
       self._child.stdin.close()
     except BrokenPipeError:
       pass  # It failed before reading them: its output says why.
     try:
-      self._child.wait(timeout)
+      self._child.wait(None if deadline is None
+                       else max(deadline - time.time(), 0))
     except subprocess.TimeoutExpired as e:
       self.Close()
       raise TimedRunError('the trainer did not finish %d steps of each of %s '
-                          'in %d s' % (self._total, ', '.join(plan_paths),
+                          'in %d s' % (self._total, ', '.join(paths),
                                        timeout)) from e
-    self._output.flush()
-    with open(self._output_path) as f:
-      output = f.read()
-    parts = SplitByPlan(output, len(plan_paths))
-    out = []
-    for i, (path, text) in enumerate(zip(plan_paths, parts)):
-      seconds = progress.StepSeconds(text, batch, warmups[i])
-      if not seconds:
-        lines = [l for l in (text or output).splitlines() if l.strip()]
-        raise TimedRunError('the trainer failed with %s (exit status %d): %s'
-                            % (path, self._child.returncode,
-                               lines[-1] if lines else 'no output'))
-      out.append((seconds, _TracedTasks(os.path.join(self._logdir,
-                                                     RUN_DIR % i))))
+    out = self._Results(paths, intervals, batch)
+    output = self._Output()
     if self._child.returncode:
       lines = [l for l in output.splitlines() if l.strip()]
       raise TimedRunError('the trainer failed after its runs (exit status '
@@ -277,15 +284,60 @@ class TrainerRuns:
       for line in output.splitlines():
         if line.startswith(BUILT_AHEAD_LINE):
           log(line)
-      for i, text in enumerate(parts):
+      for i, text in enumerate(SplitByPlan(output, len(paths))):
         for line in text.splitlines():
           if line.startswith(('built the training graph',
                               'kept the training graph')):
             log('%s: %s' % (PLAN_MARKER % (i + 1), line))
       log('%d trainer runs in one process took %.1f s after the plans were '
           'sent (%.1f s after it started)' % (
-              len(plan_paths), time.time() - sent,
+              len(paths), time.time() - sent,
               time.time() - self._started))
+    return out
+
+  def _Send(self, paths, intervals):
+    """Writes the lines of runs of `paths` on the child's stdin."""
+    lines = ['%s\t%d\t%d\n' % (p, self._total * n // LOG_EVERY, n)
+             for p, n in zip(paths, intervals)]
+    try:
+      self._child.stdin.write(''.join(lines))
+      self._child.stdin.flush()
+    except BrokenPipeError:
+      pass  # It failed before reading them: its output says why.
+
+  def _Output(self):
+    self._output.flush()
+    with open(self._output_path) as f:
+      return f.read()
+
+  def _AwaitRun(self, count, deadline, timeout, paths):
+    """Waits until the child ended run `count` (1-based) or exited."""
+    while DONE_MARKER % count not in self._Output().splitlines():
+      if self._child.poll() is not None:
+        return  # _Results says why.
+      if deadline is not None and time.time() > deadline:
+        self.Close()
+        raise TimedRunError('the trainer did not finish %d steps of each of '
+                            '%s in %d s' % (self._total, ', '.join(paths),
+                                            timeout))
+      time.sleep(0.1)
+
+  def _Results(self, paths, intervals, batch):
+    """(seconds per interval, traced tasks) of each run of `paths`."""
+    output = self._Output()
+    parts = SplitByPlan(output, len(paths))
+    out = []
+    for i, (path, text) in enumerate(zip(paths, parts)):
+      warmup = self._warmup * intervals[i] // LOG_EVERY
+      seconds = progress.StepSeconds(text, batch, warmup)
+      if not seconds:
+        lines = [l for l in (text or output).splitlines() if l.strip()]
+        code = self._child.poll()
+        raise TimedRunError('the trainer failed with %s (%s): %s' % (
+            path, 'exit status %d' % code if code is not None else 'running',
+            lines[-1] if lines else 'no output'))
+      out.append((seconds, _TracedTasks(os.path.join(self._logdir,
+                                                     RUN_DIR % i))))
     return out
 
 
@@ -435,6 +487,7 @@ def _RunPlans():
       code = cli.Main(cli.SettleFromFlags(workers=workers), echo)
       if code:
         return code
+      echo(DONE_MARKER % i)
   finally:
     workers.Stop()
   return 0
