@@ -8,6 +8,7 @@ import os
 import re
 import sys
 import tempfile
+import time
 from unittest import mock
 
 from absl.testing import absltest
@@ -187,8 +188,8 @@ class PlanCliTest(absltest.TestCase):
 
 # A stand-in for timed_run's child: per stdin line (plan, steps, interval), its
 # marker, a progress line per interval at the plan's rate (its file's name,
-# plus 3 per run before it), its end; a plan named 0 fails. %s: what it does
-# before the first run.
+# plus 3 per run before it), its end; a plan named 0 fails, one named 999
+# hangs after the first run. %s: what it does before the first run.
 _FAKE_CHILD = """
 import os, sys, time
 %s
@@ -199,6 +200,8 @@ for i, line in enumerate(sys.stdin, 1):
   if not rate:
     print('bad plan', flush=True)
     sys.exit(3)
+  if rate == 999 and i > 1:
+    time.sleep(600)
   for step in range(int(every), int(steps) + 1, int(every)):
     print('step %%d/%%s loss 1.0, %%.1f examples/s' %% (
         step, steps, rate + 3 * (i - 1)), flush=True)
@@ -258,12 +261,37 @@ class TrainerRunsTest(absltest.TestCase):
                  again=again)
     again.assert_not_called()
 
-  def testAFirstRoundPastItsTimeoutStopsTheChild(self):
+  def testARoundPastItsTimeoutStopsTheChild(self):
     with self._Runs('time.sleep(600)') as runs:
-      with self.assertRaisesRegex(timed_run.TimedRunError,
-                                  'did not finish 12 steps'):
+      with self.assertRaisesRegex(
+          timed_run.TimedRunError,
+          r'did not finish its 1 run\(s\) of 12 steps \(of /p/10.json\) in '
+          r'1 s'):
         runs.Run(['/p/10.json'], batch=4, timeout=1, again=lambda r: [0])
       self.assertIsNotNone(runs._child.poll())
+    # The second round: as long per run as the first (2 runs, 2 s).
+    with self._Runs('') as runs:
+      started = time.time()
+      with self.assertRaisesRegex(
+          timed_run.TimedRunError,
+          r'did not finish its 2 run\(s\) of 12 steps \(of /p/999.json\) '
+          r'in 2 s'):
+        runs.Run(['/p/999.json'], batch=4, timeout=1, again=lambda r: [0])
+      self.assertLess(time.time() - started, 30)
+      self.assertIsNotNone(runs._child.poll())
+
+  def testNoSecondRoundOrAMarkerAfterOtherOutputEndsTheRun(self):
+    # A warning without its newline before the marker; no second round.
+    glued = _FAKE_CHILD.replace(
+        "  print('timed_run: plan %%d ended'",
+        "  print('W0000 partial', end='', flush=True)\n"
+        "  print('timed_run: plan %%d ended'")
+    logdir = self.create_tempdir().full_path
+    with timed_run.TrainerRuns('toy', 2, 4, 8, logdir, command=[
+        sys.executable, '-c', glued % '']) as runs:
+      out = runs.Run(['/p/10.json'], batch=4, timeout=60,
+                     again=lambda r: [])
+    self.assertEqual([round(4.0 / s[0], 1) for s, _ in out], [10.0])
 
   def testAStepOfAFewMillisecondsIsTimedOverLongerIntervals(self):
     # 60 ms: four steps; 5 ms: 0.2 s of steps, whole multiples of four;

@@ -257,7 +257,13 @@ class TrainerRuns:
     self._Send(paths, intervals)
     if again is not None:
       self._AwaitRun(len(paths), deadline, timeout, paths)
+      # The same intervals: the rounds' runs are measured alike.
       repeat = list(again(self._Results(paths, intervals, batch)))
+      if deadline is not None and repeat:
+        # As much time per run as the first round had.
+        extra = timeout * len(repeat) / len(plan_paths)
+        deadline += extra
+        timeout += extra
       paths += [paths[k] for k in repeat]
       intervals += [intervals[k] for k in repeat]
       self._Send(paths[len(plan_paths):], intervals[len(plan_paths):])
@@ -270,9 +276,7 @@ class TrainerRuns:
                        else max(deadline - time.time(), 0))
     except subprocess.TimeoutExpired as e:
       self.Close()
-      raise TimedRunError('the trainer did not finish %d steps of each of %s '
-                          'in %d s' % (self._total, ', '.join(paths),
-                                       timeout)) from e
+      raise TimedRunError(_TimedOut(self._total, paths, timeout)) from e
     out = self._Results(paths, intervals, batch)
     output = self._Output()
     if self._child.returncode:
@@ -311,15 +315,18 @@ class TrainerRuns:
       return f.read()
 
   def _AwaitRun(self, count, deadline, timeout, paths):
-    """Waits until the child ended run `count` (1-based) or exited."""
-    while DONE_MARKER % count not in self._Output().splitlines():
+    """Waits until the child ended run `count` (1-based) or exited.
+
+    The marker may end a line that a library's unterminated output began.
+    """
+    marker = DONE_MARKER % count
+    while not any(l.rstrip().endswith(marker)
+                  for l in self._Output().splitlines()):
       if self._child.poll() is not None:
         return  # _Results says why.
       if deadline is not None and time.time() > deadline:
         self.Close()
-        raise TimedRunError('the trainer did not finish %d steps of each of '
-                            '%s in %d s' % (self._total, ', '.join(paths),
-                                            timeout))
+        raise TimedRunError(_TimedOut(self._total, paths, timeout))
       time.sleep(0.1)
 
   def _Results(self, paths, intervals, batch):
@@ -339,6 +346,13 @@ class TrainerRuns:
       out.append((seconds, _TracedTasks(os.path.join(self._logdir,
                                                      RUN_DIR % i))))
     return out
+
+
+def _TimedOut(total, paths, timeout):
+  """The error of runs of `paths` that outlasted `timeout` seconds."""
+  distinct = list(dict.fromkeys(paths))
+  return ('the trainer did not finish its %d run(s) of %d steps (of %s) in '
+          '%d s' % (len(paths), total, ', '.join(distinct), timeout))
 
 
 def SplitByPlan(output, count):
