@@ -111,6 +111,26 @@ class PlanTrainerTest(test_utils.TestCase):
         'describing the model': 1.9, 'measuring the layers': 23.6,
         "timing the trainer's step": 73.3, 'planning': 105.9})
 
+  def testThePickIsJudgedAgainstTheFastestAndItsSpread(self):
+    def Config(pick, passes):
+      return dict(pick=pick, measured_ms=min(passes), passes_ms=passes)
+
+    # The fastest by 11%, but one of its passes is slower than the pick's
+    # fastest: not told apart.
+    close = [Config(True, [28.6, 28.4, 34.1]), Config(False, [30.1, 29.4,
+                                                               25.6])]
+    self.assertEqual(plan_trainer.PickVerdicts(close), (False, True))
+    # Every pass of the other is faster: told apart.
+    apart = [Config(True, [28.6, 28.4]), Config(False, [25.0, 26.1])]
+    self.assertEqual(plan_trainer.PickVerdicts(apart), (False, False))
+    # Within 5%; the pick the fastest; no pick measured.
+    self.assertEqual(plan_trainer.PickVerdicts(
+        [Config(True, [26.0]), Config(False, [25.0])]), (True, False))
+    self.assertEqual(plan_trainer.PickVerdicts(
+        [Config(True, [25.0, 27.0]), Config(False, [26.0])]), (True, True))
+    self.assertEqual(plan_trainer.PickVerdicts([Config(False, [25.0])]),
+                     (False, False))
+
 
 if __name__ == '__main__':
   tf.test.main()
