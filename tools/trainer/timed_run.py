@@ -327,7 +327,7 @@ class TrainerRuns:
       if deadline is not None and time.time() > deadline:
         self.Close()
         raise TimedRunError(_TimedOut(self._total, paths, timeout))
-      time.sleep(0.1)
+      time.sleep(0.25)
 
   def _Results(self, paths, intervals, batch):
     """(seconds per interval, traced tasks) of each run of `paths`."""
