@@ -54,12 +54,9 @@ from tools.trainer import timed_run
 # the second is traced), and the timed ones, in intervals of
 # timed_run.LOG_EVERY steps (the median of the intervals' mean steps); a
 # model of a few milliseconds a step runs as many intervals of more steps
-# (timed_run.IntervalSteps). Six intervals, not three: one run's intervals
-# differ by up to a fifth here (the default model's zb_h1: 102-121 ms), and
-# the timed steps are the cheap part of a reference's run (its graph's build
-# and first steps take 10-15 s; 12 more of the default model's steps 1.3 s).
+# (timed_run.IntervalSteps).
 WARMUP_STEPS = 4
-TIMED_STEPS = 24
+TIMED_STEPS = 12
 # A model whose fastest reference measured under SHORT_STEP_SECONDS a step
 # in the trainer runs each reference SHORT_STEP_RUNS times. Two runs of the
 # same configuration of a few milliseconds a step differ by up to a third
