@@ -251,6 +251,21 @@ class TrainerRunsTest(absltest.TestCase):
                      [10.0, 23.0, 26.0, 19.0])
     self.assertEqual([len(s) for s, _ in out], [2, 2, 2, 2])
 
+  def testAChildEndingAfterItsFirstRoundIsAskedNothingMore(self):
+    # Its last run printed its steps, then it exited 5 without its end
+    # marker: said as a failure after the runs, no second round.
+    ended = _FAKE_CHILD.replace(
+        "  print('timed_run: plan %%d ended' %% i, flush=True)",
+        "  sys.exit(5)")
+    again = mock.Mock(return_value=[0])
+    logdir = self.create_tempdir().full_path
+    with timed_run.TrainerRuns('toy', 2, 4, 8, logdir, command=[
+        sys.executable, '-c', ended % '']) as runs:
+      with self.assertRaisesRegex(timed_run.TimedRunError,
+                                  r'failed after its runs \(exit status 5\)'):
+        runs.Run(['/p/10.json'], batch=4, timeout=60, again=again)
+    again.assert_not_called()
+
   def testAFailedFirstRoundIsSaidAndNoSecondIsAskedFor(self):
     again = mock.Mock(return_value=[0])
     with self._Runs('') as runs:
@@ -265,27 +280,32 @@ class TrainerRunsTest(absltest.TestCase):
     with self._Runs('time.sleep(600)') as runs:
       with self.assertRaisesRegex(
           timed_run.TimedRunError,
-          r'did not finish its 1 run\(s\) of 12 steps \(of /p/10.json\) in '
-          r'1 s'):
+          r'did not finish its 1 run\(s\) of up to 12 steps \(of '
+          r'/p/10.json\) in 1 s'):
         runs.Run(['/p/10.json'], batch=4, timeout=1, again=lambda r: [0])
       self.assertIsNotNone(runs._child.poll())
-    # The second round: as long per run as the first (2 runs, 2 s).
+    # The second round: as long per run as the first (2 runs, 2 x 3 s).
     with self._Runs('') as runs:
       started = time.time()
       with self.assertRaisesRegex(
           timed_run.TimedRunError,
-          r'did not finish its 2 run\(s\) of 12 steps \(of /p/999.json\) '
-          r'in 2 s'):
-        runs.Run(['/p/999.json'], batch=4, timeout=1, again=lambda r: [0])
+          r'did not finish its 2 run\(s\) of up to 24 steps \(of '
+          r'/p/999.json\) in 6 s'):
+        runs.Run(['/p/999.json'], batch=4, timeout=3, intervals=[8],
+                 again=lambda r: [0])
       self.assertLess(time.time() - started, 30)
       self.assertIsNotNone(runs._child.poll())
 
   def testNoSecondRoundOrAMarkerAfterOtherOutputEndsTheRun(self):
-    # A warning without its newline before the marker; no second round.
+    # A library's line without its newline before each marker; no second
+    # round.
     glued = _FAKE_CHILD.replace(
         "  print('timed_run: plan %%d ended'",
         "  print('W0000 partial', end='', flush=True)\n"
-        "  print('timed_run: plan %%d ended'")
+        "  print('timed_run: plan %%d ended'").replace(
+            "  print('timed_run: plan %%d' %% i, flush=True)",
+            "  print('I0000 partial', end='', flush=True)\n"
+            "  print('timed_run: plan %%d' %% i, flush=True)")
     logdir = self.create_tempdir().full_path
     with timed_run.TrainerRuns('toy', 2, 4, 8, logdir, command=[
         sys.executable, '-c', glued % '']) as runs:

@@ -230,7 +230,8 @@ class TrainerRuns:
     Args:
       plan_paths: plan files, each for the child's workers.
       batch: examples per step.
-      timeout: seconds the child may take from now, or None.
+      timeout: seconds the child may take from now for `plan_paths`' runs,
+        or None; a second round (`again`) adds as much per run.
       log: a print-like function, or None.
       intervals: per plan, the steps between progress lines
         (``IntervalSteps``), or None for LOG_EVERY: the run's warm-up and
@@ -256,7 +257,8 @@ class TrainerRuns:
     intervals = list(intervals or [LOG_EVERY] * len(paths))
     self._Send(paths, intervals)
     if again is not None:
-      self._AwaitRun(len(paths), deadline, timeout, paths)
+      self._AwaitRun(len(paths), deadline, timeout, paths, intervals)
+    if again is not None and self._child.poll() is None:
       # The same intervals: the rounds' runs are measured alike.
       repeat = list(again(self._Results(paths, intervals, batch)))
       if deadline is not None and repeat:
@@ -276,7 +278,8 @@ class TrainerRuns:
                        else max(deadline - time.time(), 0))
     except subprocess.TimeoutExpired as e:
       self.Close()
-      raise TimedRunError(_TimedOut(self._total, paths, timeout)) from e
+      raise TimedRunError(_TimedOut(self._Steps(intervals), paths,
+                                    timeout)) from e
     out = self._Results(paths, intervals, batch)
     output = self._Output()
     if self._child.returncode:
@@ -314,7 +317,11 @@ class TrainerRuns:
     with open(self._output_path) as f:
       return f.read()
 
-  def _AwaitRun(self, count, deadline, timeout, paths):
+  def _Steps(self, intervals):
+    """The most steps of one of the runs logged every `intervals`."""
+    return max(self._total * n // LOG_EVERY for n in intervals)
+
+  def _AwaitRun(self, count, deadline, timeout, paths, intervals):
     """Waits until the child ended run `count` (1-based) or exited.
 
     The marker may end a line that a library's unterminated output began.
@@ -326,7 +333,8 @@ class TrainerRuns:
         return  # _Results says why.
       if deadline is not None and time.time() > deadline:
         self.Close()
-        raise TimedRunError(_TimedOut(self._total, paths, timeout))
+        raise TimedRunError(_TimedOut(self._Steps(intervals), paths,
+                                      timeout))
       time.sleep(0.25)
 
   def _Results(self, paths, intervals, batch):
@@ -348,11 +356,11 @@ class TrainerRuns:
     return out
 
 
-def _TimedOut(total, paths, timeout):
-  """The error of runs of `paths` that outlasted `timeout` seconds."""
+def _TimedOut(steps, paths, timeout):
+  """The error of runs of `paths` (up to `steps` each) past `timeout` s."""
   distinct = list(dict.fromkeys(paths))
-  return ('the trainer did not finish its %d run(s) of %d steps (of %s) in '
-          '%d s' % (len(paths), total, ', '.join(distinct), timeout))
+  return ('the trainer did not finish its %d run(s) of up to %d steps (of %s) '
+          'in %d s' % (len(paths), steps, ', '.join(distinct), timeout))
 
 
 def SplitByPlan(output, count):
@@ -365,7 +373,8 @@ def SplitByPlan(output, count):
   current = None
   for line in output.splitlines(keepends=True):
     for i in range(count):
-      if line.strip() == PLAN_MARKER % (i + 1):
+      # The marker may end a line a library's unterminated output began.
+      if line.rstrip().endswith(PLAN_MARKER % (i + 1)):
         current = i
         break
     else:
