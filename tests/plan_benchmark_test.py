@@ -131,6 +131,16 @@ class PlanTrainerTest(test_utils.TestCase):
     self.assertEqual(plan_trainer.PickVerdicts([Config(False, [25.0])]),
                      (False, False))
 
+  def testAPredictionIsJudgedAgainstThePassesRange(self):
+    # Inside the passes' range: as good as another pass.
+    self.assertEqual(plan_trainer.RangeError(100.0, [86.0, 104.0, 95.0]), 0)
+    self.assertEqual(plan_trainer.RangeError(86.0, [86.0, 104.0]), 0)
+    # Outside: against the nearer end, the sign saying which.
+    self.assertAlmostEqual(plan_trainer.RangeError(110.0, [86.0, 100.0]), 0.1)
+    self.assertAlmostEqual(plan_trainer.RangeError(80.0, [100.0, 90.0, 95.0]),
+                           80.0 / 90.0 - 1)
+    self.assertAlmostEqual(plan_trainer.RangeError(5.0, [4.0]), 0.25)
+
 
 if __name__ == '__main__':
   tf.test.main()

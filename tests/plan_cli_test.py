@@ -276,6 +276,41 @@ class TrainerRunsTest(absltest.TestCase):
                  again=again)
     again.assert_not_called()
 
+  def testAFailedSecondRoundKeepsTheFirstRoundsRuns(self):
+    # Plan 999 exits 4 in the second round, after its marker.
+    failing = _FAKE_CHILD.replace('    time.sleep(600)\n', '    sys.exit(4)\n')
+    self.assertNotEqual(failing, _FAKE_CHILD)
+    logged = []
+    logdir = self.create_tempdir().full_path
+    with timed_run.TrainerRuns('toy', 2, 4, 8, logdir, command=[
+        sys.executable, '-c', failing % '']) as runs:
+      out = runs.Run(['/p/999.json', '/p/20.json'], batch=4, timeout=60,
+                     again=lambda r: [0, 1], log=logged.append)
+    self.assertEqual([round(4.0 / s[0]) for s, _ in out], [999, 23])
+    self.assertLen(logged, 1)
+    self.assertRegex(logged[0], r"the first round's runs count: the trainer "
+                     r'failed with /p/999.json \(exit status 4\)')
+    # Both rounds' runs ended, then the child failed: all of them count.
+    ended = _FAKE_CHILD.replace(
+        'for i, line in enumerate(sys.stdin, 1):',
+        'import atexit; atexit.register(lambda: os._exit(6))\n'
+        'for i, line in enumerate(sys.stdin, 1):')
+    self.assertNotEqual(ended, _FAKE_CHILD)
+    logged = []
+    with timed_run.TrainerRuns('toy', 2, 4, 8, logdir, command=[
+        sys.executable, '-c', ended % '']) as runs:
+      out = runs.Run(['/p/10.json'], batch=4, timeout=60,
+                     again=lambda r: [0], log=logged.append)
+    self.assertEqual([round(4.0 / s[0]) for s, _ in out], [10, 13])
+    self.assertRegex(logged[0], r'failed after both rounds of runs; their '
+                     r'runs count: .*exit status 6')
+    # Without a second round that failure is said, as a failed run.
+    with timed_run.TrainerRuns('toy', 2, 4, 8, logdir, command=[
+        sys.executable, '-c', ended % '']) as runs:
+      with self.assertRaisesRegex(timed_run.TimedRunError,
+                                  r'failed after its runs \(exit status 6\)'):
+        runs.Run(['/p/10.json'], batch=4, timeout=60, again=lambda r: [])
+
   def testARoundPastItsTimeoutStopsTheChild(self):
     with self._Runs('time.sleep(600)') as runs:
       with self.assertRaisesRegex(
@@ -284,17 +319,21 @@ class TrainerRunsTest(absltest.TestCase):
           r'/p/10.json\) in 1 s'):
         runs.Run(['/p/10.json'], batch=4, timeout=1, again=lambda r: [0])
       self.assertIsNotNone(runs._child.poll())
-    # The second round: as long per run as the first (2 runs, 2 x 3 s).
+    # The second round: as long per run as the first (2 runs, 2 x 3 s);
+    # past it, the child is stopped and the first round's run counts.
+    logged = []
     with self._Runs('') as runs:
       started = time.time()
-      with self.assertRaisesRegex(
-          timed_run.TimedRunError,
-          r'did not finish its 2 run\(s\) of up to 24 steps \(of '
-          r'/p/999.json\) in 6 s'):
-        runs.Run(['/p/999.json'], batch=4, timeout=3, intervals=[8],
-                 again=lambda r: [0])
+      out = runs.Run(['/p/999.json'], batch=4, timeout=3, intervals=[8],
+                     again=lambda r: [0], log=logged.append)
       self.assertLess(time.time() - started, 30)
       self.assertIsNotNone(runs._child.poll())
+    self.assertEqual([round(4.0 / s[0]) for s, _ in out], [999])
+    self.assertLen(logged, 1)
+    self.assertRegex(logged[0], r'the second round of trainer runs failed; '
+                     r"the first round's runs count: the trainer did not "
+                     r'finish its 2 run\(s\) of up to 24 steps \(of '
+                     r'/p/999.json\) in 6 s')
 
   def testNoSecondRoundOrAMarkerAfterOtherOutputEndsTheRun(self):
     # A library's line without its newline before each marker; no second

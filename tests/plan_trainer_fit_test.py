@@ -143,8 +143,13 @@ class TrainerFitTest(absltest.TestCase):
                    r.seconds - 1) for r in refs)
     self.assertAlmostEqual(error, want)
     self.assertGreater(error, 0.02)
+    # The first ran twice (the second counted), the others once.
+    refs[0] = refs[0]._replace(runs=(1.5 * refs[0].seconds, refs[0].seconds))
     record = trainer_fit.ReferenceRecord(bare, fitted, refs, 2)
     self.assertEqual(record['configs'], [r.config.label for r in refs])
+    self.assertEqual(record['runs'], [[1.5 * refs[0].seconds,
+                                       refs[0].seconds]] +
+                     [[r.seconds] for r in refs[1:]])
     self.assertEqual(record['own_error'], error)
     # Each reference predicted by a fit to the others: the slow one is
     # missed by about its 30%.
@@ -156,6 +161,7 @@ class TrainerFitTest(absltest.TestCase):
     path = self.create_tempfile().full_path
     profile_lib.Save(fitted.Replace(trainer_reference=record), path)
     loaded = profile_lib.Load(path)
+    self.assertEqual(loaded.trainer_reference['runs'], record['runs'])
     steps, got_error = search.Measured(loaded)
     self.assertEqual(steps, {r.config: r.seconds for r in refs})
     self.assertEqual(got_error, error)
@@ -203,10 +209,12 @@ class _FakeRuns:
   the traced tasks name the run.
   """
 
-  def __init__(self, steps):
+  def __init__(self, steps, second_round_fails=False):
     self.steps = steps
     self.sent = []
     self.seen = {}
+    # As TrainerRuns.Run when the second round failed: the first's runs.
+    self.second_round_fails = second_round_fails
 
   def _Results(self, plan_paths):
     out = []
@@ -227,7 +235,9 @@ class _FakeRuns:
       more = again(out)
       paths += [paths[k] for k in more]
       intervals += [intervals[k] for k in more]
-      out += self._Results(paths[len(plan_paths):])
+      second = self._Results(paths[len(plan_paths):])
+      if not self.second_round_fails:
+        out += second
     self.sent.append((paths, intervals))
     return out
 
@@ -235,8 +245,8 @@ class _FakeRuns:
 class MeasureTest(absltest.TestCase):
   """trainer_step.Measure's runs: a model of short steps runs each again."""
 
-  def _Measure(self, profile, steps, **kwargs):
-    runs = _FakeRuns(steps)
+  def _Measure(self, profile, steps, second_round_fails=False, **kwargs):
+    runs = _FakeRuns(steps, second_round_fails)
     started = trainer_step.Started('toy', runs, self.create_tempdir().full_path,
                                    trainer_step.TIMED_STEPS)
     return runs, trainer_step.Measure(started, profile, 2, **kwargs)
@@ -264,6 +274,9 @@ class MeasureTest(absltest.TestCase):
                      trainer_step.References(profile, 2))
     self.assertIn("the trainer's step of %s in 2 runs: 5.0, 4.0 ms (run 2, "
                   'the fastest, counts)' % refs[0].config.label, logged)
+    # Each run's step is kept, for the profile's record.
+    self.assertEqual([r.runs for r in refs],
+                     [(5e-3, 4e-3), (6e-3, 7e-3), (3e-3, 3e-3)])
     # Three runs: round after round.
     runs, refs = self._Measure(profile, [[5e-3, 4e-3, 2e-3], [6e-3] * 3,
                                          [3e-3, 1e-3, 3e-3]],
@@ -277,8 +290,20 @@ class MeasureTest(absltest.TestCase):
                                short_step_runs=1)
     self.assertEqual(self._Names(runs), [0, 1, 2])
     self.assertEqual([r.seconds for r in refs], [5e-3, 6e-3, 3e-3])
+    self.assertEqual([r.runs for r in refs], [(), (), ()])
     with self.assertRaisesRegex(ValueError, 'at least once'):
       self._Measure(profile, [[5e-3], [6e-3], [3e-3]], short_step_runs=0)
+
+  def testAFailedSecondRoundLeavesTheFirstRoundsRuns(self):
+    profile = _Profile(forward=1e-4, backward=1e-4, weight=1e-4)
+    runs, refs = self._Measure(profile, [[5e-3, 4e-3], [6e-3, 7e-3],
+                                         [3e-3, 2e-3]],
+                               second_round_fails=True)
+    self.assertEqual(self._Names(runs), [0, 1, 2, 0, 1, 2])
+    self.assertEqual([r.seconds for r in refs], [5e-3, 6e-3, 3e-3])
+    self.assertEqual([r.tasks for r in refs],
+                     [['run 0 of 0'], ['run 0 of 1'], ['run 0 of 2']])
+    self.assertEqual([r.runs for r in refs], [(), (), ()])
 
   def testOneShortReferenceRunsEveryReferenceAgain(self):
     # Layers of a second (steps predicted far above 50 ms), but the

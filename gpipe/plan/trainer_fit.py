@@ -39,10 +39,13 @@ from gpipe.plan import simulator
 from gpipe.plan import traced
 from gpipe.schedules import registry
 
-# One reference run: its configuration, the trainer's median untraced step
-# (seconds) and the stage tasks of one traced step (timeline.TaskTimes; empty
-# when it was not traced).
-Reference = collections.namedtuple('Reference', ['config', 'seconds', 'tasks'])
+# One reference: its configuration, the trainer's median untraced step
+# (seconds), the stage tasks of one traced step (timeline.TaskTimes; empty
+# when it was not traced) and the median step of each of its runs when it ran
+# more than once (`seconds` is the fastest's; () for a single run).
+Reference = collections.namedtuple('Reference',
+                                   ['config', 'seconds', 'tasks', 'runs'],
+                                   defaults=[()])
 
 # The scale ``FitScale`` may give, and the grid it searches (geometric):
 # tracing slows tasks down, by a few tens of percent for small ones; it does
@@ -381,7 +384,8 @@ def ReferenceRecord(profile, fitted, references, devices):
 
   Returns:
     A JSON-serializable dict: 'configs' (labels), 'devices', 'seconds',
-    'measured' ([configuration JSON, seconds] each, for
+    'runs' (each reference's runs' steps, seconds, the counted one among
+    them), 'measured' ([configuration JSON, seconds] each, for
     ``gpipe.plan.search.Measured``), 'fit_error' (the larger of the fit's
     own error on them, ``FitError``, and that on each left out,
     ``LeaveOneOutError``) and 'own_error' (the former).
@@ -389,6 +393,7 @@ def ReferenceRecord(profile, fitted, references, devices):
   own = FitError(fitted, references)
   return dict(configs=[r.config.label for r in references], devices=devices,
               seconds=[r.seconds for r in references],
+              runs=[list(r.runs) or [r.seconds] for r in references],
               measured=[[r.config.ToJson(), r.seconds] for r in references],
               fit_error=max(own, LeaveOneOutError(profile, references)),
               own_error=own)

@@ -208,7 +208,8 @@ def Measure(started, profile, devices, log=None, timeout=900,
   start are paid once (and overlap the layers' measuring). When the
   fastest reference's step is under SHORT_STEP_SECONDS in the first round,
   all of them run `short_step_runs` times, round after round, and each
-  counts its fastest run.
+  counts its fastest run. When a later round fails or times out, the
+  first round's runs count (``TrainerRuns.Run`` logs why).
 
   Args:
     started: what ``Start`` yielded (used once).
@@ -220,8 +221,8 @@ def Measure(started, profile, devices, log=None, timeout=900,
 
   Returns:
     A list of trainer_fit.References: the configuration, the median
-    untraced step (seconds) of its fastest run, and that run's traced
-    tasks.
+    untraced step (seconds) of its fastest run, that run's traced tasks
+    and, when it ran more than once, each run's median step.
 
   Raises:
     TrainerStepError: the trainer failed or printed no step times, or no
@@ -279,7 +280,9 @@ def Measure(started, profile, devices, log=None, timeout=900,
           'fastest, counts)' % (config.label, len(f),
                                  ', '.join('%.1f' % (1e3 * m) for m, _ in f),
                                  k + 1))
-  return [trainer_fit.Reference(config, *f[k])
+  return [trainer_fit.Reference(config, *f[k],
+                                runs=tuple(m for m, _ in f) if len(f) > 1
+                                else ())
           for config, f, k in zip(configs, found, fastest)]
 
 

@@ -81,6 +81,14 @@ class TimedRunError(RuntimeError):
   """The trainer failed or printed no step times; the text says why."""
 
 
+class _FailedAfterRuns(TimedRunError):
+  """Every run printed its steps, then the child failed: `results` has them."""
+
+  def __init__(self, message, results):
+    super().__init__(message)
+    self.results = results
+
+
 def StepSeconds(model, plan_path, workers, batch, warmup, steps, logdir,
                 override='', timeout=None, log_every=LOG_EVERY):
   """The mean step (seconds) of each logged interval after `warmup` steps.
@@ -245,11 +253,14 @@ class TrainerRuns:
     Returns:
       A list, per run (each of `plan_paths`, then the runs `again` asked
       for), of (seconds per logged interval, the traced step's
-      timeline.TaskTimes).
+      timeline.TaskTimes); only the first round's when the second failed
+      or timed out (logged, the child stopped); all when every run ended
+      and the child failed after a second round (logged).
 
     Raises:
       TimedRunError: the child timed out, failed, or printed no step times
-        for a plan (with its last line).
+        for a plan of the first round (with its last line), or failed after
+        the runs of a single round.
     """
     sent = time.time()
     deadline = None if timeout is None else sent + timeout
@@ -258,9 +269,11 @@ class TrainerRuns:
     self._Send(paths, intervals)
     if again is not None:
       self._AwaitRun(len(paths), deadline, timeout, paths, intervals)
+    first = None
     if again is not None and self._child.poll() is None:
       # The same intervals: the rounds' runs are measured alike.
-      repeat = list(again(self._Results(paths, intervals, batch)))
+      first = self._Results(paths, intervals, batch)
+      repeat = list(again(first))
       if deadline is not None and repeat:
         # As much time per run as the first round had.
         extra = timeout * len(repeat) / len(plan_paths)
@@ -269,6 +282,32 @@ class TrainerRuns:
       paths += [paths[k] for k in repeat]
       intervals += [intervals[k] for k in repeat]
       self._Send(paths[len(plan_paths):], intervals[len(plan_paths):])
+      if not repeat:
+        first = None
+    try:
+      return self._Finish(paths, intervals, batch, sent, deadline, timeout,
+                          log)
+    except _FailedAfterRuns as e:
+      if first is None:
+        raise
+      # Both rounds' runs ended, then the child failed.
+      if log:
+        log('the trainer failed after both rounds of runs; their runs '
+            'count: %s' % e)
+      return e.results
+    except TimedRunError as e:
+      if first is None:
+        raise
+      # The first round's runs ended: a failed later round loses nothing
+      # of theirs.
+      self.Close()
+      if log:
+        log('the second round of trainer runs failed; the first round\'s '
+            'runs count: %s' % e)
+      return first
+
+  def _Finish(self, paths, intervals, batch, sent, deadline, timeout, log):
+    """Waits for the child's end: ``Run``'s results of all `paths`."""
     try:
       self._child.stdin.close()
     except BrokenPipeError:
@@ -284,9 +323,10 @@ class TrainerRuns:
     output = self._Output()
     if self._child.returncode:
       lines = [l for l in output.splitlines() if l.strip()]
-      raise TimedRunError('the trainer failed after its runs (exit status '
-                          '%d): %s' % (self._child.returncode,
-                                       lines[-1] if lines else 'no output'))
+      raise _FailedAfterRuns(
+          'the trainer failed after its runs (exit status %d): %s' % (
+              self._child.returncode, lines[-1] if lines else 'no output'),
+          out)
     if log:
       for line in output.splitlines():
         if line.startswith(BUILT_AHEAD_LINE):
