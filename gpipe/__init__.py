@@ -22,7 +22,8 @@ public names are imported on first use).
   0  compat/      the outside world: Lingvo 0.14 on TensorFlow 2.15
                   (lingvo_import.py, lingvo_alias.py), TensorFlow's import
                   without its CUDA noise (quiet_import.py), every private
-                  TensorFlow call (tf_internal.py)
+                  TensorFlow call (tf_internal.py), Lingvo's learner's norms
+                  built with Square, not Pow (lingvo_norms.py)
   0  schedules/   pure: which task each device runs, in which order:
                   pipeline_tasks.py (the task vocabulary: F, B, W, D of a
                   stage on a micro-batch, dependencies, op names),

@@ -10,7 +10,9 @@ library outside ``compat/`` (``gpipe/__init__.py`` has the layer map).
 * ``lingvo_alias``: the same alias for Lingvo, installed lazily by
   ``import gpipe`` (which imports no TensorFlow);
 * ``tf_internal``: every private TensorFlow call the library makes, each
-  tested on the installed TensorFlow.
+  tested on the installed TensorFlow;
+* ``lingvo_norms``: Lingvo's learner's squared norms built with Square, not
+  Pow, while a graph is built (``SquareNorms``).
 
 ``lingvo_gpipe`` is a deprecated path of ``gpipe.lingvo_adapter`` (Lingvo's
 GPipe layers on this executor), kept for one release.

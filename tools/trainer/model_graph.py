@@ -6,11 +6,14 @@ has), then construct the graph of the mode: ``ConstructFPropBPropGraph``
 (loss, gradients and the learners' update: ``task.train_op``),
 ``ConstructFPropGraph`` (loss and metrics only) or ``ConstructDecodeGraph``.
 Graph-level randomness is seeded first, so variable initialization and
-dropout are the same in every run with the same seed.
+dropout are the same in every run with the same seed. Lingvo's learner's
+squared norms are built with Square ops, not Pow, unless asked otherwise
+(gpipe/compat/lingvo_norms.py).
 """
 
 from gpipe.compat import lingvo_import  # pylint: disable=unused-import
 from gpipe import pipeline
+from gpipe.compat import lingvo_norms
 from gpipe.runtime import layout
 from lingvo import compat as tf
 from lingvo.core import py_utils
@@ -19,7 +22,7 @@ from tools.trainer import startup
 MODES = ('train', 'eval', 'decode')
 
 
-def Build(cfg, placement, mode, seed, phases=None):
+def Build(cfg, placement, mode, seed, phases=None, square_norms=True):
   """Builds the model of `cfg` in a new graph.
 
   Args:
@@ -29,6 +32,8 @@ def Build(cfg, placement, mode, seed, phases=None):
     seed: the graph-level random seed.
     phases: optional tools.trainer.startup.StartupLog timing the build's
       phases.
+    square_norms: build Lingvo's squared norms with Square, not Pow
+      (``lingvo_norms.SquareNorms``; the trainer's --square_norms).
 
   Returns:
     NestedMap(graph, model, task, global_step, decode_out): decode_out is
@@ -39,7 +44,7 @@ def Build(cfg, placement, mode, seed, phases=None):
   phases = phases or startup.StartupLog()
   graph = tf.Graph()
   decode_out = None
-  with graph.as_default():
+  with graph.as_default(), lingvo_norms.SquareNorms(square_norms):
     tf.compat.v1.set_random_seed(seed)
     with placement.LingvoCluster(do_eval=mode != 'train'):
       with phases.Phase('layers and variables'):

@@ -32,7 +32,8 @@ def RestoredModel(run, cfg, mode, path=None):
     checkpoint path. The session closes when the block ends.
   """
   path = checkpoints.Choose(run.logdir, path)
-  built = model_graph.Build(cfg, run.placement, mode, run.seed)
+  built = model_graph.Build(cfg, run.placement, mode, run.seed,
+                            square_norms=run.square_norms)
   with built.graph.as_default():
     saver = checkpoints.Checkpointer(run.logdir, for_eval=True)
     init = tf.group(tf.compat.v1.local_variables_initializer(),

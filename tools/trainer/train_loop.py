@@ -255,7 +255,8 @@ class TrainLoop:
     if 'skip_batches' in cfg.input:
       cfg.input.skip_batches = 0
     placement = self._placement
-    return (cfg.ToText(), self._run.seed, os.path.abspath(self._logdir),
+    return (cfg.ToText(), self._run.seed, self._run.square_norms,
+            os.path.abspath(self._logdir),
             placement.session_cluster is not None, placement.distributed,
             placement.num_cpus, tuple(placement.devices or ()))
 
@@ -291,7 +292,8 @@ class TrainLoop:
     del _KEPT[:]  # Its memory, before the next graph is built.
     started = time.time()
     built = model_graph.Build(cfg, self._placement, 'train', self._run.seed,
-                              phases=self._startup)
+                              phases=self._startup,
+                              square_norms=self._run.square_norms)
     task = built.task
     self._graph_ops = len(built.graph.get_operations())
     self._echo('built the training graph in %.1f s' % (time.time() - started))
