@@ -2,31 +2,43 @@
 
 Lingvo's learner, on every training step, takes the global norm of all the
 gradients and of all the variables (its ``grad_norm/all`` and
-``var_norm/all`` metrics, and the scale of gradient clipping), and, for its
-summaries, the norm of each variable and of its gradient. Each comes from
+``var_norm/all`` metrics, and the scale of global-norm gradient clipping);
+it also builds a norm summary per variable, and the L2 regularization loss
+of ``AdjustGradientsWithLpLoss``. Each comes from
 ``lingvo.core.py_utils.SumSquared``, which squares a tensor as ``v**2``:
-TensorFlow's ``Pow`` op. On CPUs, the Pow kernel runs a general power
-function on every element, where ``Square`` needs one multiply. In a
-traced step of ``mt.NumbersSmall`` the Pow ops took 93 of the two workers'
-603 ms of op time, and the trainer's step ran 1.20-1.23x as fast with Square
-(docs/BENCHMARKS.md, "Lingvo's norms: Square, not Pow").
+TensorFlow's ``Pow`` op. Grappler's arithmetic optimizer would rewrite it
+to ``Square``, but the trainer turns Grappler off for its session's graph,
+where the learner's ops live (``--session_graph_optimizer``: the whole-graph
+passes cost much of a large pipeline's first step). On CPUs the Pow kernel
+runs a general power function on every element, where ``Square`` needs one
+multiply. In a traced step of ``mt.NumbersSmall`` the Pow ops took 93 of
+the two workers' 603 ms of op time, and the trainer's step ran 1.05-1.23x
+as fast with Square (docs/BENCHMARKS.md, "Lingvo's norms: Square, not
+Pow").
 
-The sums do not change beyond rounding. ``Square`` is exactly rounded,
-while ``Pow`` can be one ulp off on some elements (up to 1.2e-7 relative in
-float32). Only the norms change; the loss, the gradients and the update
-are built as before.
+The sums change only in rounding: Square is exactly rounded, Pow and Square
+differ by one unit in the last place on some elements (at most 1.2e-7
+relative in float32). The metrics match to that precision; where global-norm
+clipping scales the gradients (the Transformers' params), the update moves
+by as little, so training is no longer bit for bit that of Lingvo's ops.
 
 ``SquareNorms()`` swaps ``py_utils.SumSquared`` for the Square form while a
-graph is built, then puts Lingvo's back, so Lingvo outside that block is
-unchanged. The trainer builds its graphs inside it unless
+graph is built, then puts back what was there, so Lingvo outside that block
+is unchanged. The trainer builds its graphs inside it unless
 ``--square_norms=false``.
 """
 
 import contextlib
+import threading
 
 from gpipe.compat import lingvo_import  # pylint: disable=unused-import
 from lingvo import compat as tf
 from lingvo.core import py_utils
+
+# Lingvo's own, as imported.
+_LINGVOS = py_utils.SumSquared
+# One block at a time in the process: the swap is of a module attribute.
+_LOCK = threading.RLock()
 
 
 def SumSquared(tensors):
@@ -37,7 +49,7 @@ def SumSquared(tensors):
       sum is placed on that tensor's device, as in Lingvo.
 
   Returns:
-    A scalar Tensor: 0.0 for an empty list.
+    A scalar Tensor: a float32 0.0 for an empty list.
   """
   with tf.name_scope('SumSquared'):
     sums = []
@@ -54,19 +66,20 @@ def SumSquared(tensors):
 def SquareNorms(enabled=True):
   """Lingvo's ``py_utils.SumSquared`` is ``SumSquared`` inside the block.
 
+  Blocks of other threads wait for this one to end; a block nested in it
+  (of this thread) installs its own choice until it ends.
+
   Args:
-    enabled: False leaves Lingvo's own in place (the block does nothing).
+    enabled: False makes it Lingvo's own inside the block.
 
   Yields:
-    Nothing. Lingvo's function is restored on leaving the block, even when
-    the block raises.
+    Nothing. What was there before is put back on leaving the block, even
+    when the block raises.
   """
-  if not enabled:
-    yield
-    return
-  lingvos = py_utils.SumSquared
-  py_utils.SumSquared = SumSquared
-  try:
-    yield
-  finally:
-    py_utils.SumSquared = lingvos
+  with _LOCK:
+    previous = py_utils.SumSquared
+    try:
+      py_utils.SumSquared = SumSquared if enabled else _LINGVOS
+      yield
+    finally:
+      py_utils.SumSquared = previous

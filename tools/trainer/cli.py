@@ -137,7 +137,8 @@ def Main(run, echo):
   if run.mode == 'inspect_model':
     inspect_model.Inspect(run.train, echo=echo)
     if inspect_model.HasGpuStages(run.placement):
-      inspect_model.AuditGpus(run.train, run.placement, run.seed, echo=echo)
+      inspect_model.AuditGpus(run.train, run.placement, run.seed, echo=echo,
+                              square_norms=run.square_norms)
     return 0
   placement = run.placement
   try:

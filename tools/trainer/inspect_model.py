@@ -157,7 +157,7 @@ def HasGpuStages(placement):
   return placement is not None and placement.device_type == 'GPU'
 
 
-def AuditGpus(cfg, placement, seed=1234, echo=print):
+def AuditGpus(cfg, placement, seed=1234, echo=print, square_norms=True):
   """Builds the training graph on the planned GPUs and prints its audit.
 
   Nothing runs and no weight is allocated: the graph is read against
@@ -171,6 +171,8 @@ def AuditGpus(cfg, placement, seed=1234, echo=print):
     placement: the planned placement.Placement of those devices.
     seed: the graph-level random seed.
     echo: prints a line.
+    square_norms: the learner's norms as the trainer builds them
+      (``model_graph.Build``, --square_norms).
 
   Returns:
     The gpu_audit.AuditResult.
@@ -188,7 +190,8 @@ def AuditGpus(cfg, placement, seed=1234, echo=print):
   # Lingvo logs every variable it creates; the report is what matters here.
   logging.set_verbosity(logging.ERROR)
   try:
-    built = model_graph.Build(cfg, placement, 'train', seed)
+    built = model_graph.Build(cfg, placement, 'train', seed,
+                              square_norms=square_norms)
   except ValueError as e:
     raise ValueError('the GPU audit could not build the training graph: %s'
                      % e) from e

@@ -169,9 +169,12 @@ class Settings:
       "step and of the session master's memory.")
   square_norms: bool = Setting(
       True, "Build Lingvo's learner's squared norms (its grad_norm and "
-      'var_norm metrics, gradient clipping, norm summaries) with Square ops, '
-      'not Pow: the same sums to within rounding, a faster step on CPUs '
-      "(gpipe/compat/lingvo_norms.py). false: Lingvo's own Pow ops.")
+      'var_norm metrics, global-norm clipping, L2 regularization, norm '
+      'summaries) with Square ops, not Pow: the same sums to within '
+      'rounding, a faster step on CPUs (gpipe/compat/lingvo_norms.py). '
+      "false: Lingvo's own Pow ops. With --session_graph_optimizer, "
+      'Grappler makes that rewrite itself. The planner times the trainer '
+      'with the default.')
   step_timeout_secs: int = Setting(
       300, 'A session run longer than this fails (lost workers).')
   eval_after_train: bool = Setting(
