@@ -55,6 +55,15 @@ class SumSquaredTest(test_utils.TestCase):
     # What the swap removes: Lingvo squares with Pow.
     self.assertIn('Pow', _OpTypes(graph, 'lingvos/'))
 
+  def testSquareAndPowDifferByAtMostOneUlpPerElement(self):
+    x = np.random.default_rng(5).standard_normal(1 << 20).astype(np.float32)
+    with self.session(graph=tf.Graph()) as sess:
+      pow2, square = sess.run([tf.constant(x)**2, tf.square(x)])
+    ulp = np.spacing(np.maximum(np.abs(pow2), np.abs(square)))
+    self.assertTrue(np.all(np.abs(pow2 - square) <= ulp))
+    # Square is exactly rounded.
+    self.assertTrue(np.array_equal(square, x * x))
+
   def testLingvosIsSwappedInsideTheBlockOnly(self):
     with tf.Graph().as_default() as graph:
       v = tf.ones([4, 4])

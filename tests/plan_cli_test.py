@@ -129,6 +129,8 @@ class PlanCliTest(absltest.TestCase):
       self.assertAlmostEqual(float(ms), min(float(a), float(b)), delta=0.051)
     self.assertEqual([c.label for c in trainer_step.References(profile, 2)],
                      profile.trainer_reference['configs'])
+    # Timed with the trainer's defaults: Lingvo's norms built with Square.
+    self.assertIs(profile.trainer_reference['square_norms'], True)
     self.assertEqual([f.rows for f in profile.factors], [profile.batch // 2])
     self.assertEqual(profile.update_factor, 1.0)
     # The search predicts the references by their measured steps; the pick
@@ -141,6 +143,19 @@ class PlanCliTest(absltest.TestCase):
     self.assertIn('| trainer |', out)
     if result.best.measured:
       self.assertIn('as measured through the trainer while planning', out)
+
+  def testAProfileTimedBeforeSquareNormsIsNoted(self):
+    profile = profile_lib.Load(self.profile)
+    reference = dict(configs=[], devices=2, seconds=[], measured=[],
+                     fit_error=0.0, own_error=0.0)
+    for record, noted in ((reference, True),
+                          (dict(reference, square_norms=True), False)):
+      path = os.path.join(self.dir, 'timed.json')
+      profile_lib.Save(profile.Replace(trainer_reference=record), path)
+      code, _, err = _Main('--profile', path, '--devices', '2')
+      self.assertEqual(code, 0, err)
+      self.assertEqual("built Lingvo's norms with Square ops" in err, noted,
+                       err)
 
   def testACapBelowTheWeightsIsRefusedBeforeMeasuring(self):
     # The toy's 13,130 float32 weights (52,520 bytes) over 2 devices, x (1 +
@@ -262,7 +277,8 @@ class TrainerRunsTest(absltest.TestCase):
     with timed_run.TrainerRuns('toy', 2, 4, 8, logdir, command=[
         sys.executable, '-c', ended % '']) as runs:
       with self.assertRaisesRegex(timed_run.TimedRunError,
-                                  r'failed after its runs \(exit status 5\)'):
+                                  r'failed before its run 1 \(of /p/10.json\) '
+                                  r'ended \(exit status 5\)'):
         runs.Run(['/p/10.json'], batch=4, timeout=60, again=again)
     again.assert_not_called()
 
@@ -302,14 +318,32 @@ class TrainerRunsTest(absltest.TestCase):
       out = runs.Run(['/p/10.json'], batch=4, timeout=60,
                      again=lambda r: [0], log=logged.append)
     self.assertEqual([round(4.0 / s[0]) for s, _ in out], [10, 13])
-    self.assertRegex(logged[0], r'failed after both rounds of runs; their '
+    self.assertRegex(logged[0], r'failed after all its runs ended; their '
                      r'runs count: .*exit status 6')
-    # Without a second round that failure is said, as a failed run.
+    # The same with one round.
+    logged = []
     with timed_run.TrainerRuns('toy', 2, 4, 8, logdir, command=[
         sys.executable, '-c', ended % '']) as runs:
-      with self.assertRaisesRegex(timed_run.TimedRunError,
-                                  r'failed after its runs \(exit status 6\)'):
-        runs.Run(['/p/10.json'], batch=4, timeout=60, again=lambda r: [])
+      out = runs.Run(['/p/10.json'], batch=4, timeout=60,
+                     again=lambda r: [], log=logged.append)
+    self.assertEqual([round(4.0 / s[0]) for s, _ in out], [10])
+    self.assertRegex(logged[0], r'failed after all its runs ended')
+    # A second-round run that logged its steps but did not end (the child
+    # failed within it): the first round counts, not a run cut short.
+    cut = _FAKE_CHILD.replace(
+        "  print('timed_run: plan %%d ended' %% i, flush=True)",
+        "  if i > 1:\n    sys.exit(7)\n"
+        "  print('timed_run: plan %%d ended' %% i, flush=True)")
+    self.assertNotEqual(cut, _FAKE_CHILD)
+    logged = []
+    with timed_run.TrainerRuns('toy', 2, 4, 8, logdir, command=[
+        sys.executable, '-c', cut % '']) as runs:
+      out = runs.Run(['/p/10.json'], batch=4, timeout=60,
+                     again=lambda r: [0], log=logged.append)
+    self.assertEqual([round(4.0 / s[0]) for s, _ in out], [10])
+    self.assertRegex(logged[0], r"the first round's runs count: the trainer "
+                     r'failed before its run 2 \(of /p/10.json\) ended '
+                     r'\(exit status 7\)')
 
   def testARoundPastItsTimeoutStopsTheChild(self):
     with self._Runs('time.sleep(600)') as runs:

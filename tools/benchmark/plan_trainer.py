@@ -86,7 +86,7 @@ def RangeError(predicted_ms, passes_ms):
 
   A configuration's passes on a shared machine differ by as much as a
   prediction may miss (the largest spread of one of a model's
-  configurations' three passes was 17-53% on the 2-core machine of
+  configurations' three passes was 8-53% on the 2-core machine of
   docs/BENCHMARKS.md): a prediction between its slowest and fastest pass
   is as close as another pass of the trainer was. Lenient where the passes
   spread widely (the error against the fastest pass stands beside it).

@@ -292,6 +292,9 @@ def _FitToTheTrainer(args, log, profile, started):
         1e3 * simulator.Predict(fitted, ref.config).step_seconds))
   record = trainer_fit.ReferenceRecord(profile, fitted, measured,
                                        args.devices)
+  # The reference runs are the trainer's with its defaults: Lingvo's norms
+  # built with Square (--square_norms; gpipe/compat/lingvo_norms.py).
+  record['square_norms'] = True
   log('the fit\'s largest error: %.0f%% on the measured steps, %.0f%% on '
       'one left out of the fit (the search uses the measured steps, and '
       'ranks the others as if %.0f%% longer)' % (
@@ -323,6 +326,11 @@ def Plan(args, log=print):
           'device(s), not %d: what it adds may differ; measure again with '
           '--model for the exact figure' % (reference['devices'],
                                             args.devices))
+    if reference and not reference.get('square_norms'):
+      log('note: the trainer\'s step in this profile was timed before the '
+          'trainer built Lingvo\'s norms with Square ops (--square_norms): '
+          'models with large weights now step faster than it says; measure '
+          'again with --model')
   elif args.model:
     profile = MeasureProfile(args, log, cap)
   else:

@@ -334,7 +334,9 @@ class Placement:
     stage functions, which each worker still optimizes when it
     instantiates them; on the session graph itself Grappler found little
     and its passes over the whole graph took a large share of the first
-    step and of the master's memory (docs/BENCHMARKS.md, "Start-up").
+    step and of the master's memory (docs/BENCHMARKS.md, "Start-up"). The
+    one rewrite of its that mattered there, Lingvo's norms' Pow(x, 2) to
+    Square, the trainer builds itself (--square_norms).
     """
     config = tf.compat.v1.ConfigProto(
         allow_soft_placement=True,

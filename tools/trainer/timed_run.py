@@ -253,14 +253,15 @@ class TrainerRuns:
     Returns:
       A list, per run (each of `plan_paths`, then the runs `again` asked
       for), of (seconds per logged interval, the traced step's
-      timeline.TaskTimes); only the first round's when the second failed
-      or timed out (logged, the child stopped); all when every run ended
-      and the child failed after a second round (logged).
+      timeline.TaskTimes); only the first round's when a later round
+      failed or timed out (logged, the child stopped); all when every run
+      ended (its end marker printed) and the child failed after them
+      (logged).
 
     Raises:
       TimedRunError: the child timed out, failed, or printed no step times
-        for a plan of the first round (with its last line), or failed after
-        the runs of a single round.
+        for a plan of the first round, or failed before a run of the first
+        round ended (with its last line).
     """
     sent = time.time()
     deadline = None if timeout is None else sent + timeout
@@ -288,11 +289,9 @@ class TrainerRuns:
       return self._Finish(paths, intervals, batch, sent, deadline, timeout,
                           log)
     except _FailedAfterRuns as e:
-      if first is None:
-        raise
-      # Both rounds' runs ended, then the child failed.
+      # Every run ended (its end marker printed), then the child failed.
       if log:
-        log('the trainer failed after both rounds of runs; their runs '
+        log('the trainer failed after all its runs ended; their runs '
             'count: %s' % e)
       return e.results
     except TimedRunError as e:
@@ -323,10 +322,20 @@ class TrainerRuns:
     output = self._Output()
     if self._child.returncode:
       lines = [l for l in output.splitlines() if l.strip()]
+      last = lines[-1] if lines else 'no output'
+      ended = [any(l.rstrip().endswith(DONE_MARKER % (i + 1))
+                   for l in output.splitlines()) for i in range(len(paths))]
+      if not all(ended):
+        # Steps were logged, but a run did not end: its figures may be
+        # those of a few intervals.
+        raise TimedRunError(
+            'the trainer failed before its run %d (of %s) ended (exit '
+            'status %d): %s' % (ended.index(False) + 1,
+                                paths[ended.index(False)],
+                                self._child.returncode, last))
       raise _FailedAfterRuns(
           'the trainer failed after its runs (exit status %d): %s' % (
-              self._child.returncode, lines[-1] if lines else 'no output'),
-          out)
+              self._child.returncode, last), out)
     if log:
       for line in output.splitlines():
         if line.startswith(BUILT_AHEAD_LINE):
