@@ -292,55 +292,49 @@ class TrainerRunsTest(absltest.TestCase):
                  again=again)
     again.assert_not_called()
 
-  def testAFailedSecondRoundKeepsTheFirstRoundsRuns(self):
-    # Plan 999 exits 4 in the second round, after its marker.
-    failing = _FAKE_CHILD.replace('    time.sleep(600)\n', '    sys.exit(4)\n')
-    self.assertNotEqual(failing, _FAKE_CHILD)
+  def _Variant(self, old, new):
+    """_FAKE_CHILD with `old` replaced by `new` (which must be there)."""
+    variant = _FAKE_CHILD.replace(old, new)
+    self.assertNotEqual(variant, _FAKE_CHILD)
+    return variant
+
+  def _Rates(self, child, plans, again):
+    """Each run's rate from a stand-in `child` (source) of `plans`; logs."""
     logged = []
     logdir = self.create_tempdir().full_path
     with timed_run.TrainerRuns('toy', 2, 4, 8, logdir, command=[
-        sys.executable, '-c', failing % '']) as runs:
-      out = runs.Run(['/p/999.json', '/p/20.json'], batch=4, timeout=60,
-                     again=lambda r: [0, 1], log=logged.append)
-    self.assertEqual([round(4.0 / s[0]) for s, _ in out], [999, 23])
+        sys.executable, '-c', child % '']) as runs:
+      out = runs.Run(plans, batch=4, timeout=60, again=again,
+                     log=logged.append)
+    return [round(4.0 / s[0]) for s, _ in out], logged
+
+  def testAFailedSecondRoundKeepsTheFirstRoundsRuns(self):
+    # Plan 999 exits 4 in the second round, after its marker.
+    failing = self._Variant('    time.sleep(600)\n', '    sys.exit(4)\n')
+    rates, logged = self._Rates(failing, ['/p/999.json', '/p/20.json'],
+                                lambda r: [0, 1])
+    self.assertEqual(rates, [999, 23])
     self.assertLen(logged, 1)
     self.assertRegex(logged[0], r"the first round's runs count: the trainer "
                      r'failed with /p/999.json \(exit status 4\)')
-    # Both rounds' runs ended, then the child failed: all of them count.
-    ended = _FAKE_CHILD.replace(
-        'for i, line in enumerate(sys.stdin, 1):',
-        'import atexit; atexit.register(lambda: os._exit(6))\n'
-        'for i, line in enumerate(sys.stdin, 1):')
-    self.assertNotEqual(ended, _FAKE_CHILD)
-    logged = []
-    with timed_run.TrainerRuns('toy', 2, 4, 8, logdir, command=[
-        sys.executable, '-c', ended % '']) as runs:
-      out = runs.Run(['/p/10.json'], batch=4, timeout=60,
-                     again=lambda r: [0], log=logged.append)
-    self.assertEqual([round(4.0 / s[0]) for s, _ in out], [10, 13])
+    # Both rounds' runs ended, then the child failed: all of them count;
+    # the same with one round.
+    ended = self._Variant('for i, line in enumerate(sys.stdin, 1):',
+                          'import atexit; atexit.register(lambda: os._exit(6))'
+                          '\nfor i, line in enumerate(sys.stdin, 1):')
+    rates, logged = self._Rates(ended, ['/p/10.json'], lambda r: [0])
+    self.assertEqual(rates, [10, 13])
     self.assertRegex(logged[0], r'failed after all its runs ended; their '
                      r'runs count: .*exit status 6')
-    # The same with one round.
-    logged = []
-    with timed_run.TrainerRuns('toy', 2, 4, 8, logdir, command=[
-        sys.executable, '-c', ended % '']) as runs:
-      out = runs.Run(['/p/10.json'], batch=4, timeout=60,
-                     again=lambda r: [], log=logged.append)
-    self.assertEqual([round(4.0 / s[0]) for s, _ in out], [10])
+    rates, logged = self._Rates(ended, ['/p/10.json'], lambda r: [])
+    self.assertEqual(rates, [10])
     self.assertRegex(logged[0], r'failed after all its runs ended')
     # A second-round run that logged its steps but did not end (the child
     # failed within it): the first round counts, not a run cut short.
-    cut = _FAKE_CHILD.replace(
-        "  print('timed_run: plan %%d ended' %% i, flush=True)",
-        "  if i > 1:\n    sys.exit(7)\n"
-        "  print('timed_run: plan %%d ended' %% i, flush=True)")
-    self.assertNotEqual(cut, _FAKE_CHILD)
-    logged = []
-    with timed_run.TrainerRuns('toy', 2, 4, 8, logdir, command=[
-        sys.executable, '-c', cut % '']) as runs:
-      out = runs.Run(['/p/10.json'], batch=4, timeout=60,
-                     again=lambda r: [0], log=logged.append)
-    self.assertEqual([round(4.0 / s[0]) for s, _ in out], [10])
+    end = "  print('timed_run: plan %%d ended' %% i, flush=True)"
+    cut = self._Variant(end, '  if i > 1:\n    sys.exit(7)\n' + end)
+    rates, logged = self._Rates(cut, ['/p/10.json'], lambda r: [0])
+    self.assertEqual(rates, [10])
     self.assertRegex(logged[0], r"the first round's runs count: the trainer "
                      r'failed before its run 2 \(of /p/10.json\) ended '
                      r'\(exit status 7\)')
