@@ -13,8 +13,8 @@ passes cost much of a large pipeline's first step). On CPUs the Pow kernel
 runs a general power function on every element, where ``Square`` needs one
 multiply. In a traced step of ``mt.NumbersSmall`` the Pow ops took 93 of
 the two workers' 603 ms of op time, and the trainer's step ran 1.05-1.57x
-as fast with Square (data-parallel most) (docs/BENCHMARKS.md, "Lingvo's norms: Square, not
-Pow").
+as fast with Square, data-parallel most (docs/BENCHMARKS.md, "Lingvo's
+norms: Square, not Pow").
 
 The sums change only in rounding: Square is exactly rounded, Pow and Square
 differ by one unit in the last place on some elements (at most 1.2e-7

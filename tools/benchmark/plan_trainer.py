@@ -236,20 +236,18 @@ def PlanTrainer(args):
                             error=failed[i]))
         continue
       seconds, steps = min(runs[i], key=lambda run: run[0])
+      passes = [1e3 * run[0] for run in runs[i]]
       predicted = c.prediction.step_seconds
       # The planner's own measurement of it (the prediction) or its fit's.
       measured.append(dict(config=c.config.label, pick=i == 0,
                            reference=bool(c.measured),
                            predicted_ms=1e3 * predicted,
                            measured_ms=1e3 * seconds,
-                           passes_ms=[1e3 * run[0] for run in runs[i]],
+                           passes_ms=passes,
                            step_ms=[1e3 * s for s in steps],
                            error=predicted / seconds - 1,
-                           range_error=RangeError(
-                               1e3 * predicted,
-                               [1e3 * run[0] for run in runs[i]]),
-                           spread=(max(run[0] for run in runs[i]) /
-                                   seconds - 1)))
+                           range_error=RangeError(1e3 * predicted, passes),
+                           spread=max(passes) / min(passes) - 1))
     if not measured:
       continue
     fastest = min(m['measured_ms'] for m in measured)

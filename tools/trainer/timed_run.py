@@ -323,8 +323,7 @@ class TrainerRuns:
     if self._child.returncode:
       lines = [l for l in output.splitlines() if l.strip()]
       last = lines[-1] if lines else 'no output'
-      ended = [any(l.rstrip().endswith(DONE_MARKER % (i + 1))
-                   for l in output.splitlines()) for i in range(len(paths))]
+      ended = [_Ended(output, i + 1) for i in range(len(paths))]
       if not all(ended):
         # Steps were logged, but a run did not end: its figures may be
         # those of a few intervals.
@@ -375,9 +374,7 @@ class TrainerRuns:
 
     The marker may end a line that a library's unterminated output began.
     """
-    marker = DONE_MARKER % count
-    while not any(l.rstrip().endswith(marker)
-                  for l in self._Output().splitlines()):
+    while not _Ended(self._Output(), count):
       if self._child.poll() is not None:
         return  # _Results says why.
       if deadline is not None and time.time() > deadline:
@@ -403,6 +400,15 @@ class TrainerRuns:
       out.append((seconds, _TracedTasks(os.path.join(self._logdir,
                                                      RUN_DIR % i))))
     return out
+
+
+def _Ended(output, count):
+  """Whether the child's `output` has run `count`'s (1-based) end marker.
+
+  The marker may end a line that a library's unterminated output began.
+  """
+  marker = DONE_MARKER % count
+  return any(l.rstrip().endswith(marker) for l in output.splitlines())
 
 
 def _TimedOut(steps, paths, timeout):
