@@ -141,6 +141,32 @@ class PlanTrainerTest(test_utils.TestCase):
                            80.0 / 90.0 - 1)
     self.assertAlmostEqual(plan_trainer.RangeError(5.0, [4.0]), 0.25)
 
+  def testSideBySideFactorsOutEachPasssSpeed(self):
+    predicted = [100.0, 120.0, 90.0]
+    # Right relative to each other, every pass's speed its own: no error,
+    # and each pass's factor is its speed against the prediction.
+    passes = [[p * f for f in (1.2, 0.9, 1.0)] for p in predicted]
+    errors, speeds = plan_trainer.SideBySide(predicted, passes)
+    for e in errors:
+      self.assertAlmostEqual(e, 0.0)
+    for s, f in zip(speeds, (1.2, 0.9, 1.0)):
+      self.assertAlmostEqual(s, f)
+    # The second configuration 20% slower than predicted in every pass
+    # against the others, whatever the pass's speed.
+    passes[1] = [p * 1.2 for p in passes[1]]
+    errors, speeds = plan_trainer.SideBySide(predicted, passes)
+    g = 1.2 ** (1 / 3)  # The pass's speed takes a third of it.
+    self.assertAlmostEqual(errors[1], g / 1.2 - 1)
+    self.assertAlmostEqual(errors[0], g - 1)
+    self.assertAlmostEqual(speeds[0], 1.2 * g)
+    # The median over passes: one pass's outlier does not decide.
+    errors, _ = plan_trainer.SideBySide(
+        [10.0, 10.0], [[10.0, 10.0, 30.0], [10.0, 10.0, 10.0]])
+    self.assertEqual(errors, [0.0, 0.0])
+    # One configuration is its own scale: nothing to say.
+    self.assertEqual(plan_trainer.SideBySide([10.0], [[12.0, 11.0]]),
+                     (None, None))
+
 
 if __name__ == '__main__':
   tf.test.main()

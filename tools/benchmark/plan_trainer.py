@@ -23,7 +23,11 @@ It reports per configuration the predicted and measured step (ms), the error
 against the fastest pass and how far the prediction lies outside the passes'
 own range (``RangeError``, a lenient bound beside the error: a shared
 machine's passes of one configuration differ by as much as a prediction may
-miss), marking those the planner measured while planning ("measured in
+miss) and the error side by side (``SideBySide``: each pass's configurations
+against each other, the pass's common speed against the planning run's
+factored out; it is what the pick rests on, and a machine whose speed moved
+between planning and the passes moves the error against the fastest pass
+but not this one), marking those the planner measured while planning ("measured in
 planning": their prediction is that measurement, this run checks it again)
 apart from those it extrapolated with its fit; per model the planning time,
 the largest error of each kind, the largest spread of one configuration's
@@ -33,6 +37,7 @@ and, when not, whether the passes tell the two apart at all
 """
 
 import json
+import math
 import os
 import re
 import statistics
@@ -105,6 +110,51 @@ def RangeError(predicted_ms, passes_ms):
   if predicted_ms > high:
     return predicted_ms / high - 1
   return 0.0
+
+
+def SideBySide(predicted_ms, passes_ms):
+  """The predictions against the passes with each pass's speed factored out.
+
+  A shared machine's speed moves over minutes (the same configuration's
+  passes differed by up to 53% on the 2-core machine of docs/BENCHMARKS.md,
+  and whole passes by up to a fifth against the planning run). The
+  configurations a pass trains, a few minutes apart, share its speed: the
+  ratio of the pass's steps to the predictions, their geometric mean over
+  the pass's configurations, is that pass's speed against the planning
+  run's; a prediction scaled by it is compared with the pass's step. What is
+  left is the planner's error in the configurations' steps relative to each
+  other, which is what its pick rests on.
+
+  Args:
+    predicted_ms: each configuration's predicted step.
+    passes_ms: per configuration, its step in each pass (pass n of every
+      configuration ran in the same pass over them all).
+
+  Returns:
+    (errors: per configuration, the median over passes of
+    predicted * speed / measured - 1; speeds: per pass, its speed factor,
+    above 1 when the pass ran slower than predicted), or (None, None) with
+    fewer than two configurations (one is its own scale).
+  """
+  if len(predicted_ms) < 2:
+    return None, None
+  count = min(len(p) for p in passes_ms)
+  speeds = [math.exp(statistics.mean(
+      math.log(p[n] / predicted) for predicted, p in zip(predicted_ms,
+                                                          passes_ms)))
+            for n in range(count)]
+  errors = [statistics.median(predicted * speeds[n] / p[n] - 1
+                              for n in range(count))
+            for predicted, p in zip(predicted_ms, passes_ms)]
+  return errors, speeds
+
+
+def _Percent(x):
+  return '-' if x is None else '%.0f%%' % (100 * x)
+
+
+def _Signed(x):
+  return '-' if x is None else '%+.0f%%' % (100 * x)
 
 
 def _Family(schedule):
@@ -250,6 +300,10 @@ def PlanTrainer(args):
                            spread=max(passes) / min(passes) - 1))
     if not measured:
       continue
+    side_by_side, speeds = SideBySide([m['predicted_ms'] for m in measured],
+                                      [m['passes_ms'] for m in measured])
+    for i, m in enumerate(measured):
+      m['side_by_side_error'] = side_by_side[i] if side_by_side else None
     fastest = min(m['measured_ms'] for m in measured)
     pick = measured[0] if measured[0]['pick'] else None
     within, overlaps = PickVerdicts(measured)
@@ -274,6 +328,9 @@ def PlanTrainer(args):
         largest_range_error=max((m['range_error'] for m in measured),
                                 key=abs),
         largest_spread=max(m['spread'] for m in measured),
+        largest_side_by_side_error=(max(side_by_side, key=abs)
+                                    if side_by_side else None),
+        pass_speeds=speeds,
         configurations=measured))
     for m in measured:
       rows.append([model, m['config'] + (' (pick)' if m['pick'] else '') +
@@ -282,27 +339,29 @@ def PlanTrainer(args):
                    '%.1f' % m['predicted_ms'],
                    ' / '.join('%.1f' % x for x in m['passes_ms']),
                    '%+.0f%%' % (100 * m['error']),
-                   '%+.0f%%' % (100 * m['range_error'])])
+                   '%+.0f%%' % (100 * m['range_error']),
+                   _Signed(m['side_by_side_error'])])
     report.Log('  %s: planned in %.0f s; pick %s measured %s (fastest '
                '%.1f ms)' % (model, plan_seconds, result.best.config.label,
                              '%.1f ms' % pick['measured_ms'] if pick else
                              'refused by the trainer', fastest))
-  def Percent(x):
-    return '-' if x is None else '%.0f%%' % (100 * x)
-
   summary = report.Table(
       ['model', 'planning (s)', 'trainer adds (ms)', 'task factors F/B/W',
        "fit's error on its references", 'largest error, measured in planning',
        'largest error, extrapolated', "largest spread of a configuration's "
        'passes', "largest error outside the passes' range",
+       'largest error side by side', "passes' speed against planning",
        'pick is the fastest measured', "pick's passes reach the fastest's"],
       [[r['model'], '%.0f' % r['plan_seconds'], '%.1f' % r['trainer_ms'],
         '/'.join('%.2f' % r['task_factors'][k] for k in 'FBW')
-        if r['task_factors'] else '-', Percent(r['fit_error']),
-        Percent(r['largest_error_measured']),
-        Percent(r['largest_error_extrapolated']),
-        Percent(r['largest_spread']),
+        if r['task_factors'] else '-', _Percent(r['fit_error']),
+        _Percent(r['largest_error_measured']),
+        _Percent(r['largest_error_extrapolated']),
+        _Percent(r['largest_spread']),
         '%+.0f%%' % (100 * r['largest_range_error']),
+        _Signed(r['largest_side_by_side_error']),
+        ' / '.join('%.2f' % s for s in r['pass_speeds'])
+        if r['pass_speeds'] else '-',
         'yes' if r['pick_is_fastest'] else 'no',
         'yes' if r['pick_overlaps_fastest'] else 'no'] for r in results])
   notes = ['The trainer refused %s of %s%s: %s' % (
@@ -311,7 +370,8 @@ def PlanTrainer(args):
   markdown = '\n'.join([
       title, report.Table(['model', 'configuration', 'predicted step (ms)',
                            'trainer step (ms), each pass', 'error',
-                           "outside the passes' range"], rows),
+                           "outside the passes' range", 'side by side'],
+                    rows),
       ''] + notes + ['',
       summary, ''])
   print(markdown, flush=True)
