@@ -84,6 +84,14 @@ class ElasticAfterLossTest(test_utils.TestCase):
         reshape.Shape(1, count, 4, 'gpipe'), None, 'fallback', 'test')
     return e
 
+  def testOnlyTheRunAsStartedKeepsItsPlansPrediction(self):
+    e = self._Elastic()
+    e._start_run = types.SimpleNamespace(planned_examples_per_second=320.0)
+    self.assertEqual(e._PlannedRate(e._choice), 320.0)
+    for how in (reshape.PROFILE, reshape.FALLBACK, 'rebalance'):
+      self.assertIsNone(e._PlannedRate(dataclasses.replace(e._choice,
+                                                           how=how)))
+
   def testATaskInUseMovedInTheClusterFileIsAskedForItsDevices(self):
     e = self._Elastic()
     with open(self.spec, 'w') as f:

@@ -141,24 +141,30 @@ class PlanTrainerTest(test_utils.TestCase):
                            80.0 / 90.0 - 1)
     self.assertAlmostEqual(plan_trainer.RangeError(5.0, [4.0]), 0.25)
 
-  def testSideBySideFactorsOutEachPasssSpeed(self):
+  def testSideBySideJudgesEachAgainstTheOthersOfItsPass(self):
     predicted = [100.0, 120.0, 90.0]
     # Right relative to each other, every pass's speed its own: no error,
     # and each pass's factor is its speed against the prediction.
     passes = [[p * f for f in (1.2, 0.9, 1.0)] for p in predicted]
-    errors, speeds = plan_trainer.SideBySide(predicted, passes)
+    errors, factors = plan_trainer.SideBySide(predicted, passes)
     for e in errors:
       self.assertAlmostEqual(e, 0.0)
-    for s, f in zip(speeds, (1.2, 0.9, 1.0)):
+    for s, f in zip(factors, (1.2, 0.9, 1.0)):
       self.assertAlmostEqual(s, f)
     # The second configuration 20% slower than predicted in every pass
-    # against the others, whatever the pass's speed.
+    # against the others, whatever the pass's speed: its whole error, not
+    # diluted by its own share of the factor; the others each see it in
+    # theirs (one of their two others).
     passes[1] = [p * 1.2 for p in passes[1]]
-    errors, speeds = plan_trainer.SideBySide(predicted, passes)
-    g = 1.2 ** (1 / 3)  # The pass's speed takes a third of it.
-    self.assertAlmostEqual(errors[1], g / 1.2 - 1)
-    self.assertAlmostEqual(errors[0], g - 1)
-    self.assertAlmostEqual(speeds[0], 1.2 * g)
+    errors, factors = plan_trainer.SideBySide(predicted, passes)
+    self.assertAlmostEqual(errors[1], 1 / 1.2 - 1)
+    self.assertAlmostEqual(errors[0], 1.2 ** 0.5 - 1)
+    self.assertAlmostEqual(errors[2], 1.2 ** 0.5 - 1)
+    self.assertAlmostEqual(factors[0], 1.2 * 1.2 ** (1 / 3))
+    # Two configurations: the error in their ratio.
+    errors, _ = plan_trainer.SideBySide([10.0, 10.0], [[10.0], [12.0]])
+    self.assertAlmostEqual(errors[1], 10 / 12 - 1)
+    self.assertAlmostEqual(errors[0], 12 / 10 - 1)
     # The median over passes: one pass's outlier does not decide.
     errors, _ = plan_trainer.SideBySide(
         [10.0, 10.0], [[10.0, 10.0, 30.0], [10.0, 10.0, 10.0]])
@@ -166,7 +172,6 @@ class PlanTrainerTest(test_utils.TestCase):
     # One configuration is its own scale: nothing to say.
     self.assertEqual(plan_trainer.SideBySide([10.0], [[12.0, 11.0]]),
                      (None, None))
-
 
 if __name__ == '__main__':
   tf.test.main()

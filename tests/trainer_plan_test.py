@@ -4,6 +4,7 @@ import contextlib
 import json
 import os
 import re
+import statistics
 import subprocess
 import tempfile
 from unittest import mock
@@ -13,6 +14,8 @@ from gpipe.plan import choice
 from lingvo import compat as tf
 from tests import trainer_testlib
 from tools.trainer import planned
+from tools.trainer import summaries
+from tools.trainer import train_loop
 
 TOY = trainer_testlib.TOY
 
@@ -50,6 +53,35 @@ def _QuickMeasuring():
 
   with mock.patch.object(planned.subprocess, 'run', Run):
     yield planners
+
+
+def _AssertPlanLine(test, out, logdir, steps, every):
+  """The plan's 3200 examples/s beside the run's, on the console and chart.
+
+  The console's line gives the median of the logged intervals after the
+  first (the total over replicas, as the progress lines give it); the
+  TensorBoard run ``planned`` the prediction at every logged step, under
+  the measured one's tag.
+  """
+  rates = [float(r) for r in re.findall(
+      r'(?m)^step \d+/%d .*?([\d.]+) examples/s' % steps, out)]
+  test.assertLen(rates, steps // every, out)
+  found = re.search(r'the plan predicted 3200.0 examples/s; this run from '
+                    r'step 0: ([\d.]+) \(the median of %d logged intervals? '
+                    r'after the first\), (\d+)%% (slower|faster) than '
+                    r'planned' % (len(rates) - 1), out)
+  test.assertIsNotNone(found, out[-3000:])
+  measured = float(found.group(1))
+  test.assertAlmostEqual(measured, statistics.median(rates[1:]), delta=0.051)
+  test.assertEqual(found.group(3), 'slower' if measured < 3200 else 'faster')
+  test.assertAlmostEqual(int(found.group(2)), 100 * abs(measured / 3200 - 1),
+                         delta=1)
+  tags = summaries.Read(os.path.join(logdir, train_loop.PLAN_RUN))
+  predicted = dict(tags['examples_per_sec'])
+  test.assertEqual(sorted(predicted), list(range(every, steps + 1, every)))
+  test.assertAllClose(list(predicted.values()), [3200.0] * len(predicted))
+  measured_chart = dict(summaries.Read(logdir)['examples_per_sec'])
+  test.assertEqual(sorted(measured_chart), sorted(predicted))
 
 
 class TrainerPlanTest(tf.test.TestCase):
@@ -130,10 +162,11 @@ class TrainerPlanTest(tf.test.TestCase):
     self.assertIn("--plan chooses from uncompiled stages' measured times, "
                   'which --xla changes', err)
     code, out, err = trainer_testlib.RunInProcess(
-        model=TOY, logdir=logdir, plan=path, max_steps=1,
+        model=TOY, logdir=logdir, plan=path, max_steps=8, log_every_n_steps=2,
         eval_after_train=False, trace_every_n_steps=0)
     self.assertEqual(code, 0, err[-3000:])
     self.assertEqual(_Pipeline(out), (2, 4, 'zb_auto', 'never'))
+    _AssertPlanLine(self, out, logdir, 8, 2)
     # The plan's cut: one layer in stage 0, three in stage 1.
     self.assertRegex(out, r'(?m)^\s+0 \|\s+1 \| dense0 \.\. dense0 \|')
     self.assertRegex(out, r'(?m)^\s+1 \|\s+3 \| dense1 \.\. dense3 \|')
@@ -152,11 +185,15 @@ class TrainerPlanTest(tf.test.TestCase):
                        bubble=0.1, peak_bytes=[1.0] * 4))
     path = os.path.join(tempfile.mkdtemp(), 'toy_plan.json')
     choice.Save(plan, path)
+    logdir = tempfile.mkdtemp()
     code, out, err = trainer_testlib.RunInProcess(
-        model=TOY, logdir=tempfile.mkdtemp(), plan=path, worker_processes=2,
-        devices_per_task=2, max_steps=1, eval_after_train=False,
-        trace_every_n_steps=0)
+        model=TOY, logdir=logdir, plan=path, worker_processes=2,
+        devices_per_task=2, max_steps=4, log_every_n_steps=1,
+        eval_after_train=False, trace_every_n_steps=0)
     self.assertEqual(code, 0, (out + err)[-3000:])
+    # Two replicas: the prediction and the line are of the total examples/s.
+    self.assertRegex(out, r'step 2/4 .* examples/s \([\d.]+ per replica x 2\)')
+    _AssertPlanLine(self, out, logdir, 4, 1)
     self.assertEqual(_Pipeline(out), (4, 2, 'interleaved_1f1b', 'never'))
     self.assertIn('layout: 2 replica(s) x 4 stages on 4 devices (2 task(s) '
                   'x 2 CPU)', out)

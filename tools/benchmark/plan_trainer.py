@@ -23,12 +23,13 @@ It reports per configuration the predicted and measured step (ms), the error
 against the fastest pass and how far the prediction lies outside the passes'
 own range (``RangeError``, a lenient bound beside the error: a shared
 machine's passes of one configuration differ by as much as a prediction may
-miss) and the error side by side (``SideBySide``: each pass's configurations
-against each other, the pass's common speed against the planning run's
-factored out; it is what the pick rests on, and a machine whose speed moved
-between planning and the passes moves the error against the fastest pass
-but not this one), marking those the planner measured while planning ("measured in
-planning": their prediction is that measurement, this run checks it again)
+miss) and the error side by side (``SideBySide``: each configuration against
+the others of the same pass, what the pick rests on; a machine whose speed
+moved between planning and the passes moves the error against the fastest
+pass but not this one, nor does an error the planner makes in every
+configuration alike), marking those the planner measured while planning
+("measured in planning": their prediction is that measurement, this run
+checks it again)
 apart from those it extrapolated with its fit; per model the planning time,
 the largest error of each kind, the largest spread of one configuration's
 passes, whether the pick is within 5% of the fastest configuration measured
@@ -113,17 +114,20 @@ def RangeError(predicted_ms, passes_ms):
 
 
 def SideBySide(predicted_ms, passes_ms):
-  """The predictions against the passes with each pass's speed factored out.
+  """Each prediction against the other configurations of the same pass.
 
   A shared machine's speed moves over minutes (the same configuration's
   passes differed by up to 53% on the 2-core machine of docs/BENCHMARKS.md,
   and whole passes by up to a fifth against the planning run). The
-  configurations a pass trains, a few minutes apart, share its speed: the
-  ratio of the pass's steps to the predictions, their geometric mean over
-  the pass's configurations, is that pass's speed against the planning
-  run's; a prediction scaled by it is compared with the pass's step. What is
-  left is the planner's error in the configurations' steps relative to each
-  other, which is what its pick rests on.
+  configurations one pass trains, minutes apart, share much of its speed.
+  Each configuration's prediction is scaled by the factor of the *others*
+  in the same pass (the geometric mean of their measured / predicted steps:
+  left out, its own error is not spread over them) and compared with its
+  step in that pass. What is left is the planner's error in a configuration's
+  step relative to the others', which is what its pick rests on; with two
+  configurations it is the error in their ratio. An error every
+  configuration shares (the machine's speed, or one the planner makes in
+  all alike) is not seen here: the error against the fastest pass shows it.
 
   Args:
     predicted_ms: each configuration's predicted step.
@@ -132,21 +136,25 @@ def SideBySide(predicted_ms, passes_ms):
 
   Returns:
     (errors: per configuration, the median over passes of
-    predicted * speed / measured - 1; speeds: per pass, its speed factor,
-    above 1 when the pass ran slower than predicted), or (None, None) with
-    fewer than two configurations (one is its own scale).
+    predicted * others' factor / measured - 1; factors: per pass, the
+    geometric mean of every configuration's measured / predicted step, above
+    1 when the pass ran slower than predicted), or (None, None) with fewer
+    than two configurations.
   """
   if len(predicted_ms) < 2:
     return None, None
   count = min(len(p) for p in passes_ms)
-  speeds = [math.exp(statistics.mean(
-      math.log(p[n] / predicted) for predicted, p in zip(predicted_ms,
-                                                          passes_ms)))
-            for n in range(count)]
-  errors = [statistics.median(predicted * speeds[n] / p[n] - 1
+  logs = [[math.log(p[n] / predicted) for n in range(count)]
+          for predicted, p in zip(predicted_ms, passes_ms)]
+
+  def Factor(n, leave_out=None):
+    return math.exp(statistics.mean(
+        log[n] for i, log in enumerate(logs) if i != leave_out))
+
+  errors = [statistics.median(Factor(n, i) / math.exp(logs[i][n]) - 1
                               for n in range(count))
-            for predicted, p in zip(predicted_ms, passes_ms)]
-  return errors, speeds
+            for i in range(len(logs))]
+  return errors, [Factor(n) for n in range(count)]
 
 
 def _Percent(x):
@@ -338,8 +346,8 @@ def PlanTrainer(args):
                     ' (extrapolated)'),
                    '%.1f' % m['predicted_ms'],
                    ' / '.join('%.1f' % x for x in m['passes_ms']),
-                   '%+.0f%%' % (100 * m['error']),
-                   '%+.0f%%' % (100 * m['range_error']),
+                   _Signed(m['error']),
+                   _Signed(m['range_error']),
                    _Signed(m['side_by_side_error'])])
     report.Log('  %s: planned in %.0f s; pick %s measured %s (fastest '
                '%.1f ms)' % (model, plan_seconds, result.best.config.label,
@@ -350,7 +358,7 @@ def PlanTrainer(args):
        "fit's error on its references", 'largest error, measured in planning',
        'largest error, extrapolated', "largest spread of a configuration's "
        'passes', "largest error outside the passes' range",
-       'largest error side by side', "passes' speed against planning",
+       'largest error side by side', "each pass's factor against the plan",
        'pick is the fastest measured', "pick's passes reach the fastest's"],
       [[r['model'], '%.0f' % r['plan_seconds'], '%.1f' % r['trainer_ms'],
         '/'.join('%.2f' % r['task_factors'][k] for k in 'FBW')
@@ -358,7 +366,7 @@ def PlanTrainer(args):
         _Percent(r['largest_error_measured']),
         _Percent(r['largest_error_extrapolated']),
         _Percent(r['largest_spread']),
-        '%+.0f%%' % (100 * r['largest_range_error']),
+        _Signed(r['largest_range_error']),
         _Signed(r['largest_side_by_side_error']),
         ' / '.join('%.2f' % s for s in r['pass_speeds'])
         if r['pass_speeds'] else '-',

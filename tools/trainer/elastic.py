@@ -164,7 +164,8 @@ class Elastic:
     self._lock = self.members.lock
     self.shape = self._start
     self.replans = 0
-    self._choice = reshape.Choice(self._start, None, 'start', 'as started')
+    self._choice = reshape.Choice(self._start, None, reshape.START,
+                                  'as started')
     self._pending = None
     self._move = None
     self._fruitless = 0
@@ -314,8 +315,19 @@ class Elastic:
         local_workers=[s.index for s in used] if self._local else None)
     self._placement.remote.SetStages(train)
     self.shape, self._choice = shape, choice
-    return dataclasses.replace(self._start_run, train=train, test=test,
-                               data_parallel=shape.replicas)
+    return dataclasses.replace(
+        self._start_run, train=train, test=test, data_parallel=shape.replicas,
+        planned_examples_per_second=self._PlannedRate(choice))
+
+  def _PlannedRate(self, choice):
+    """A plan's predicted examples/s for `choice`'s run, or None.
+
+    The plan (--plan) predicted the run as started: a move's run (another
+    shape, cut or device set) is not the plan's.
+    """
+    if choice.how != reshape.START:
+      return None
+    return self._start_run.planned_examples_per_second
 
   # The loop's hooks (train_loop.TrainLoop's watch).
 

@@ -118,6 +118,11 @@ class Progress:
     self._last_time = clock()
     self._examples = 0
 
+  @property
+  def last_step(self):
+    """The step the current interval started after."""
+    return self._last_step
+
   def Count(self, num_examples):
     """Adds the examples of one finished step."""
     self._examples += num_examples

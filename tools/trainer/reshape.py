@@ -49,6 +49,8 @@ from gpipe.plan import simulator
 from gpipe.schedules import registry
 
 PROFILE = 'profile'
+# The run's shape as it started (the flags' or a plan's).
+START = 'start'
 FALLBACK = 'fallback rule'
 
 
@@ -104,7 +106,7 @@ class Choice:
   Attributes:
     shape: the Shape.
     plan: the gpipe.plan.choice.Plan it comes from (FromProfile), or None.
-    how: PROFILE or FALLBACK (or what else chose it).
+    how: START, PROFILE or FALLBACK (or what else chose it).
     note: what it keeps or changes, in words.
     cut: layers per stage to use instead of the shape's own cut (a
       rebalanced cut), or None.

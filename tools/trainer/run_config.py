@@ -48,10 +48,15 @@ class RunConfig(settings_lib.Settings):
     train: the model params with the Train() input, stage devices set.
     test: the model params with the Test() input, stage devices set (None
       for inspect_model).
+    planned_examples_per_second: the examples/s a plan (--plan) predicted
+      for this run, which the training loop sets beside what it measures;
+      None without a plan, or once the run is no longer the plan's (an
+      elastic move).
   """
   placement: Optional[placement_lib.Placement]
   train: hyperparams.Params
   test: Optional[hyperparams.Params]
+  planned_examples_per_second: Optional[float] = None
 
 
 def PrepareLogdir(logdir, mode):
@@ -216,4 +221,6 @@ def Settle(asked, plan=None, input_seed=None, environ=None, workers=None):
   except BaseException:
     placement.Stop()
     raise
-  return RunConfig(placement=placement, train=train, test=test, **settings)
+  planned = plan.predicted.get('examples_per_second') if plan else None
+  return RunConfig(placement=placement, train=train, test=test,
+                   planned_examples_per_second=planned, **settings)

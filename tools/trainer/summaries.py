@@ -4,7 +4,12 @@ Tags used by the trainer (all at the global step):
 
 * every metric the task returns (``loss``, ``accuracy``, ``top5_accuracy``,
   ``learning_rate/...``, BLEU in decode), and ``learning_rate``;
-* ``examples_per_sec``;
+* ``examples_per_sec``, ``examples_per_sec_per_replica`` with data-parallel
+  replicas, and with ``--plan`` the plan's predicted ``examples_per_sec`` in
+  the run ``planned`` (the subdirectory ``<logdir>/planned``: one chart);
+* ``trainer/worker_restarts`` after a restart; ``trainer/devices``,
+  ``trainer/replans``, ``trainer/recovery_secs`` and ``trainer/steps_redone``
+  of an elastic run;
 * ``pipeline/stage_<k>/compute_sec``, ``pipeline/stage_<k>/bubble_fraction``,
   ``pipeline/bubble_fraction`` (mean over stages), from a traced step;
 * ``memory/peak_bytes/<device>`` and ``memory/allocator_peak_bytes/<device>``,

@@ -33,6 +33,7 @@ import math
 import os
 import re
 import signal
+import statistics
 import sys
 import threading
 import time
@@ -128,6 +129,52 @@ def ConsoleMetrics(metrics):
   if lr is not None:
     shown['lr'] = lr
   return shown
+
+
+# A run this much off its plan's prediction is told to plan again.
+PLAN_OFF = 0.25
+# The TensorBoard run (a subdirectory of the logdir) of a plan's predicted
+# examples/s: under the same tag as the measured, so the two share a chart.
+PLAN_RUN = 'planned'
+
+
+def PlanLine(planned, intervals, first_step):
+  """The console line setting a plan's prediction beside the run's speed.
+
+  Args:
+    planned: the examples/s the plan predicted (``--plan``).
+    intervals: (steps, examples/s) of each logged interval after the loop's
+      first (whose steps build and warm up). A last interval shorter than
+      the others (max_steps not a multiple of the logging period) counts
+      only when nothing else does.
+    first_step: the step the loop started from.
+
+  Returns:
+    'the plan predicted P examples/s; this run from step S: M (the median
+    of N logged intervals after the first), E% slower|faster than planned',
+    with what to do when the two are more than PLAN_OFF apart; or a line
+    saying there was too little to compare.
+  """
+  full = max((steps for steps, _ in intervals), default=0)
+  rates = [rate for steps, rate in intervals if steps == full and rate > 0]
+  if not rates:
+    return ('the plan predicted %.1f examples/s; this run from step %d logged '
+            'too few intervals after its first to compare (log more often: '
+            '--log_every_n_steps)' % (planned, first_step))
+  measured = statistics.median(rates)
+  off = measured / planned - 1
+  line = ('the plan predicted %.1f examples/s; this run from step %d: %.1f '
+          '(the median of %d logged interval%s after the first), %.0f%% %s '
+          'than planned' % (
+              planned, first_step, measured, len(rates),
+              's' if len(rates) > 1 else '', 100 * abs(off),
+              'slower' if off < 0 else 'faster'))
+  if abs(off) > PLAN_OFF:
+    line += (': the machine is %s than when the plan was made, or the plan '
+             'was made elsewhere; plan again here (python -m tools.plan, or '
+             '--plan=auto with a new --logdir)' % (
+                 'slower or busier' if off < 0 else 'faster or quieter'))
+  return line
 
 
 def LearningRate(metrics):
@@ -477,6 +524,15 @@ class TrainLoop:
                                 self._placement.restarts})
       writer.Flush()
     start_step = step
+    # The plan's predicted examples/s (--plan), written beside the measured
+    # (PLAN_RUN); each logged interval after this loop's first, for the
+    # comparison at the end (PlanLine).
+    planned = self._run.planned_examples_per_second
+    plan_writer = None
+    if planned:
+      plan_writer = summaries.Writer(os.path.join(self._logdir, PLAN_RUN))
+      plan_writer.Restart(step)
+    intervals = []
     saved_step = step if last_ckpt else None
     self._last_saved = last_ckpt
     state_ok = True
@@ -530,8 +586,14 @@ class TrainLoop:
         if trace:
           self._WriteTrace(writer, step, metadata)
         if step % self._log_every == 0 or step >= max_steps:
+          interval_start = meter.last_step
           line, rate = meter.Line(step, ConsoleMetrics(metrics))
           self._echo(line)
+          if interval_start != start_step:
+            intervals.append((step - interval_start, rate))
+          if plan_writer is not None:
+            plan_writer.Scalars(step, {'examples_per_sec': planned})
+            plan_writer.Flush()
           scalars = dict(metrics)
           scalars['examples_per_sec'] = rate
           if replicas > 1:
@@ -558,10 +620,15 @@ class TrainLoop:
       raise
     finally:
       writer.Close()
+      if plan_writer is not None:
+        plan_writer.Close()
       step_log.Close()
       if state_ok:
         last_ckpt = self._SaveAtExit(sess, saver, global_step, saved_step,
                                      last_ckpt)
+    if planned and not self.moved:
+      # After the loop and its exit checkpoint: a line never costs a step.
+      self._echo(PlanLine(planned, intervals, start_step))
     return step, last_ckpt
 
   def _Save(self, sess, saver, step):
