@@ -88,9 +88,18 @@ class ElasticAfterLossTest(test_utils.TestCase):
     e = self._Elastic()
     e._start_run = types.SimpleNamespace(planned_examples_per_second=320.0)
     self.assertEqual(e._PlannedRate(e._choice), 320.0)
+    other = reshape.Shape(1, 1, 4, 'gpipe')
     for how in (reshape.PROFILE, reshape.FALLBACK, 'rebalance'):
-      self.assertIsNone(e._PlannedRate(dataclasses.replace(e._choice,
-                                                           how=how)))
+      self.assertIsNone(e._PlannedRate(reshape.Choice(other, None, how)))
+    # Back to the starting shape by the fallback rule, laid out as it
+    # started: the plan's run again. With a cut of its own (a rebalance) or
+    # a profile's plan, not.
+    self.assertEqual(e._PlannedRate(reshape.Choice(_START, None,
+                                                   reshape.FALLBACK)), 320.0)
+    self.assertIsNone(e._PlannedRate(reshape.Choice(_START, None, 'rebalance',
+                                                    cut=(1, 3))))
+    self.assertIsNone(e._PlannedRate(reshape.Choice(_START, object(),
+                                                    reshape.PROFILE)))
 
   def testATaskInUseMovedInTheClusterFileIsAskedForItsDevices(self):
     e = self._Elastic()

@@ -173,5 +173,6 @@ class PlanTrainerTest(test_utils.TestCase):
     self.assertEqual(plan_trainer.SideBySide([10.0], [[12.0, 11.0]]),
                      (None, None))
 
+
 if __name__ == '__main__':
   tf.test.main()

@@ -96,35 +96,56 @@ class RunSessionEndTest(test_utils.TestCase):
 class PlanLineTest(test_utils.TestCase):
 
   def testThePlansPredictionBesideTheMedianInterval(self):
-    line = train_loop.PlanLine(100.0, [(10, 80.0), (10, 95.0), (10, 20.0)], 0)
-    # The median (80), not the mean: one slow interval (a checkpoint) does
-    # not move it.
+    line = train_loop.PlanLine(
+        100.0, [(10, 80.0, True), (10, 95.0, True), (10, 20.0, True)], 0,
+        'toy.M')
+    # The median (80), not the mean: one slow interval does not move it.
     self.assertEqual(line, 'the plan predicted 100.0 examples/s; this run '
                      'from step 0: 80.0 (the median of 3 logged intervals '
                      'after the first), 20% slower than planned')
-    line = train_loop.PlanLine(90.0, [(5, 100.0)], 40)
+    line = train_loop.PlanLine(90.0, [(5, 100.0, True)], 40, 'toy.M')
     self.assertIn('this run from step 40: 100.0 (the median of 1 logged '
                   'interval after the first), 11% faster than planned', line)
+    self.assertIn('), as fast as planned', train_loop.PlanLine(
+        100.0, [(5, 100.2, True)], 0, 'toy.M'))
     # A last interval shorter than the others (max_steps not a multiple of
     # the period) counts only when nothing else does.
     self.assertIn(': 100.0 (the median of 2', train_loop.PlanLine(
-        100.0, [(10, 100.0), (10, 100.0), (3, 10.0)], 0))
+        100.0, [(10, 100.0, True), (10, 100.0, True), (3, 10.0, True)], 0,
+        'toy.M'))
     self.assertIn(': 10.0 (the median of 1', train_loop.PlanLine(
-        100.0, [(3, 10.0)], 0))
+        100.0, [(3, 10.0, True)], 0, 'toy.M'))
+
+  def testIntervalsWithACheckpointOrTraceCountOnlyWhenNothingElseDoes(self):
+    # The plan predicts steps, not saving, evaluating or tracing them.
+    line = train_loop.PlanLine(
+        100.0, [(10, 50.0, False), (10, 98.0, True), (10, 40.0, False),
+                (10, 96.0, True)], 0, 'toy.M')
+    self.assertIn(': 97.0 (the median of 2 logged intervals after the '
+                  'first), 3% slower', line)
+    line = train_loop.PlanLine(100.0, [(10, 50.0, False), (10, 40.0, False)],
+                               0, 'toy.M')
+    self.assertIn(': 45.0 (the median of 2 logged intervals after the first, '
+                  'each with a checkpoint, evaluation or traced step), 55% '
+                  'slower', line)
 
   def testARunFarFromItsPlanIsToldToPlanAgain(self):
-    slower = train_loop.PlanLine(200.0, [(4, 100.0), (4, 120.0)], 0)
+    slower = train_loop.PlanLine(200.0, [(4, 100.0, True), (4, 120.0, True)],
+                                 0, 'mt.NumbersSmall')
     self.assertIn('45% slower than planned: the machine is slower or busier '
                   'than when the plan was made', slower)
-    self.assertIn('plan again here (python -m tools.plan', slower)
-    faster = train_loop.PlanLine(50.0, [(4, 100.0)], 0)
+    self.assertIn('Plan again here (python -m tools.plan '
+                  '--model=mt.NumbersSmall --devices=N --plan_out=FILE, then '
+                  '--plan=FILE: the checkpoints resume)', slower)
+    faster = train_loop.PlanLine(50.0, [(4, 100.0, True)], 0, 'toy.M')
     self.assertIn('100% faster than planned: the machine is faster or '
                   'quieter', faster)
-    self.assertNotIn('plan again', train_loop.PlanLine(100.0, [(4, 90.0)], 0))
+    self.assertNotIn('Plan again', train_loop.PlanLine(
+        100.0, [(4, 90.0, True)], 0, 'toy.M'))
 
   def testTooFewIntervalsAreSaid(self):
     self.assertEqual(
-        train_loop.PlanLine(100.0, [], 12),
+        train_loop.PlanLine(100.0, [], 12, 'toy.M'),
         'the plan predicted 100.0 examples/s; this run from step 12 logged '
         'too few intervals after its first to compare (log more often: '
         '--log_every_n_steps)')

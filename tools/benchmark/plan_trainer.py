@@ -125,7 +125,10 @@ def SideBySide(predicted_ms, passes_ms):
   left out, its own error is not spread over them) and compared with its
   step in that pass. What is left is the planner's error in a configuration's
   step relative to the others', which is what its pick rests on; with two
-  configurations it is the error in their ratio. An error every
+  configurations it is the error in their ratio (both rows show it, with
+  opposite signs). One configuration's error is also in every other row's
+  factor, a 1/(n-1) share of it with n configurations: a row is judged
+  against the others as measured, outliers included. An error every
   configuration shares (the machine's speed, or one the planner makes in
   all alike) is not seen here: the error against the fastest pass shows it.
 
@@ -308,7 +311,7 @@ def PlanTrainer(args):
                            spread=max(passes) / min(passes) - 1))
     if not measured:
       continue
-    side_by_side, speeds = SideBySide([m['predicted_ms'] for m in measured],
+    side_by_side, factors = SideBySide([m['predicted_ms'] for m in measured],
                                       [m['passes_ms'] for m in measured])
     for i, m in enumerate(measured):
       m['side_by_side_error'] = side_by_side[i] if side_by_side else None
@@ -338,7 +341,7 @@ def PlanTrainer(args):
         largest_spread=max(m['spread'] for m in measured),
         largest_side_by_side_error=(max(side_by_side, key=abs)
                                     if side_by_side else None),
-        pass_speeds=speeds,
+        pass_factors=factors,
         configurations=measured))
     for m in measured:
       rows.append([model, m['config'] + (' (pick)' if m['pick'] else '') +
@@ -368,8 +371,8 @@ def PlanTrainer(args):
         _Percent(r['largest_spread']),
         _Signed(r['largest_range_error']),
         _Signed(r['largest_side_by_side_error']),
-        ' / '.join('%.2f' % s for s in r['pass_speeds'])
-        if r['pass_speeds'] else '-',
+        ' / '.join('%.2f' % s for s in r['pass_factors'])
+        if r['pass_factors'] else '-',
         'yes' if r['pick_is_fastest'] else 'no',
         'yes' if r['pick_overlaps_fastest'] else 'no'] for r in results])
   notes = ['The trainer refused %s of %s%s: %s' % (

@@ -322,10 +322,13 @@ class Elastic:
   def _PlannedRate(self, choice):
     """A plan's predicted examples/s for `choice`'s run, or None.
 
-    The plan (--plan) predicted the run as started: a move's run (another
-    shape, cut or device set) is not the plan's.
+    The plan (--plan) predicted the run as started: a move to another shape
+    or cut is not the plan's; one back to the starting shape, laid out as
+    it started (no cut or plan of its own), is.
     """
-    if choice.how != reshape.START:
+    if choice.how != reshape.START and not (
+        choice.shape == self._start and choice.plan is None and
+        choice.cut is None):
       return None
     return self._start_run.planned_examples_per_second
 

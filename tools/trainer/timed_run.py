@@ -21,6 +21,7 @@ configuration builds its graph and every one pays its first steps as a run
 of its own does.
 """
 
+import dataclasses
 import glob
 import math
 import os
@@ -562,7 +563,11 @@ def _RunPlans():
       flags_.logdir = os.path.join(base, RUN_DIR % i)
       i += 1
       echo(PLAN_MARKER % i)
-      code = cli.Main(cli.SettleFromFlags(workers=workers), echo)
+      # A reference's plan holds the layers' prediction alone (no trainer
+      # part): nothing for the trainer to set beside its speed.
+      code = cli.Main(dataclasses.replace(cli.SettleFromFlags(workers=workers),
+                                          planned_examples_per_second=None),
+                      echo)
       if code:
         return code
       echo(DONE_MARKER % i)

@@ -138,16 +138,19 @@ PLAN_OFF = 0.25
 PLAN_RUN = 'planned'
 
 
-def PlanLine(planned, intervals, first_step):
+def PlanLine(planned, intervals, first_step, model):
   """The console line setting a plan's prediction beside the run's speed.
 
   Args:
     planned: the examples/s the plan predicted (``--plan``).
-    intervals: (steps, examples/s) of each logged interval after the loop's
-      first (whose steps build and warm up). A last interval shorter than
-      the others (max_steps not a multiple of the logging period) counts
-      only when nothing else does.
+    intervals: (steps, examples/s, clean) of each logged interval after the
+      loop's first (whose steps build and warm up); clean: without a
+      checkpoint, an evaluation or a traced step, which the plan does not
+      predict. Clean intervals count when there are any; a last interval
+      shorter than the others (max_steps not a multiple of the logging
+      period) only when nothing else does.
     first_step: the step the loop started from.
+    model: the registered model (for the planner's command line).
 
   Returns:
     'the plan predicted P examples/s; this run from step S: M (the median
@@ -155,25 +158,34 @@ def PlanLine(planned, intervals, first_step):
     with what to do when the two are more than PLAN_OFF apart; or a line
     saying there was too little to compare.
   """
-  full = max((steps for steps, _ in intervals), default=0)
-  rates = [rate for steps, rate in intervals if steps == full and rate > 0]
+  counted = [i for i in intervals if i[2] and i[1] > 0] or [
+      i for i in intervals if i[1] > 0]
+  full = max((steps for steps, _, _ in counted), default=0)
+  rates = [rate for steps, rate, _ in counted if steps == full]
   if not rates:
     return ('the plan predicted %.1f examples/s; this run from step %d logged '
             'too few intervals after its first to compare (log more often: '
             '--log_every_n_steps)' % (planned, first_step))
   measured = statistics.median(rates)
   off = measured / planned - 1
+  if round(100 * off) == 0:
+    how = 'as fast as planned'
+  else:
+    how = '%.0f%% %s than planned' % (100 * abs(off),
+                                      'slower' if off < 0 else 'faster')
   line = ('the plan predicted %.1f examples/s; this run from step %d: %.1f '
-          '(the median of %d logged interval%s after the first), %.0f%% %s '
-          'than planned' % (
+          '(the median of %d logged interval%s after the first%s), %s' % (
               planned, first_step, measured, len(rates),
-              's' if len(rates) > 1 else '', 100 * abs(off),
-              'slower' if off < 0 else 'faster'))
+              's' if len(rates) > 1 else '',
+              '' if counted[0][2] else
+              ', each with a checkpoint, evaluation or traced step', how))
   if abs(off) > PLAN_OFF:
-    line += (': the machine is %s than when the plan was made, or the plan '
-             'was made elsewhere; plan again here (python -m tools.plan, or '
-             '--plan=auto with a new --logdir)' % (
-                 'slower or busier' if off < 0 else 'faster or quieter'))
+    line += (': the machine is %s than when the plan was made, the plan was '
+             'made elsewhere, or its prediction missed. Plan again here '
+             '(python -m tools.plan --model=%s --devices=N --plan_out=FILE, '
+             'then --plan=FILE: the checkpoints resume)' % (
+                 'slower or busier' if off < 0 else 'faster or quieter',
+                 model))
   return line
 
 
@@ -526,13 +538,12 @@ class TrainLoop:
     start_step = step
     # The plan's predicted examples/s (--plan), written beside the measured
     # (PLAN_RUN); each logged interval after this loop's first, for the
-    # comparison at the end (PlanLine).
+    # comparison at the end (PlanLine), and whether a checkpoint, an
+    # evaluation or a traced step fell in the current one.
     planned = self._run.planned_examples_per_second
-    plan_writer = None
-    if planned:
-      plan_writer = summaries.Writer(os.path.join(self._logdir, PLAN_RUN))
-      plan_writer.Restart(step)
+    plan_writer = self._PlanWriter(step) if planned else None
     intervals = []
+    disturbed = False
     saved_step = step if last_ckpt else None
     self._last_saved = last_ckpt
     state_ok = True
@@ -585,15 +596,17 @@ class TrainLoop:
           self._watch.FirstStep(step, writer)
         if trace:
           self._WriteTrace(writer, step, metadata)
+          disturbed = True
         if step % self._log_every == 0 or step >= max_steps:
           interval_start = meter.last_step
           line, rate = meter.Line(step, ConsoleMetrics(metrics))
           self._echo(line)
           if interval_start != start_step:
-            intervals.append((step - interval_start, rate))
+            intervals.append((step - interval_start, rate, not disturbed))
+          disturbed = False
           if plan_writer is not None:
+            # Flushed by its Close: nothing to wait for within a step.
             plan_writer.Scalars(step, {'examples_per_sec': planned})
-            plan_writer.Flush()
           scalars = dict(metrics)
           scalars['examples_per_sec'] = rate
           if replicas > 1:
@@ -608,6 +621,7 @@ class TrainLoop:
           last_ckpt = self._Save(sess, saver, step)
           saved_step = step
           self._AfterCheckpoint(last_ckpt)
+          disturbed = True  # The next interval's time holds them.
           if (self._watch is not None and step < max_steps and
               self._watch.MoveAtCheckpoint(step)):
             self.moved = True
@@ -620,16 +634,37 @@ class TrainLoop:
       raise
     finally:
       writer.Close()
-      if plan_writer is not None:
-        plan_writer.Close()
       step_log.Close()
       if state_ok:
         last_ckpt = self._SaveAtExit(sess, saver, global_step, saved_step,
                                      last_ckpt)
-    if planned and not self.moved:
+      if plan_writer is not None:
+        self._ClosePlanWriter(plan_writer)
+    if planned and not self.moved and step > start_step:
       # After the loop and its exit checkpoint: a line never costs a step.
-      self._echo(PlanLine(planned, intervals, start_step))
+      self._echo(PlanLine(planned, intervals, start_step, self._run.model))
     return step, last_ckpt
+
+  def _PlanWriter(self, step):
+    """The event writer of the plan's prediction (PLAN_RUN), or None.
+
+    A display only: a directory it cannot write is said, not fatal.
+    """
+    try:
+      plan_writer = summaries.Writer(os.path.join(self._logdir, PLAN_RUN))
+      plan_writer.Restart(step)
+      return plan_writer
+    except (tf.errors.OpError, OSError) as e:
+      self._echo('the plan\'s prediction is not written for TensorBoard '
+                 '(%s): training goes on' % str(e).splitlines()[0])
+      return None
+
+  def _ClosePlanWriter(self, plan_writer):
+    try:
+      plan_writer.Close()
+    except (tf.errors.OpError, OSError) as e:
+      self._echo('the plan\'s prediction for TensorBoard could not be '
+                 'written (%s)' % str(e).splitlines()[0])
 
   def _Save(self, sess, saver, step):
     path = self._Guarded(
