@@ -127,7 +127,10 @@ class PlanLineTest(test_utils.TestCase):
                                0, 'toy.M')
     self.assertIn(': 45.0 (the median of 2 logged intervals after the first, '
                   'each with a checkpoint, evaluation or traced step), 55% '
-                  'slower', line)
+                  'slower than planned. The plan predicts steps alone: log '
+                  'more often than the checkpoints and traces come', line)
+    # Not told to plan again for what the plan does not predict.
+    self.assertNotIn('Plan again', line)
 
   def testARunFarFromItsPlanIsToldToPlanAgain(self):
     slower = train_loop.PlanLine(200.0, [(4, 100.0, True), (4, 120.0, True)],

@@ -155,8 +155,9 @@ def PlanLine(planned, intervals, first_step, model):
   Returns:
     'the plan predicted P examples/s; this run from step S: M (the median
     of N logged intervals after the first), E% slower|faster than planned',
-    with what to do when the two are more than PLAN_OFF apart; or a line
-    saying there was too little to compare.
+    with what to do when the two are more than PLAN_OFF apart (or, when
+    every interval held a checkpoint, evaluation or trace, how to log to
+    compare steps alone); or a line saying there was too little to compare.
   """
   counted = [i for i in intervals if i[2] and i[1] > 0] or [
       i for i in intervals if i[1] > 0]
@@ -179,7 +180,12 @@ def PlanLine(planned, intervals, first_step, model):
               's' if len(rates) > 1 else '',
               '' if counted[0][2] else
               ', each with a checkpoint, evaluation or traced step', how))
-  if abs(off) > PLAN_OFF:
+  if not counted[0][2]:
+    line += ('. The plan predicts steps alone: log more often than the '
+             'checkpoints and traces come (--log_every_n_steps below '
+             '--checkpoint_every_n_steps and --trace_every_n_steps) to '
+             'compare them')
+  elif abs(off) > PLAN_OFF:
     line += (': the machine is %s than when the plan was made, the plan was '
              'made elsewhere, or its prediction missed. Plan again here '
              '(python -m tools.plan --model=%s --devices=N --plan_out=FILE, '
