@@ -159,8 +159,10 @@ def PlanLine(planned, intervals, first_step, model):
     every interval held a checkpoint, evaluation or trace, how to log to
     compare steps alone); or a line saying there was too little to compare.
   """
-  counted = [i for i in intervals if i[2] and i[1] > 0] or [
-      i for i in intervals if i[1] > 0]
+  measured_ones = [i for i in intervals if i[1] > 0]
+  counted = [i for i in measured_ones if i[2]]
+  clean = bool(counted)
+  counted = counted or measured_ones
   full = max((steps for steps, _, _ in counted), default=0)
   rates = [rate for steps, rate, _ in counted if steps == full]
   if not rates:
@@ -178,9 +180,9 @@ def PlanLine(planned, intervals, first_step, model):
           '(the median of %d logged interval%s after the first%s), %s' % (
               planned, first_step, measured, len(rates),
               's' if len(rates) > 1 else '',
-              '' if counted[0][2] else
+              '' if clean else
               ', each with a checkpoint, evaluation or traced step', how))
-  if not counted[0][2]:
+  if not clean:
     line += ('. The plan predicts steps alone: log more often than the '
              'checkpoints and traces come (--log_every_n_steps below '
              '--checkpoint_every_n_steps and --trace_every_n_steps) to '
