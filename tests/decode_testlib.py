@@ -190,6 +190,10 @@ class DecodeGraph:
       self.src_paddings = tf.constant(self.test['src_paddings'])
       self._saver = tf.train.Saver(self.task.vars.Flatten())
 
+    # AssertDecodesMatch's decoders and traced runs.
+    self.fetches = {}
+    self.traces = {}
+
   def Unpipelined(self, beam_size=1):
     """(ids, scores) of the unpipelined decoder."""
     with cluster_factory.SetEval(True):
@@ -219,17 +223,44 @@ class DecodeGraph:
     return np.pad(labels, [(0, 0), (0, self.max_decode_len - labels.shape[1])])
 
 
+def Traced(sess, fetch):
+  """(value, RunMetadata) of a traced run with its partition graphs."""
+  md = tf.compat.v1.RunMetadata()
+  value = sess.run(fetch, options=tf.compat.v1.RunOptions(
+      trace_level=tf.compat.v1.RunOptions.FULL_TRACE,
+      output_partition_graphs=True), run_metadata=md)
+  return value, md
+
+
 def AssertSameDecodes(test, got, want, what):
   """Token for token the same ids; scores equal up to float rounding."""
   test.assertAllEqual(want[0], got[0], msg=what)
   test.assertAllClose(want[1], got[1], rtol=1e-5, atol=1e-5, msg=what)
 
 
+# The unpipelined decoder's decodes of a test batch, once per process:
+# {(checkpoint, max_decode_len, lengths): {beam size: (ids, scores)}}.
+_REFERENCES = {}
+
+
 def AssertDecodesMatch(test, checkpoint, devices, lanes=(1, 2, 4),
                        target='', config=None, cut=None,
                        max_decode_len=LEN + 1, lengths=None,
-                       compile_mode=None):
+                       compile_mode=None, traced=None, more=None):
   """Pipelined decodes in `lanes` equal the unpipelined one, greedy and beam.
+
+  Every decoder is built in one graph and decoded in one run. A test that
+  also inspects one of them (its trace, its partitioned graph) names it in
+  `traced`: it is decoded again alone in the same session, traced, instead
+  of in a graph of its own (a graph's decoders cost most of a test's time
+  to build).
+
+  The unpipelined decoder (the task's GreedyDecode and BeamSearchDecode)
+  runs the layers' own ops, not the pipeline's stage functions: its decodes
+  of a batch are the same whatever the cut, the devices or the compile
+  mode. The first call of a process for a batch and number of steps decodes
+  them in its graph; later calls compare with those values instead of
+  building the unpipelined decoder again.
 
   Args:
     test: the TestCase.
@@ -242,27 +273,59 @@ def AssertDecodesMatch(test, checkpoint, devices, lanes=(1, 2, 4),
     max_decode_len: decoding steps.
     lengths: the test sources' lengths (``CopyBatch``), or None for LEN.
     compile_mode: the pipeline's ``compile`` (e.g. 'xla').
+    traced: None, or an (M, beam size) of `lanes` whose pipelined decoder
+      then runs alone, traced with its partition graphs: ``graph.traces[M,
+      beam]`` is ((ids, scores), RunMetadata), ``graph.fetches[M, beam]`` its
+      tensors. It is built first: a later decoder's encoder tasks are named
+      in suffixed scopes (``stage0_F0_1``), which a trace does not read as
+      tasks (``pipeline_tasks.ParseOpName``).
+    more: None, or function(DecodeGraph) -> {key: fetches}: more to build in
+      the graph (in eval mode, after the decoders) and run with them; their
+      values are returned under their keys (not compared).
 
   Returns:
-    (the DecodeGraph, {('ref' or M, beam size): (ids, scores)}).
+    (the DecodeGraph, {('ref' or M, beam size): (ids, scores)} and `more`'s
+    values).
   """
   graph = DecodeGraph(devices, cut=cut, max_decode_len=max_decode_len,
                       lengths=lengths, compile_mode=compile_mode)
+  reference_key = (checkpoint, max_decode_len,
+                   None if lengths is None else tuple(lengths))
+  reference = _REFERENCES.get(reference_key)
+  keys = [(m, beam) for beam in (1, BEAM) for m in tuple(lanes)]
+  if traced is not None:
+    if traced not in keys:
+      raise ValueError('traced=%r: not one of the pipelined decoders %s' %
+                       (traced, keys))
+    keys.remove(traced)
+    keys.insert(0, traced)
+  if reference is None:
+    keys += [('ref', beam) for beam in (1, BEAM)]
   with graph.graph.as_default():
     fetches = {}
-    for beam in (1, BEAM):
-      fetches['ref', beam] = graph.Unpipelined(beam)
-      for m in lanes:
-        fetches[m, beam] = graph.Pipelined(m, beam)
+    for m, beam in keys:
+      fetches[m, beam] = (graph.Unpipelined(beam) if m == 'ref' else
+                          graph.Pipelined(m, beam))
+    graph.fetches = dict(fetches)
+    if more is not None:
+      with cluster_factory.SetEval(True):
+        fetches.update(more(graph))
     with tf.compat.v1.Session(
         target, config=config or (None if target else CONFIG)) as sess:
       graph.Restore(sess, checkpoint)
       values = sess.run(fetches)
+      if traced is not None:
+        graph.traces[traced] = Traced(sess, fetches[traced])
+  if reference is None:
+    reference = {beam: values['ref', beam] for beam in (1, BEAM)}
+    _REFERENCES[reference_key] = reference
+  for beam in (1, BEAM):
+    values['ref', beam] = reference[beam]
   # A trained model, not a degenerate one: it copies its source.
   greedy = values['ref', 1][0]
   test.assertGreaterEqual(
       np.mean(np.all(greedy == graph.Copies(), axis=1)), 0.75)
-  for (m, beam), value in values.items():
-    AssertSameDecodes(test, value, values['ref', beam],
+  for (m, beam) in keys:
+    AssertSameDecodes(test, values[m, beam], values['ref', beam],
                       '%d stages, M=%s, beam %d' % (len(devices), m, beam))
   return graph, values

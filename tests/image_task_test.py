@@ -16,6 +16,33 @@ from tests import graph_rewrites
 graph_rewrites.Off()
 
 
+def _OneCellAndHeads(net, micro_batch):
+  """The stem, first cell, aux head and classifier of AmoebaNet `net`.
+
+  What this file tests (the task's losses, Lingvo's train op through the
+  pipeline, the micro-batch batch norm averages) does not depend on the
+  depth: one cell instead of the five of the smallest AmoebaNet builds the
+  training graph in a fraction of the time. The heads are sized for the
+  cell's output.
+
+  Args:
+    net: network.AmoebaNetParams.
+    micro_batch: examples per micro-batch.
+
+  Returns:
+    A list of layer params.
+  """
+  layers = network.LayerParams(net)
+  kept = layers[:2]
+  shapes = network.InputShapes(net, micro_batch)
+  for p in kept:
+    shapes = p.cls.FPropMeta(p, *shapes).out_shapes
+  _, height, width, dim = shapes[0].ToTensorShape().as_list()
+  aux, classifier = [p for p in layers if p.name == 'aux_head'] + layers[-1:]
+  return kept + [aux.Set(in_dim=dim, height=height, width=width),
+                 classifier.Set(in_dim=dim)]
+
+
 def _ModelParams():
   net = network.AmoebaNetParams().Set(
       genotype='D', num_cells=3, filters=4, num_classes=10, image_size=8,
@@ -24,7 +51,7 @@ def _ModelParams():
   task_p = task.ImageClassificationTask.Params().Set(
       name='classifier', num_classes=10,
       network=pipeline.PipeliningLayer.Params().Set(
-          layers=network.LayerParams(net), num_stages=2,
+          layers=_OneCellAndHeads(net, 4), num_stages=2,
           num_micro_batches=2,
           stage_devices=graph_rewrites.CpuDevices(2)))
   task_p.input = inputs.DigitsInput.Params().Set(image_size=8, batch_size=8)

@@ -1,14 +1,23 @@
 """Pipelined decoding equals the unpipelined decoder, token for token.
 
 A small Transformer trained with K=2 stages (``decode_testlib``) decodes
-with K = 1, 2 and 4 stages on virtual CPUs in M = 1, 2 and 4 lanes, greedily
-and with beam search, and gives the unpipelined decoder's tokens, also with
-the decode cut (``decode_cut``: the encoder and the decoder each spread over
-the devices, checked in the trace), and with early stopping: padded sources
+with K = 1, 2 and 4 stages on virtual CPUs in lanes, greedily and with beam
+search, and gives the unpipelined decoder's tokens: K = 1 and 4 in M = 1 and
+2 lanes, K = 2 in M = 2 and 4 (with early stopping), also with the decode
+cut (``decode_cut``: the encoder and the decoder each spread over the
+devices, checked in the trace; M = 1 and 2, and M = 2 and 4 with a decoder
+layer split between the devices), and with early stopping: padded sources
 whose copies end at different steps within and across lanes. Also: each
 stage's key/value caches and its sources' keys and values stay on its device
 through the decoding loop (the partitioned graph), a lane whose sequences all
 ended stops computing, and bad inputs are refused.
+pipelined_decode_workers_test decodes K = 2 in M = 1 and 2 and K = 4 in
+M = 4 on worker processes: the same graphs on other devices.
+
+Building a graph's decoders costs most of a test's time, so a test builds
+one graph: a trace or a partitioned graph is of one of the decoders it
+compares (``decode_testlib.AssertDecodesMatch``'s `traced`), run again
+alone, and the unpipelined decoder decodes a batch once per process.
 """
 
 import collections
@@ -17,7 +26,6 @@ import re
 
 from gpipe.compat import lingvo_import  # pylint: disable=unused-import
 
-from absl.testing import parameterized
 import numpy as np
 from gpipe.schedules import pipeline_tasks
 from gpipe.measure import timeline
@@ -54,15 +62,6 @@ def _Cpu(device):
   """'CPU:3' of a full or short device string."""
   spec = tf.DeviceSpec.from_string(device)
   return '%s:%d' % (spec.device_type, spec.device_index)
-
-
-def _Traced(sess, fetch):
-  """(value, RunMetadata) of a traced run with its partition graphs."""
-  md = tf.compat.v1.RunMetadata()
-  value = sess.run(fetch, options=tf.compat.v1.RunOptions(
-      trace_level=tf.compat.v1.RunOptions.FULL_TRACE,
-      output_partition_graphs=True), run_metadata=md)
-  return value, md
 
 
 def _LoopVariableNodes(nodes, consumers, switch):
@@ -108,6 +107,22 @@ def _LoopVariableNodes(nodes, consumers, switch):
   return carrying, edges
 
 
+def _DecodingLoop(fetch):
+  """The While op of the decoding loop whose outputs `fetch` reads."""
+  loops, seen = [], set()
+  todo = [t.op for t in tf.nest.flatten(fetch)]
+  while todo:
+    op = todo.pop()
+    if op.name in seen:
+      continue
+    seen.add(op.name)
+    if op.type in ('While', 'StatelessWhile'):
+      loops.append(op)
+    todo.extend(x.op for x in op.inputs)
+    todo.extend(op.control_inputs)
+  return loops
+
+
 def _StepsUntilDone(ids):
   """Per row, the steps a decode needs: up to and including its </s>."""
   ends = []
@@ -117,27 +132,39 @@ def _StepsUntilDone(ids):
   return np.array(ends)
 
 
-class PipelinedDecodeTest(test_utils.TestCase, parameterized.TestCase):
+class PipelinedDecodeTest(test_utils.TestCase):
 
   @classmethod
   def setUpClass(cls):
     super().setUpClass()
     cls.checkpoint = dt.TrainedCheckpoint()
 
-  def _AssertDecodesMatch(self, devices, lanes=LANES, cut=None):
-    dt.AssertDecodesMatch(self, self.checkpoint, devices, lanes, cut=cut)
+  def _AssertDecodesMatch(self, devices, lanes=LANES, cut=None,
+                          traced=None):
+    return dt.AssertDecodesMatch(self, self.checkpoint, devices, lanes,
+                                 cut=cut, traced=traced)[0]
 
   def testOneStage(self):
+    # M = 1, 2 and 4: the only test of several lanes chained on a device
+    # that holds every stage.
     self._AssertDecodesMatch(_Cpus(1))
 
-  # Two stages: testEarlyStoppingDecodesMatch (M = 2, 4), and every M of
-  # LANES on worker processes (pipelined_decode_workers_test).
+  # Two uniform stages: testEarlyStoppingDecodesMatchTwoStages... (M = 2, 4),
+  # and M = 1 and 2 on worker processes (pipelined_decode_workers_test).
 
   def testFourStagesOneOfThemEncoderOnly(self):
     # 8 layers cut uniformly: [emb, enc0] [enc1, enc2] [dec0, dec1]
     # [dec2, softmax]: stage 1 has no decoding work and is left out of the
-    # decoding loop.
-    self._AssertDecodesMatch(_Cpus(4))
+    # decoding loop. M = 4 (a lane per stage): the same graph on 4 worker
+    # processes (pipelined_decode_workers_test.testFourStages).
+    graph = self._AssertDecodesMatch(_Cpus(4), lanes=(1, 2),
+                                     traced=(2, dt.BEAM))
+    # Its caches stay on their stages' devices: the decoder layers are on
+    # stages 2 and 3, two and one, each with its keys and values (2 tensors)
+    # of its cache and of the source, per lane.
+    where = self._AssertStateStaysOnItsDevice(graph, (2, dt.BEAM))
+    self.assertEqual(where, {('CPU:2', 'cache'): 8, ('CPU:2', 'source'): 8,
+                             ('CPU:3', 'cache'): 4, ('CPU:3', 'source'): 4})
 
   def testSeveralStagesPerDevice(self):
     self._AssertDecodesMatch(['/device:CPU:0', '/device:CPU:1'] * 2,
@@ -149,13 +176,11 @@ class PipelinedDecodeTest(test_utils.TestCase, parameterized.TestCase):
     # two devices (the encoder by weights, the decoder by step weights).
     self.assertEqual(cut.stage_devices, _Cpus(2) * 2)
     self.assertEqual(cut.stage_sizes, [3, 1, 2, 2])
-    self._AssertDecodesMatch(_Cpus(2), lanes=LANES, cut=cut)
-    graph = dt.DecodeGraph(_Cpus(2), cut=cut)
-    with graph.graph.as_default():
-      ids = graph.Pipelined(2)
-      with tf.compat.v1.Session(config=dt.CONFIG) as sess:
-        graph.Restore(sess, self.checkpoint)
-        _, md = _Traced(sess, ids)
+    # M = 1 and 2 lanes, the greedy M = 2 traced; M = 4 with a decode cut:
+    # testDecodeCutSplitsALayerBetweenTwoDevices.
+    graph = self._AssertDecodesMatch(_Cpus(2), lanes=(1, 2), cut=cut,
+                                     traced=(2, 1))
+    _, md = graph.traces[2, 1]
     tasks = timeline.ParseStepStats(md.step_stats)
     where = {(t.phase, t.stage, _Cpu(t.device)) for t in tasks}
     # The encoder runs on both devices, in 8 micro-batches (at least 4 per
@@ -202,7 +227,7 @@ class PipelinedDecodeTest(test_utils.TestCase, parameterized.TestCase):
     with self.assertRaisesRegex(ValueError, r'needs \[embedding, encoder'):
       decode_cut.DecodeCut(layers[::-1], _Cpus(2))
 
-  def _AssertStateStaysOnItsDevice(self, devices, cut=None):
+  def _AssertStateStaysOnItsDevice(self, graph, key):
     """The devices where the loop's caches and keys/values live.
 
     Every [rows, heads, length, dim] tensor of the loop (the caches and the
@@ -215,18 +240,17 @@ class PipelinedDecodeTest(test_utils.TestCase, parameterized.TestCase):
     indices (outputs 0 and 1), never its state.
 
     Args:
-      devices: the stage devices of a uniform cut.
-      cut: a ``decode_cut.Cut`` instead.
+      graph: a DecodeGraph (max_decode_len other than dt.LEN) whose
+        pipelined decoder `key` ran alone, traced (``AssertDecodesMatch``'s
+        `traced`).
+      key: (M, beam size) of that decoder.
 
     Returns:
       {(device, 'cache' or 'source'): how many of these tensors it holds}.
     """
-    graph = dt.DecodeGraph(devices, cut=cut)
-    with graph.graph.as_default():
-      ids = graph.Pipelined(2, dt.BEAM)
-      with tf.compat.v1.Session(config=dt.CONFIG) as sess:
-        graph.Restore(sess, self.checkpoint)
-        _, md = _Traced(sess, ids)
+    _, md = graph.traces[key]
+    # A cache holds max_decode_len positions, a source's keys and values LEN.
+    self.assertNotEqual(graph.max_decode_len, dt.LEN)
     nodes = {}
     consumers = collections.defaultdict(list)
     for partition in md.partition_graphs:
@@ -240,14 +264,13 @@ class PipelinedDecodeTest(test_utils.TestCase, parameterized.TestCase):
     # What enters the loop, as built: per device, the caches (zeros) and the
     # sources' keys and values.
     where = collections.Counter()
-    (loop,) = [op for op in graph.graph.get_operations()
-               if op.type in ('While', 'StatelessWhile')]
+    (loop,) = _DecodingLoop(graph.fetches[key])
     for x in loop.inputs:
       if x.shape.rank != 4:
         continue
       # [rows, heads, positions, dim]: the target's or the source's.
-      self.assertIn(x.shape[2], (dt.LEN + 1, dt.LEN))
-      what = 'cache' if x.shape[2] == dt.LEN + 1 else 'source'
+      self.assertIn(x.shape[2], (graph.max_decode_len, dt.LEN))
+      what = 'cache' if x.shape[2] == graph.max_decode_len else 'source'
       device = _Cpu(x.op.device)
       where[device, what] += 1
       # The lowering names a variable's loop Switch after its input.
@@ -274,13 +297,6 @@ class PipelinedDecodeTest(test_utils.TestCase, parameterized.TestCase):
       self.assertLess(output, 2, name)
     return where
 
-  def testCachesStayOnTheirStagesDevice(self):
-    # The decoder layers are on stages 2 and 3: two and one, each with its
-    # keys and values (2 tensors) of its cache and of the source, per lane.
-    where = self._AssertStateStaysOnItsDevice(_Cpus(4))
-    self.assertEqual(where, {('CPU:2', 'cache'): 8, ('CPU:2', 'source'): 8,
-                             ('CPU:3', 'cache'): 4, ('CPU:3', 'source'): 4})
-
   def testDecodeCutSplitsALayerBetweenTwoDevices(self):
     layers = dt.Layers()
     # Per step part costs (self-attention, cross-attention, feed-forward):
@@ -290,33 +306,36 @@ class PipelinedDecodeTest(test_utils.TestCase, parameterized.TestCase):
                                [[3, 1, 1], [3, 1, 1], [3, 1, 1], 1])
     self.assertEqual(cut.stage_sizes, [3, 1, 1, 3])
     self.assertEqual(cut.lead_parts, [0, 0, 0, 1])
-    # (Every M of LANES with the decode cut: the test above; M = 2 and 4
-    # with this cut: testEarlyStoppingDecodesMatch.)
-    # Layer 1's cache is on CPU:0 (its self-attention), its source's keys
-    # and values on CPU:1 (its cross-attention); layer 0's on CPU:0, layer
-    # 2's on CPU:1.
-    where = self._AssertStateStaysOnItsDevice(_Cpus(2), cut=cut)
-    self.assertEqual(where, {('CPU:0', 'cache'): 8, ('CPU:0', 'source'): 4,
-                             ('CPU:1', 'cache'): 4, ('CPU:1', 'source'): 8})
-    # The task decodes with the cut's lead parts (decode_lead_parts), by
-    # default in K = 2 lanes: one per device of the loop, not per stage (4).
-    graph = dt.DecodeGraph(_Cpus(2), cut=cut)
-    self.assertEqual(graph.task.params.decode_lead_parts, [0, 0, 0, 1])
-    self.assertEqual(pipelined_decode.NumLanes(graph.task, dt.BATCH, 1), 2)
-    with graph.graph.as_default(), cluster_factory.SetEval(True):
-      out = graph.task.DecodeWithTheta(graph.task.theta, py_utils.NestedMap(
-          src_ids=graph.src_ids, src_paddings=graph.src_paddings))
-      want = graph.task.GreedyDecode(graph.task.theta, graph.src_ids,
-                                     graph.src_paddings)[0]
-      with tf.compat.v1.Session(config=dt.CONFIG) as sess:
-        graph.Restore(sess, self.checkpoint)
-        got, want = sess.run([out['hyp_ids'], want])
-    self.assertAllEqual(got, want)
     # Whole layers when parts do not cut better.
     self.assertEqual(
         decode_cut.DecodeCut(layers, _Cpus(2),
                              [[1, 1, 1], [1, 1, 1], [1, 1, 1], 3]).lead_parts,
         [0] * 4)
+
+    def TaskDecode(graph):
+      # The task decodes with the cut's lead parts (decode_lead_parts), by
+      # default in K = 2 lanes: one per device of the loop, not per stage
+      # (4).
+      self.assertEqual(graph.task.params.decode_lead_parts, [0, 0, 0, 1])
+      self.assertEqual(pipelined_decode.NumLanes(graph.task, dt.BATCH, 1),
+                       2)
+      out = graph.task.DecodeWithTheta(graph.task.theta, py_utils.NestedMap(
+          src_ids=graph.src_ids, src_paddings=graph.src_paddings))
+      return {'task': out['hyp_ids']}
+
+    # One graph: with this cut, the early-stopping batch decoded in 4 steps
+    # (M = 2 and 4; M = 1 and 2 with the decode cut: the test above), the
+    # beam search in 2 lanes traced (its partitioned graph) and the task's
+    # own decode.
+    graph, values = self._AssertEarlyStoppingDecodesMatch(
+        4, cut=cut, traced=(2, dt.BEAM), more=TaskDecode)
+    self.assertAllEqual(values['task'], values['ref', 1][0])
+    # Layer 1's cache is on CPU:0 (its self-attention), its source's keys
+    # and values on CPU:1 (its cross-attention); layer 0's on CPU:0, layer
+    # 2's on CPU:1.
+    where = self._AssertStateStaysOnItsDevice(graph, (2, dt.BEAM))
+    self.assertEqual(where, {('CPU:0', 'cache'): 8, ('CPU:0', 'source'): 4,
+                             ('CPU:1', 'cache'): 4, ('CPU:1', 'source'): 8})
 
   def testDecodeCutSplitsTwoLayersOnThreeDevices(self):
     # [emb, enc0] [enc1] [enc2] | dec0 + dec1.self_atten | dec1.cross_atten,
@@ -326,10 +345,14 @@ class PipelinedDecodeTest(test_utils.TestCase, parameterized.TestCase):
                                [[1, 1, 1], [1, 1, 1], [1, 1, 1], 3])
     self.assertEqual(cut.stage_sizes, [2, 1, 1, 1, 1, 2])
     self.assertEqual(cut.lead_parts, [0, 0, 0, 0, 1, 2])
-    self._AssertDecodesMatch(_Cpus(3), lanes=(4,), cut=cut)
-    where = self._AssertStateStaysOnItsDevice(_Cpus(3), cut=cut)
-    self.assertEqual(where, {('CPU:0', 'cache'): 8, ('CPU:0', 'source'): 4,
-                             ('CPU:1', 'cache'): 4, ('CPU:1', 'source'): 8})
+    graph = self._AssertDecodesMatch(_Cpus(3), lanes=(4,), cut=cut,
+                                     traced=(4, dt.BEAM))
+    # Per lane of the 4: dec0's and dec1's caches and dec0's source keys and
+    # values on CPU:0, dec2's cache and dec1's and dec2's source on CPU:1
+    # (keys and values: 2 tensors each); CPU:2 holds none.
+    where = self._AssertStateStaysOnItsDevice(graph, (4, dt.BEAM))
+    self.assertEqual(where, {('CPU:0', 'cache'): 16, ('CPU:0', 'source'): 8,
+                             ('CPU:1', 'cache'): 8, ('CPU:1', 'source'): 16})
 
   def testPartCutIsTheBestCut(self):
     # Against every cut of the parts into groups that each end a layer.
@@ -382,25 +405,28 @@ class PipelinedDecodeTest(test_utils.TestCase, parameterized.TestCase):
       decode_cut.MeasuredStepCosts(dt.Layers()[4:], rows=4, src_len=dt.LEN,
                                    max_len=dt.LEN + 1, beam_size=3)
 
-  @parameterized.named_parameters(
-      ('TwoStagesEveryLaneEndsBeforeTheLastStep', 8, False),
-      ('LongCopiesCutAtTheLastStepOnALayerSplitOverTwoDevices', 4, True))
-  def testEarlyStoppingDecodesMatch(self, max_decode_len, split_layer):
-    # Padded sources whose copies end at different steps within and across
-    # lanes (EARLY_LENGTHS), greedy and beam, in 2 and 4 lanes: the done
-    # lanes stop while the others go on, with the unpipelined decoder's
-    # tokens and scores. With 8 steps every lane is done before the last;
-    # with 4 the longer copies have no </s> yet (their lanes are never done)
-    # and the decoder layer split between the devices keeps part of its
-    # state on each.
-    cut = None
-    if split_layer:
-      cut = decode_cut.DecodeCut(dt.Layers(), _Cpus(2),
-                                 [[3, 1, 1], [3, 1, 1], [3, 1, 1], 1])
-      self.assertEqual(cut.lead_parts, [0, 0, 0, 1])
+  def _AssertEarlyStoppingDecodesMatch(self, max_decode_len, cut=None,
+                                       traced=None, more=None):
+    """Decodes of EARLY_LENGTHS on 2 devices equal the unpipelined ones.
+
+    Padded sources whose copies end at different steps within and across
+    lanes (EARLY_LENGTHS), greedy and beam, in 2 and 4 lanes: the done
+    lanes stop while the others go on, with the unpipelined decoder's
+    tokens and scores. With 8 steps every lane is done before the last;
+    with 4 the longer copies have no </s> yet (their lanes are never done).
+
+    Args:
+      max_decode_len: 8 or 4 decoding steps.
+      cut: a ``decode_cut.Cut`` on _Cpus(2), or None for 2 uniform stages.
+      traced, more: as for ``dt.AssertDecodesMatch``.
+
+    Returns:
+      ``dt.AssertDecodesMatch``'s (graph, values).
+    """
     graph, values = dt.AssertDecodesMatch(
         self, self.checkpoint, _Cpus(2), lanes=(2, 4), cut=cut,
-        max_decode_len=max_decode_len, lengths=EARLY_LENGTHS)
+        max_decode_len=max_decode_len, lengths=EARLY_LENGTHS, traced=traced,
+        more=more)
     # The batch is what it is meant to be: the copies end at different
     # steps, and the first lane of 2 is done long before the second.
     self.assertAllEqual(graph.test['src_paddings'].sum(axis=1),
@@ -415,19 +441,31 @@ class PipelinedDecodeTest(test_utils.TestCase, parameterized.TestCase):
         self.assertLess(ends.max(), max_decode_len, beam)
       else:
         self.assertTrue(np.any(np.all(ids != vocab.EOS_ID, axis=1)), beam)
+    return graph, values
 
-  def testADoneLaneStopsComputing(self):
-    # 9 steps; the trained model ends its copies of EARLY_LENGTHS tokens with
-    # </s> at steps 2 to 6: each lane's last stage picks tokens only until
-    # its sequences ended, and the lane done first stops first.
-    graph = dt.DecodeGraph(_Cpus(2), max_decode_len=9, lengths=EARLY_LENGTHS)
-    with graph.graph.as_default():
-      ids, _ = graph.Pipelined(2)
-      with tf.compat.v1.Session(config=dt.CONFIG) as sess:
-        graph.Restore(sess, self.checkpoint)
-        values, md = _Traced(sess, ids)
+  def testEarlyStoppingDecodesMatchTwoStagesEveryLaneEndsBeforeTheLastStep(
+      self):
+    # Two uniform stages, 8 steps; the greedy decode in 2 lanes runs again,
+    # traced: a done lane stops computing. (4 steps, the longer copies cut
+    # at the last step, on a layer split over the two devices:
+    # testDecodeCutSplitsALayerBetweenTwoDevices.)
+    graph, _ = self._AssertEarlyStoppingDecodesMatch(8, traced=(2, 1))
+    self._AssertADoneLaneStopsComputing(graph.traces[2, 1], 8)
+
+  def _AssertADoneLaneStopsComputing(self, trace, max_decode_len):
+    """A done lane's steps run nothing: its last stage picks no more tokens.
+
+    Args:
+      trace: ((ids, scores), RunMetadata) of the greedy decode of
+        EARLY_LENGTHS in 2 lanes on 2 stages, run alone.
+      max_decode_len: its steps; the trained model ends its copies with
+        </s> at steps 2 to 6, before the last.
+    """
+    (values, _), md = trace
+    # Each lane's last stage picks tokens only until its sequences ended,
+    # and the lane done first stops first.
     ends = _StepsUntilDone(values)
-    self.assertLess(ends.max(), 9)
+    self.assertLess(ends.max(), max_decode_len)
     lane_ends = [ends[m * 4:(m + 1) * 4].max() for m in range(2)]
     self.assertLessEqual(lane_ends[0] + 3, lane_ends[1])
     argmaxes = sum(1 for dev in md.step_stats.dev_stats

@@ -29,6 +29,8 @@ from lingvo.core import cluster_factory
 from lingvo.core import hyperparams
 from lingvo.core import test_utils
 from tasks.mt import pipelined_decode
+from tasks.mt import stack
+from tasks.mt import vocab
 from tests import decode_testlib
 from tests import graph_rewrites
 from tests import schedule_testlib as lib
@@ -94,21 +96,33 @@ class XlaStagesTest(test_utils.TestCase, parameterized.TestCase):
     """XLA's loss and gradients equal the uncompiled (unpipelined) ones.
 
     With dropout (keep 0.8 in every layer): the unpipelined reference draws
-    its masks uncompiled, so equality needs the same masks under XLA.
+    its masks uncompiled, so equality needs the same masks under XLA. The
+    reference does not depend on the schedule, remat or the weight
+    gradients' batching: the first case of each replica count computes it,
+    the others compare with its values (lib.CachedReference; the layers'
+    seeded inits make the same initial values).
     """
     with tf.Graph().as_default() as graph:
       net = lib.Net(schedule, K, M, remat, layers=lib.Layers(keep_prob=0.8),
                     compile='xla', **kwargs)
       inputs, targets = _Inputs()
       loss, grads = lib.LossAndGrads(net, inputs, targets, pipelined=True)
-      ref_loss, ref_grads = lib.LossAndGrads(net, inputs, targets,
-                                             pipelined=False)
+      key = ('keep 0.8', net.num_replicas * M)
+      cache, refs = lib.CachedReference(self, key)
+      if refs is None:
+        ref_loss, ref_grads = lib.LossAndGrads(net, inputs, targets,
+                                               pipelined=False)
       calls = _StageCalls(graph)
       self.assertNotEmpty(calls)
       for op in calls:
         self.assertTrue(xla.IsCompiled(op), op.name)
-      (values, refs), _ = _Run([[loss] + grads, [ref_loss] + ref_grads])
+      if refs is None:
+        (values, refs), _ = _Run([[loss] + grads, [ref_loss] + ref_grads])
+        cache[key] = refs
+      else:
+        values, _ = _Run([loss] + grads)
     self.assertLen(values, 1 + len(lib.Trainable(net)) + 1)
+    self.assertLen(refs, len(values))
     for v, r in zip(values, refs):
       self.assertAllClose(r, v, rtol=1e-10, atol=1e-12)
 
@@ -306,13 +320,22 @@ class XlaStagesTest(test_utils.TestCase, parameterized.TestCase):
       lib.Net('gpipe', K, M, 'always', compile='jit')
 
   def testPipelinedDecodingGivesTheUnpipelinedTokens(self):
-    # The copy model untrained (random weights): greedy tokens of the
-    # compiled encoder stages and decoding steps, in 2 lanes on 2 stages.
+    # The copy model untrained (random weights), one encoder and one
+    # decoder layer instead of its three each (the cut is the same: the
+    # embedding and the encoder in stage 0, the decoder and the softmax in
+    # stage 1): greedy tokens of the compiled encoder stages and decoding
+    # steps, in 2 lanes on 2 stages. The graph seed gives tokens that vary
+    # by example and step and one example that ends at its first step (some
+    # seeds decode one token over and over, which would not tell steps or
+    # lanes apart).
     devices = graph_rewrites.CpuDevices(2)
     test = decode_testlib.CopyBatch(np.random.RandomState(5), 4)
+    layers = stack.EncoderDecoderLayers(
+        vocab_size=decode_testlib.VOCAB, model_dim=32, hidden_dim=64,
+        num_heads=2, num_layers=1, dropout_prob=0.0, label_smoothing=0.0)
     with tf.Graph().as_default() as graph, cluster_factory.SetEval(True):
-      tf.random.set_seed(2)
-      p = decode_testlib.TaskParams(devices, max_decode_len=4)
+      tf.random.set_seed(3)
+      p = decode_testlib.TaskParams(devices, max_decode_len=4, layers=layers)
       p.network.compile = 'xla'
       task = p.Instantiate()
       src = tf.constant(test['src_ids']), tf.constant(test['src_paddings'])
@@ -325,6 +348,12 @@ class XlaStagesTest(test_utils.TestCase, parameterized.TestCase):
       for fn in steps:
         self.assertTrue(fn.attr[xla.MUST_COMPILE_ATTR].b, fn.signature.name)
       (got, want), _ = _Run([got, want])
+    # The seed's decodes tell steps and lanes apart: more than two tokens,
+    # no two examples alike, and an example that ends at its first step.
+    ids = np.asarray(want[0])
+    self.assertGreater(len(np.unique(ids)), 2, ids)
+    self.assertLen({tuple(row) for row in ids.tolist()}, len(ids), ids)
+    self.assertIn(vocab.EOS_ID, ids[:, 0], ids)
     decode_testlib.AssertSameDecodes(self, got, want, 'XLA, 2 lanes')
 
 
