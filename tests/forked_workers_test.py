@@ -16,6 +16,7 @@ own, itself a fork.
 
 from gpipe.compat import lingvo_import  # pylint: disable=unused-import
 
+import gc
 import json
 import os
 import resource
@@ -184,6 +185,9 @@ class ForkedWorkersTest(test_utils.TestCase):
       self.skipTest('RLIMIT_NOFILE %d' % hard)
     resource.setrlimit(resource.RLIMIT_NOFILE, (2048, hard))
     self.addCleanup(resource.setrlimit, resource.RLIMIT_NOFILE, (soft, hard))
+    # An earlier test's worker collected later would close its pidfd, a low
+    # descriptor, which the new pidfd would then take: collect them first.
+    gc.collect()
     held = [os.open(os.devnull, os.O_RDONLY) for _ in range(1100)]
     try:
       worker = forked_workers.Start(
