@@ -228,6 +228,28 @@ class SchedulesSinceGPipeTest(test_utils.TestCase, parameterized.TestCase):
       doc = '\n'.join(line.strip() for line in fn.__doc__.splitlines())
       self.assertIn(drawing, doc, fn.__name__)
 
+  def testTasksOfNoCostLeaveNoDeviceWaitingForever(self):
+    # A task of no cost ends when it starts: a device looked at before it
+    # in that instant, with nothing ready then, must look again. The last
+    # stage's B of no cost (a B too short to time) raised 'the memory limits
+    # ... leave no task to run' before: device 0 had looked for its B first.
+    for k, m in ((2, 2), (2, 4), (3, 6)):
+
+      def Cost(task, k=k):
+        last_b = task.phase == schedules.orders.BACKWARD and task.stage == k - 1
+        return 0.0 if last_b else 1.0
+
+      got = schedules.orders.ZeroBubbleH1Orders(k, m, Cost)
+      self.assertEqual([3 * m] * k, [len(tasks) for tasks in got])
+      done = set()
+      for tasks in got:
+        self.assertLen(set(tasks), 3 * m)
+        done |= set(tasks)
+      self.assertLen(done, 3 * m * k)
+    got = schedules.orders.ZeroBubbleVOrders(
+        2, 4, lambda t: 0.0 if t.phase == schedules.orders.BACKWARD else 1.0)
+    self.assertEqual([2 * 3 * 4] * 2, [len(tasks) for tasks in got])
+
   def testPlacementErrors(self):
     with self.assertRaisesRegex(ValueError, "'zb_v' needs two stages"):
       schedules.Orders('zb_v', 3, 4)

@@ -236,6 +236,7 @@ def _GreedyOrders(stage_devices, num_micro_batches, limits, w_limits,
   while any(left.values()):
     t = min(free[d] for d in devices if left[d])
     idle = []
+    started = False
     for d in devices:
       if free[d] > t or not left[d]:
         continue
@@ -259,6 +260,7 @@ def _GreedyOrders(stage_devices, num_micro_batches, limits, w_limits,
         continue
       next_index[task.stage, task.phase] += 1
       left[d] -= 1
+      started = True
       orders[d].append(task)
       finish[task] = free[d] = last_finish[d] = (
           t + simulate.TaskCost(costs, task))
@@ -273,6 +275,11 @@ def _GreedyOrders(stage_devices, num_micro_batches, limits, w_limits,
     # started by t: only a device's last one can end later).
     later = [x for x in last_finish.values() if x > t]
     if idle and not later:
+      if started:
+        # A task of no cost (a stage without weights has W of none) that
+        # ended at t may have readied one an idle device examined before
+        # it started: look again at t.
+        continue
       raise ValueError('the memory limits %s / %s leave no task to run at '
                        'tick %d' % (limits, w_limits, t))
     for d in idle:
