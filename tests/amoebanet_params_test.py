@@ -4,7 +4,6 @@ from gpipe.compat import lingvo_import  # pylint: disable=unused-import
 
 from absl import flags
 from absl.testing import parameterized
-from gpipe.runtime import background
 from lingvo import compat as tf
 from lingvo import model_registry
 from lingvo.core import test_utils
@@ -52,17 +51,10 @@ class ParamCountTest(test_utils.TestCase, parameterized.TestCase):
     renamed = [l.Copy().Set(name='x%d' % i) for i, l in enumerate(layers)]
     self.assertEqual(network.CountParams(layers),
                      network.CountParams(renamed))
-
-    def BuildAll():
-      with tf.Graph().as_default():
-        for p in layers:
-          p.Copy().Instantiate()
-        return sum(v.shape.num_elements() for v in tf.trainable_variables())
-
-    # The whole list in one graph, built as CountParams builds each layer:
-    # in a thread with a default Lingvo cluster (without one, every layer
-    # built deep-copies a cluster of its own, most of the build's time).
-    total = background.RunIsolated(BuildAll)
+    with tf.Graph().as_default():
+      for p in layers:
+        p.Copy().Instantiate()
+      total = sum(v.shape.num_elements() for v in tf.trainable_variables())
     self.assertEqual(network.CountParams(layers), total)
 
 

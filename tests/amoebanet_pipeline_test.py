@@ -68,9 +68,9 @@ class AmoebaNetPipelineTest(test_utils.TestCase):
 
   In float64, so the comparison is exact up to summation order. The
   unpipelined reference does not depend on compilation: the first case
-  computes it (its graph and gradients are a third of that case's build),
-  the other compares with its values (pipeline_testlib.CachedReference),
-  the initial values the same by the graph seed.
+  computes it (a graph of the layers on each micro-batch and its gradients),
+  the other compares with its values (pipeline_testlib.CachedReference), the
+  initial values the same by the graph seed.
   """
 
   def testSameLossAndGradientsAsUnpipelined(self):

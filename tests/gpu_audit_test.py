@@ -236,8 +236,7 @@ def _Representatives():
 
 _SMALL = {
     # AmoebaNets: 3 cells (one per stack), narrow, 32x32 (digits: their own
-    # 16x16 and one channel), their layer list cut to one cell of each kind
-    # (_OneCellOfEachKind).
+    # 16x16 and one channel), their layer list cut to two cells (_TwoCells).
     image_params.AmoebaNetImageNetBase: dict(
         NUM_CELLS=3, FILTERS=8, IMAGE_SIZE=32, BATCH_SIZE=4, NUM_STAGES=2,
         NUM_MICRO_BATCHES=2),
@@ -250,19 +249,19 @@ _SMALL = {
 }
 
 
-def _OneCellOfEachKind(layers, net, micro_batch):
-  """AmoebaNet `layers` without the cells whose kind an earlier cell has.
+def _TwoCells(layers, net, micro_batch):
+  """AmoebaNet `layers` cut to the stem, two cells and the heads.
 
-  A cell's ops follow from its genotype (one per model), whether it reduces,
-  whether the cell before it reduced (then it reduces the previous state with
-  a FactorizedReduceLayer) and its drop path: the stem and the cells up to the
-  first normal cell after a reduction cell have every kind the model's list
-  has (CIFAR stem: normal, reduction, normal after a reduction; ImageNet stem:
-  the two stem reduction cells, normal after a reduction), then the aux head
-  and the classifier, sized for the last cell kept. The training graphs of the
-  AmoebaNet representatives so cut have the op types (and dtypes) of the
-  uncut ones, in half the build time or less (3 cells where the ImageNet stem
-  has 7, the CIFAR stem 5).
+  A cell's ops follow from the model's genotype, whether the cell reduces and
+  whether the cell before it reduced (then it reduces its previous state by a
+  FactorizedReduceLayer; else it adjusts it by a 1x1 convolution, as it
+  adjusts its current input, or not at all): the first reduction cell and the
+  first normal cell after a reduction cell have every op of every cell. They
+  are chained after the stem (their inputs' channels and resolutions from
+  the layers before them), then the aux head and the classifier, sized for
+  the normal cell. The training graphs of the AmoebaNet representatives so
+  cut have the op types (with their dtypes) of the uncut ones: 2 cells where
+  the ImageNet stem has 7, the CIFAR stem 5.
 
   Args:
     layers: network.LayerParams of `net`.
@@ -272,13 +271,22 @@ def _OneCellOfEachKind(layers, net, micro_batch):
   Returns:
     The shorter list of layer params.
   """
-  last = next(i for i, p in enumerate(layers)
-              if p.cls is cells.CellLayer and not p.reduction and
-              p.prev_stride == 2)
-  kept = [p.Copy() for p in layers[:last + 1]]
+  reduction = next(p for p in layers
+                   if p.cls is cells.CellLayer and p.reduction)
+  normal = next(p for p in layers
+                if p.cls is cells.CellLayer and not p.reduction and
+                p.prev_stride == 2)
+  kept = []
   shapes = network.InputShapes(net, micro_batch)
-  for p in kept:
+  for p in (layers[0], reduction, normal):
+    p = p.Copy()
+    if p.cls is cells.CellLayer:
+      # (current, previous) of the layer before; the stem has no previous.
+      _, height, _, dim = shapes[0].ToTensorShape().as_list()
+      _, prev_height, _, prev_dim = shapes[-1].ToTensorShape().as_list()
+      p.Set(in_dim=dim, prev_dim=prev_dim, prev_stride=prev_height // height)
     shapes = p.cls.FPropMeta(p, *shapes).out_shapes
+    kept.append(p)
   _, height, width, dim = shapes[0].ToTensorShape().as_list()
   aux, classifier = [p for p in layers if p.name == 'aux_head'] + layers[-1:]
   return kept + [aux.Copy().Set(in_dim=dim, height=height, width=width),
@@ -296,7 +304,7 @@ def _Small(cls):
 
         def Pipeline(self, net):
           p = cls.Pipeline(self, net)
-          p.layers = _OneCellOfEachKind(
+          p.layers = _TwoCells(
               p.layers, net, self.BATCH_SIZE // self.NUM_MICRO_BATCHES)
           return p
 

@@ -166,18 +166,18 @@ class PipelinedDecodeTest(test_utils.TestCase):
     self.assertEqual(where, {('CPU:2', 'cache'): 8, ('CPU:2', 'source'): 8,
                              ('CPU:3', 'cache'): 4, ('CPU:3', 'source'): 4})
 
-  def testSeveralStagesPerDevice(self):
-    self._AssertDecodesMatch(['/device:CPU:0', '/device:CPU:1'] * 2,
-                             lanes=(2,))
-
   def testDecodeCutSplitsTheEncoderAndTheDecoderOverTheDevices(self):
     cut = decode_cut.DecodeCut(dt.Layers(), _Cpus(2))
     # [emb, enc0, enc1] [enc2] [dec0, dec1] [dec2, softmax] on a loop of the
     # two devices (the encoder by weights, the decoder by step weights).
     self.assertEqual(cut.stage_devices, _Cpus(2) * 2)
     self.assertEqual(cut.stage_sizes, [3, 1, 2, 2])
-    # M = 1 and 2 lanes, the greedy M = 2 traced; M = 4 with a decode cut:
-    # testDecodeCutSplitsALayerBetweenTwoDevices.
+    # Several stages per device: 4 stages looped over 2 devices, which the
+    # decoder sees as a uniform cut of 4 stages on [CPU:0, CPU:1] * 2
+    # ([2, 2, 2, 2]) would be: an encoder stage per device, the embedding's
+    # stage and the first decoder stage joined on CPU:0 (the trace below),
+    # the last on CPU:1. M = 1 and 2 lanes, the greedy M = 2 traced; M = 4
+    # with a decode cut: testDecodeCutSplitsALayerBetweenTwoDevices.
     graph = self._AssertDecodesMatch(_Cpus(2), lanes=(1, 2), cut=cut,
                                      traced=(2, 1))
     _, md = graph.traces[2, 1]

@@ -17,6 +17,10 @@ graph_rewrites.Off()
 graph_rewrites.XlaWithoutLlvmOptimizations()
 
 _B, _S, _T, _V = 8, 5, 6, 23
+# Micro-batches: two already run each stage on one while the next stage runs
+# the other, with their own dropout masks; more add calls of the same
+# functions, and micro-batch copies of the unpipelined reference.
+_M = 2
 _DEVICES = graph_rewrites.CpuDevices(2)
 
 
@@ -36,11 +40,11 @@ def _Batch():
 
 
 class TransformerPipelineTest(test_utils.TestCase, parameterized.TestCase):
-  """2 stages, 4 micro-batches, against the unpipelined layers.
+  """2 stages, 2 micro-batches (_M), against the unpipelined layers.
 
   The unpipelined reference does not depend on the cut or on compilation:
-  the first case computes it (with its gradients, about two fifths of a
-  case's build), the others compare with its values
+  the first case computes it (a graph of the layers on each micro-batch and
+  its gradients), the others compare with its values
   (pipeline_testlib.CachedReference), the initial values the same by the
   graph seed.
   """
@@ -58,14 +62,14 @@ class TransformerPipelineTest(test_utils.TestCase, parameterized.TestCase):
     layer_list = stack.EncoderDecoderLayers(
         vocab_size=_V, model_dim=16, hidden_dim=32, num_heads=2, num_layers=2,
         dropout_prob=0.2, logits_abs_max=10.0)
-    micro = _B // 4
+    micro = _B // _M
     shapes = [{
         'src_ids': [micro, _S], 'src_paddings': [micro, _S],
         'tgt_ids': [micro, _T], 'tgt_paddings': [micro, _T],
         'tgt_labels': [micro, _T], 'tgt_weights': [micro, _T]
     }]
     p = pipeline.PipeliningLayer.Params().Set(
-        name='net', layers=layer_list, num_stages=2, num_micro_batches=4,
+        name='net', layers=layer_list, num_stages=2, num_micro_batches=_M,
         stage_devices=_DEVICES, partition_cost='flops', input_shapes=shapes,
         stage_sizes=stage_sizes, compile=compile_mode)
     config = graph_rewrites.CpuConfig(2)
@@ -85,7 +89,7 @@ class TransformerPipelineTest(test_utils.TestCase, parameterized.TestCase):
                       for g in tf.gradients(loss, net.vars.Flatten())]
 
       pipelined = LossAndGrads(net.FProp)
-      cache, refs = pipeline_testlib.CachedReference(self, 'M4')
+      cache, refs = pipeline_testlib.CachedReference(self, ('M', _M))
       if refs is None:
         reference = LossAndGrads(net.FPropUnpipelined)
       calls = list(schedule_testlib.CallOps(sess.graph).values())
@@ -96,7 +100,7 @@ class TransformerPipelineTest(test_utils.TestCase, parameterized.TestCase):
       if refs is None:
         (pipelined_loss, pipelined_grads), refs = sess.run(
             [pipelined, reference])
-        cache['M4'] = refs
+        cache['M', _M] = refs
       else:
         pipelined_loss, pipelined_grads = sess.run(pipelined)
     plain_loss, plain_grads = refs

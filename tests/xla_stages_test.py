@@ -92,22 +92,29 @@ def _Run(fetches, trace=False):
 
 class XlaStagesTest(test_utils.TestCase, parameterized.TestCase):
 
-  def _AssertCompiledAndExact(self, schedule, remat='always', **kwargs):
+  def _AssertCompiledAndExact(self, schedule, remat='always', m=M, **kwargs):
     """XLA's loss and gradients equal the uncompiled (unpipelined) ones.
 
     With dropout (keep 0.8 in every layer): the unpipelined reference draws
     its masks uncompiled, so equality needs the same masks under XLA. The
     reference does not depend on the schedule, remat or the weight
-    gradients' batching: the first case of each replica count computes it,
-    the others compare with its values (lib.CachedReference; the layers'
-    seeded inits make the same initial values).
+    gradients' batching, only on the micro-batches of the batch (R x M
+    with R replicas of M each): the first case computes it, the others
+    compare with its values (lib.CachedReference; the layers' seeded inits
+    make the same initial values).
+
+    Args:
+      schedule: the schedule's name.
+      remat: the pipeline's remat.
+      m: micro-batches (of each replica).
+      **kwargs: more params of the pipeline.
     """
     with tf.Graph().as_default() as graph:
-      net = lib.Net(schedule, K, M, remat, layers=lib.Layers(keep_prob=0.8),
+      net = lib.Net(schedule, K, m, remat, layers=lib.Layers(keep_prob=0.8),
                     compile='xla', **kwargs)
       inputs, targets = _Inputs()
       loss, grads = lib.LossAndGrads(net, inputs, targets, pipelined=True)
-      key = ('keep 0.8', net.num_replicas * M)
+      key = ('keep 0.8', net.num_replicas * m)
       cache, refs = lib.CachedReference(self, key)
       if refs is None:
         ref_loss, ref_grads = lib.LossAndGrads(net, inputs, targets,
@@ -140,9 +147,11 @@ class XlaStagesTest(test_utils.TestCase, parameterized.TestCase):
     self._AssertCompiledAndExact('zb_h1', batched_weight_gradients=True)
 
   def testReplicas(self):
+    # 2 replicas of M / 2 micro-batches: the batch's M micro-batches, whose
+    # reference the other cases compare with.
     devices = graph_rewrites.CpuDevices(4)
     self._AssertCompiledAndExact(
-        '1f1b', stage_devices=devices[:2],
+        '1f1b', m=M // 2, stage_devices=devices[:2],
         replica_devices=[devices[:2], devices[2:]])
 
   def testBfloat16CloseToUncompiled(self):
