@@ -21,6 +21,7 @@ from tests import trainer_testlib
 from tools.trainer import elastic
 from tools.trainer import members as members_lib
 from tools.trainer import model_select
+from tools.trainer import placement as placement_lib
 from tools.trainer import remote_tasks
 from tools.trainer import reshape
 from tools.trainer import settings
@@ -292,6 +293,73 @@ class EvaluationTest(test_utils.TestCase):
     with self.assertRaises(tf.errors.UnavailableError):
       evaluation.Final('/logs/ckpt-10')
     self.assertEqual([], driver.moves)
+
+
+class NewSessionWaitTest(test_utils.TestCase):
+  """How long a new session's check waits for a task that does not answer."""
+
+  def testOnARunningClusterTheCheckWaitsNoLongerThanTheLossWaits(self):
+    # Under --elastic on a running cluster the check's TaskUnreachableError
+    # is a loss, and the loss waits --worker_wait_secs for the task
+    # (Elastic.AfterLoss): the check waited its own 10 s first, so a lost
+    # host was waited for twice.
+    asked = []
+
+    class Remote:
+
+      def Connect(self, target, wait_secs=None, step_timeout_secs=None,
+                  gone=None, lost_wait_secs=None):
+        del target, step_timeout_secs, gone
+        asked.append((wait_secs, lost_wait_secs))
+        raise remote_tasks.TaskUnreachableError('task 1 does not answer')
+
+    default = remote_tasks.CONNECT_WAIT_SECS
+    # (--elastic, local workers, --worker_wait_secs, the check's wait for a
+    # task that does not answer: None for its own, CONNECT_WAIT_SECS).
+    for elastic_run, local, worker_wait, want in (
+        (True, False, 1, 1), (True, False, 300, default),
+        (False, False, 1, None), (True, True, 1, None)):
+      # Without its constructor (which starts or asks workers).
+      placement = placement_lib.Placement.__new__(placement_lib.Placement)
+      placement.remote = Remote()
+      placement.target = 'grpc://localhost:1'
+      placement.worker_wait_secs = worker_wait
+      placement.session_cluster = object() if elastic_run else None
+      placement.cluster = object() if local else None
+      with self.assertRaisesRegex(remote_tasks.TaskUnreachableError,
+                                  'task 1 does not answer'):
+        placement.NewSession(tf.Graph())
+      case = (elastic_run, local, worker_wait)
+      # A failing step across tasks that all answer: retried as long as ever.
+      self.assertIsNone(asked[-1][0], case)
+      self.assertEqual(want, asked[-1][1], case)
+
+  def testALostTaskIsWaitedForItsOwnTimeAFailingStepForTheWholeWait(self):
+    tasks = remote_tasks.RemoteTasks.__new__(remote_tasks.RemoteTasks)
+    tasks.addresses = ['localhost:1', 'localhost:2']
+    steps = []
+
+    def FailingStep(target, timeout):
+      del target, timeout
+      steps.append(time.time())
+      raise tf.errors.InvalidArgumentError(None, None, 'no route')
+
+    tasks.Explain = lambda lost: 'task 1 does not answer'
+    tasks.Unreachable = lambda: [1]
+    start = time.time()
+    with self.assertRaisesRegex(remote_tasks.TaskUnreachableError,
+                                'task 1 does not answer'):
+      tasks.Connect('grpc://localhost:1', wait_secs=30, lost_wait_secs=0.1)
+    self.assertLess(time.time() - start, 5)
+    # Every task answers but a step across them fails: wait_secs, not
+    # lost_wait_secs, bounds its retries.
+    tasks.Unreachable = lambda: []
+    tasks._MeshStep = FailingStep
+    with self.assertRaisesRegex(remote_tasks.TaskUnreachableError,
+                                'a step across them fails'):
+      tasks.Connect('grpc://localhost:1', wait_secs=1.2, lost_wait_secs=0)
+    self.assertGreaterEqual(len(steps), 2)
+    self.assertGreaterEqual(steps[-1] - steps[0], 0.9)
 
 
 if __name__ == '__main__':

@@ -154,8 +154,8 @@ def AssertFasterAfterTheMoveWithUninterruptedLosses(test, logdir, move, steps,
 
   The traced steps after the move take less time than before it (the first
   traced step of each run left out: it builds and warms up), and every loss
-  equals an uninterrupted run's (trained from here on two local worker
-  processes, in `reference_logdir`).
+  equals an uninterrupted run's (the trainer on two local worker processes,
+  in `reference_logdir`).
 
   Args:
     test: the TestCase.
@@ -171,11 +171,15 @@ def AssertFasterAfterTheMoveWithUninterruptedLosses(test, logdir, move, steps,
   # On two worker processes as the moved run's stages are: a worker runs an
   # op on one thread, this process on its pool, and on the machine of
   # 2026-11-28 the in-process run's losses left the workers' by 4e-5 at
-  # step 6, before any move (both rebalancing tests failed on it).
-  code, _, err = RunInProcess(logdir=reference_logdir, max_steps=steps,
-                              model_params_override=WIDE_TOY,
-                              worker_processes=2, **ResumableSettings(1000))
-  test.assertEqual(0, code, err)
+  # step 6, before any move (both rebalancing tests failed on it). A
+  # trainer process (Run), as the moved run is: forked from the fork server
+  # that imported the trainer for that run, its workers forks too, where
+  # this process's first local workers would wait for a fork server of
+  # their own to import TensorFlow (about 9 s).
+  done = Run(ResumableFlags(1000) + [
+      '--logdir=' + reference_logdir, '--max_steps=%d' % steps,
+      '--model_params_override=' + WIDE_TOY, '--worker_processes=2'])
+  test.assertEqual(0, done.returncode, (done.stdout + done.stderr)[-6000:])
   got, want = Losses(logdir), Losses(reference_logdir)
   test.assertEqual([s for s, _ in want], [s for s, _ in got])
   test.assertAllClose([l for _, l in want], [l for _, l in got], rtol=1e-5)

@@ -363,10 +363,20 @@ class Placement:
 
     With a running cluster, first checks that its tasks reach each other
     (remote_tasks.RemoteTasks.Connect: TaskUnreachableError names a task
-    that does not answer).
+    that does not answer; it waits remote_tasks.CONNECT_WAIT_SECS for one,
+    with --elastic on a running cluster at most --worker_wait_secs).
     """
     if self.remote is not None:
-      self.remote.Connect(self.target, gone=self._LocalWorkerExited)
+      lost_wait = None
+      if self.elastic and self.cluster is None:
+        # A task that does not answer is then a loss, which waits
+        # --worker_wait_secs for it (elastic.Elastic.AfterLoss): not
+        # waited for twice. A step that fails while every task answers is
+        # retried as long as without --elastic.
+        lost_wait = min(remote_tasks.CONNECT_WAIT_SECS,
+                        self.worker_wait_secs)
+      self.remote.Connect(self.target, gone=self._LocalWorkerExited,
+                          lost_wait_secs=lost_wait)
     return tf.compat.v1.Session(
         self.target, graph=graph, config=self.SessionConfig())
 

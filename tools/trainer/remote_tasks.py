@@ -34,6 +34,8 @@ from lingvo import compat as tf
 from tools.trainer import model_select
 
 _TASK = re.compile(r'/task:(\d+)')
+# How long ``RemoteTasks.Connect`` retries by default (seconds).
+CONNECT_WAIT_SECS = 10.0
 
 
 class TaskUnreachableError(RuntimeError):
@@ -167,8 +169,8 @@ class RemoteTasks:
       raise
     sess.close()
 
-  def Connect(self, target, wait_secs=10.0, step_timeout_secs=10.0,
-              gone=None):
+  def Connect(self, target, wait_secs=CONNECT_WAIT_SECS,
+              step_timeout_secs=10.0, gone=None, lost_wait_secs=None):
     """Checks that every task reaches every other, retrying for wait_secs.
 
     A check step that timed out or met an unavailable task is tried once
@@ -182,17 +184,25 @@ class RemoteTasks:
       gone: an optional function, true once a task is known to be gone for
         good (a local worker process that exited): a task that does not
         answer is then not waited for.
+      lost_wait_secs: how long to wait for a task that does not answer
+        (None: wait_secs), when the caller waits for it itself; a step
+        that fails while every task answers is still retried for
+        wait_secs.
 
     Raises:
-      TaskUnreachableError: the tasks that do not answer, or the last
-        error of the check, after wait_secs (at once if `gone()`).
+      TaskUnreachableError: the tasks that do not answer, after
+        lost_wait_secs (at once if `gone()`), or the last error of the
+        check after wait_secs.
     """
-    deadline = time.time() + wait_secs
+    start = time.time()
+    deadline = start + wait_secs
+    lost_deadline = start + (wait_secs if lost_wait_secs is None
+                             else lost_wait_secs)
     stalled = 0
     while True:
       lost = self.Unreachable()
       if lost and gone is not None and gone():
-        deadline = time.time()
+        lost_deadline = time.time()
       if not lost:
         try:
           self._MeshStep(target, step_timeout_secs)
@@ -207,12 +217,12 @@ class RemoteTasks:
       # again even past the deadline: a connection between two tasks that
       # a healed partition left stalled holds the first step until it
       # recovers or is replaced.
-      if time.time() >= deadline and (lost or stalled != 1):
-        if lost:
-          raise TaskUnreachableError(
-              '%s (--cluster_spec %s). Start the servers (python -m '
-              'gpipe.worker) or fix the addresses, then run the same '
-              'command again' % (self.Explain(lost), ','.join(self.addresses)))
+      if lost and time.time() >= lost_deadline:
+        raise TaskUnreachableError(
+            '%s (--cluster_spec %s). Start the servers (python -m '
+            'gpipe.worker) or fix the addresses, then run the same '
+            'command again' % (self.Explain(lost), ','.join(self.addresses)))
+      if not lost and time.time() >= deadline and stalled != 1:
         raise TaskUnreachableError(
             'the tasks of --cluster_spec (%s) answer, but a step across them '
             'fails: %s. Check that every task can reach every other at the '

@@ -142,7 +142,9 @@ class Settings:
       'reason. With --elastic (a running cluster, with or without '
       '--max_worker_restarts): how long to wait for lost servers, or for '
       'replacements at new addresses in --cluster_spec=@FILE, before the '
-      'run shrinks to the tasks that serve.')
+      "run shrinks to the tasks that serve; a new session's check of the "
+      'tasks then waits no longer than this (at most 10 s) for one that '
+      'does not answer.')
   elastic: bool = Setting(
       False, 'With --worker_processes, --cluster_spec or TF_CONFIG: when a '
       'task is lost and not back in time (--max_worker_restarts, '
